@@ -1,0 +1,146 @@
+# conch-init — build, test, package.
+#
+#   make            development binary            build/dev/conch-init
+#   make asan       ASan+UBSan binary (tests)     build/asan/conch-init
+#   make static     static release binary         build/static/conch-init
+#   make run        build and serve on :4064 in standalone mode (prints a token)
+#   make check      build and run every test (unit, integration, namespaces)
+#   make unit       unit tests only
+#   make install    PREFIX=/usr DESTDIR=… → $(DESTDIR)/sbin/conch-init
+#   make rpm        RPM (payload: the static binary) via rpmbuild
+#
+# Missing Debian build dependencies are installed automatically when run as
+# root (see the `deps` target); set CONCH_NO_APT=1 to skip that.
+
+VERSION   := 0.1.0
+PREFIX    ?= /usr
+DESTDIR   ?=
+SBINDIR   ?= /sbin
+
+CC        ?= cc
+PROTOC_C  ?= protoc-c
+
+BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
+              libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
+TEST_DEPS  := curl python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
+              nghttp2-client nghttp2-server iproute2 erofs-utils util-linux nodejs npm rpm \
+              e2fsprogs
+PKG_DEPS   := rpm
+
+SRC_DIRS  := init agent proto fs proc
+LIB_SRCS  := $(filter-out agent/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+
+WARN      := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers \
+             -Wshadow -Wformat=2 -Wvla
+BASEFLAGS := -std=gnu11 -D_GNU_SOURCE -DCONCH_VERSION='"$(VERSION)"' -I. $(WARN) -MMD -MP
+LIBS      := -lnghttp2 -luv -lprotobuf-c -lb64 -lhttp_parser -lz -lpthread -ldl -lrt
+STATIC_LIBS := -Wl,-Bstatic -lnghttp2 -luv_a -lprotobuf-c -lb64 -lhttp_parser -lz -lpthread -ldl -lrt
+
+dev_CFLAGS    := -O2 -g
+asan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+static_CFLAGS := -O2 -DCONCH_STATIC
+
+.PHONY: all dev asan static run check unit integration install rpm clean deps test-deps bench
+all: dev
+
+# ---------------------------------------------------------------- deps
+DEPS_STAMP := build/.deps-ok
+$(DEPS_STAMP):
+	@mkdir -p build
+	@missing=$$(for p in $(BUILD_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then \
+	    echo "installing build dependencies: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else echo "missing build dependencies: $$missing (run as root, or apt-get install them)"; exit 1; fi; \
+	fi
+	@touch $@
+deps: $(DEPS_STAMP)
+
+test-deps: $(DEPS_STAMP)
+	@missing=$$(for p in $(TEST_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else echo "missing test dependencies: $$missing"; exit 1; fi; \
+	fi
+	@if [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
+	  cd tests/node && npm install --no-audit --no-fund --loglevel=error; fi
+
+# ---------------------------------------------------------------- build
+# One set of rules per variant (dev, asan, static).
+define VARIANT
+build/$(1)/gen/proto/agent.pb-c.c build/$(1)/gen/proto/agent.pb-c.h: proto/agent.proto | $(DEPS_STAMP)
+	@mkdir -p build/$(1)/gen
+	$(PROTOC_C) --c_out=build/$(1)/gen -I. proto/agent.proto
+
+$(1)_OBJS := $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRCS)) build/$(1)/obj/gen/agent.pb-c.o
+
+build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h | $(DEPS_STAMP)
+	@mkdir -p $$(dir $$@)
+	$(CC) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+
+build/$(1)/obj/gen/agent.pb-c.o: build/$(1)/gen/proto/agent.pb-c.c
+	@mkdir -p $$(dir $$@)
+	$(CC) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+
+build/$(1)/libconch.a: $$($(1)_OBJS)
+	@rm -f $$@
+	ar rcs $$@ $$^
+
+-include $$(patsubst %.o,%.d,$$($(1)_OBJS))
+endef
+$(foreach v,dev asan static,$(eval $(call VARIANT,$(v))))
+
+build/dev/conch-init: build/dev/obj/agent/main.o build/dev/libconch.a
+	$(CC) $(dev_CFLAGS) $^ $(LIBS) -o $@
+build/asan/conch-init: build/asan/obj/agent/main.o build/asan/libconch.a
+	$(CC) $(asan_CFLAGS) $^ $(LIBS) -o $@
+build/static/conch-init: build/static/obj/agent/main.o build/static/libconch.a
+	$(CC) -static $(static_CFLAGS) $^ $(STATIC_LIBS) -o $@
+	strip $@
+
+dev: build/dev/conch-init
+asan: build/asan/conch-init
+static: build/static/conch-init
+
+# ---------------------------------------------------------------- tests
+UNIT_BINS := $(patsubst tests/unit/%.c,build/asan/tests/%,$(UNIT_SRCS))
+build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
+
+unit: $(UNIT_BINS)
+	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
+
+integration: asan test-deps
+	tests/run-integration.sh
+
+check: asan unit integration
+
+run: dev
+	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \
+	echo "conch-init serving on 0.0.0.0:4064  token: $$tok"; \
+	echo "  try: curl -s http://127.0.0.1:4064/health"; \
+	echo "       curl -s http://127.0.0.1:4064/pb.ProcessService/List -H 'Connect-Protocol-Version: 1' -H 'Content-Type: application/json' -H \"conch-init-token: $$tok\" --data '{}'"; \
+	exec build/dev/conch-init serve --listen 0.0.0.0:4064 --token "$$tok"
+
+bench: dev
+	tests/bench/run-all.sh
+
+# ---------------------------------------------------------------- install & package
+install: static
+	install -D -m 0755 build/static/conch-init $(DESTDIR)$(SBINDIR)/conch-init
+
+rpm: static
+	@if ! command -v rpmbuild >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PKG_DEPS) >/dev/null; \
+	  else echo "rpmbuild missing: apt-get install rpm"; exit 1; fi; fi
+	@mkdir -p build/rpm/SOURCES build/rpm/BUILD build/rpm/RPMS build/rpm/SPECS build/rpm/SRPMS
+	cp build/static/conch-init build/rpm/SOURCES/conch-init
+	rpmbuild -bb --define "_topdir $(CURDIR)/build/rpm" --define "conch_version $(VERSION)" conch-init.spec
+	@find build/rpm/RPMS -name '*.rpm'
+
+clean:
+	rm -rf build/dev build/asan build/static build/rpm

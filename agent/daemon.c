@@ -1,0 +1,14 @@
+/* daemon — the one daemon context; see daemon.h. */
+#include "agent/daemon.h"
+
+#include <string.h>
+
+conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */};
+
+void daemon_set_token(const char *tok, size_t len) {
+  if (len > CONCH_TOKEN_MAX) len = CONCH_TOKEN_MAX;
+  memcpy(conch.token, tok, len);
+  conch.token[len] = 0;
+  conch.token_len = len;
+  conch.token_set = 1;
+}

@@ -1,0 +1,53 @@
+/* daemon — the one daemon context of conch-init.
+ *
+ * Everything process-wide lives in the single object `conch`: the loop, the
+ * token, the sandbox identity and environment, the log sink, the process
+ * table.  No other module keeps mutable globals.  Everything here is touched
+ * only from the loop thread (thread-pool work gets copies).
+ */
+#ifndef CONCH_DAEMON_H
+#define CONCH_DAEMON_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <uv.h>
+
+#define CONCH_TOKEN_MAX 4096
+
+struct proc_table;   /* proc/ — ProcessService state */
+struct server;       /* agent/server.c — the TCP listener(s) */
+
+typedef struct conch_daemon {
+  uv_loop_t *loop;
+  int is_pid1;
+
+  /* auth (api.md §4) */
+  int token_set;
+  size_t token_len;
+  char token[CONCH_TOKEN_MAX + 1];
+
+  char sandbox_id[256];
+
+  /* sandbox environment: "K=V" strings, malloc'd, in insertion order */
+  char **senv;
+  size_t senv_len, senv_cap;
+
+  /* logging (agent/log.c) */
+  int log_level;
+  FILE *log_file;
+  char log_path[512];
+  size_t log_file_bytes;
+
+  /* set when the API listener serves /health (init readiness) */
+  int api_serving;
+
+  struct proc_table *procs;
+  struct server *server;
+} conch_daemon;
+
+extern conch_daemon conch;
+
+/* Replace the token (trimmed by the caller). len <= CONCH_TOKEN_MAX. */
+void daemon_set_token(const char *tok, size_t len);
+
+#endif

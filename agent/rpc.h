@@ -1,0 +1,112 @@
+/* rpc — the service-facing side of one RPC call.
+ *
+ * Services (fs/, proc/) see only this header: a call is a typed request (or a
+ * stream of them) in, protobuf messages and one final status out.  Which
+ * HTTP version carries it (HTTP/1.1, h2c) and which RPC protocol frames it
+ * (Connect unary/streaming, later gRPC, gRPC-Web) is the protocol layer's
+ * business (agent/connect.c, agent/http1.c, agent/h2.c).  Auth, content-type,
+ * decoding, the 16 MiB message cap and (unless RPC_F_OWN_DEADLINE) the
+ * deadline are all handled before a service callback runs.
+ *
+ * Lifetime: a call is live from the first service callback until the service
+ * calls rpc_finish() or the layer calls on_cancel(); after either the service
+ * must not touch the call again.  Everything runs on the loop thread.
+ *
+ * Backpressure out: rpc_send() always queues (bounded only by the caller);
+ * a producer that can outpace the client checks rpc_outq_bytes() against
+ * RPC_OUTQ_HIGH and waits for the drain callback before producing more.
+ * Backpressure in (client streaming): rpc_pause_input(c, 1) stops delivery
+ * of on_message (and reading from the socket/stream window) until resumed.
+ */
+#ifndef CONCH_RPC_H
+#define CONCH_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <protobuf-c/protobuf-c.h>
+
+typedef struct rpc_call rpc_call;
+
+/* Numbered as gRPC status codes. */
+typedef enum rpc_code {
+  RPC_OK = 0,
+  RPC_CANCELED = 1,
+  RPC_UNKNOWN = 2,
+  RPC_INVALID_ARGUMENT = 3,
+  RPC_DEADLINE_EXCEEDED = 4,
+  RPC_NOT_FOUND = 5,
+  RPC_ALREADY_EXISTS = 6,
+  RPC_PERMISSION_DENIED = 7,
+  RPC_RESOURCE_EXHAUSTED = 8,
+  RPC_FAILED_PRECONDITION = 9,
+  RPC_ABORTED = 10,
+  RPC_OUT_OF_RANGE = 11,
+  RPC_UNIMPLEMENTED = 12,
+  RPC_INTERNAL = 13,
+  RPC_UNAVAILABLE = 14,
+  RPC_DATA_LOSS = 15,
+  RPC_UNAUTHENTICATED = 16,
+} rpc_code;
+
+/* Connect name ("invalid_argument") and HTTP status (400) of a code. */
+const char *rpc_code_name(rpc_code code);
+int rpc_code_http_status(rpc_code code);
+
+typedef enum rpc_kind { RPC_UNARY, RPC_SERVER_STREAM, RPC_CLIENT_STREAM } rpc_kind;
+
+/* The service handles Connect-Timeout-Ms itself (StartProcess: process
+ * lifetime); the layer then never cancels the call for the deadline. */
+#define RPC_F_OWN_DEADLINE 0x1u
+
+/* Outbound queue high-water mark for producers (bytes). */
+#define RPC_OUTQ_HIGH (4u * 1024 * 1024)
+/* Largest single message in either direction (api.md §1 DECISION). */
+#define RPC_MAX_MESSAGE (16u * 1024 * 1024)
+
+typedef struct rpc_method {
+  const char *path; /* "/pb.FileService/ListFiles" */
+  rpc_kind kind;
+  const ProtobufCMessageDescriptor *input;
+  const ProtobufCMessageDescriptor *output;
+  unsigned flags;
+  /* Unary and server streaming: once, with the decoded request.
+   * Client streaming: once with req == NULL when the call opens.
+   * req is freed when the callback returns: copy what you keep. */
+  void (*on_request)(rpc_call *c, const ProtobufCMessage *req);
+  /* Client streaming: each decoded message in order (freed on return). */
+  void (*on_message)(rpc_call *c, const ProtobufCMessage *msg);
+  /* Client streaming: the client half-closed its side. */
+  void (*on_input_end)(rpc_call *c);
+  /* The call ended from outside (peer reset or disconnect, deadline, bad
+   * input, shutdown); `why` says which.  Never called after rpc_finish(). */
+  void (*on_cancel)(rpc_call *c, rpc_code why);
+} rpc_method;
+
+/* Queue one response message (unary: exactly one on success, then
+ * rpc_finish(c, RPC_OK, NULL)).  Returns 0, or -1 if the call can no longer
+ * carry messages (then on_cancel follows, or already ran). */
+int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
+
+/* End the call: RPC_OK or an error code with its message (NULL = none). */
+void rpc_finish(rpc_call *c, rpc_code code, const char *message);
+void rpc_finishf(rpc_call *c, rpc_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Bytes queued for this call and not yet handed to the kernel. */
+size_t rpc_outq_bytes(const rpc_call *c);
+/* One-shot: cb runs once the queue falls below RPC_OUTQ_HIGH/2 (or at once,
+ * from the loop, if it already is).  NULL cancels. */
+void rpc_on_drain(rpc_call *c, void (*cb)(rpc_call *c));
+
+/* Client streaming: stop (1) / resume (0) delivering messages. */
+void rpc_pause_input(rpc_call *c, int paused);
+
+void rpc_set_user(rpc_call *c, void *user);
+void *rpc_user(const rpc_call *c);
+
+/* Connect-Timeout-Ms / grpc-timeout in ms; 0 = none. */
+int64_t rpc_timeout_ms(const rpc_call *c);
+/* "connect+json", "proto", … — for logs. */
+const char *rpc_protocol_name(const rpc_call *c);
+
+#endif

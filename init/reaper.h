@@ -1,0 +1,27 @@
+/* reaper — the one owner of waitpid() in conch-init (boot.md §7).
+ *
+ * SIGCHLD (a uv_signal_t on the loop) drives a waitpid(-1, WNOHANG) loop;
+ * each status goes to the callback registered for that pid, the rest
+ * (orphans re-parented to PID 1 or to a subreaper) are logged and forgotten.
+ * No other code may call wait*(): fork, then reaper_watch() before returning
+ * to the loop — a child that exits in between is reaped only after that.
+ */
+#ifndef CONCH_REAPER_H
+#define CONCH_REAPER_H
+
+#include <sys/types.h>
+#include <uv.h>
+
+typedef void (*reaper_cb)(pid_t pid, int wstatus, void *arg);
+
+int reaper_init(uv_loop_t *loop);
+/* Register the owner of pid.  Returns 0 or -ENOMEM. */
+int reaper_watch(pid_t pid, reaper_cb cb, void *arg);
+/* Forget the owner (status then goes to the orphan path). */
+void reaper_unwatch(pid_t pid);
+/* Reap now (also run by SIGCHLD). */
+void reaper_reap(void);
+/* Orphans reaped so far (tests, logs). */
+unsigned long reaper_orphans_reaped(void);
+
+#endif

@@ -1,0 +1,40 @@
+/* pbjson — proto3 canonical JSON for any protobuf-c message (api.md §3).
+ *
+ * One generic codec driven by ProtobufCMessageDescriptor: no per-message
+ * code.  Output: lowerCamelCase names, default values omitted, int64/uint64
+ * as strings, bytes as standard padded base64 without line breaks, maps as
+ * objects, a set oneof member always emitted (even when empty: {}).
+ * Input: lowerCamelCase or original names, unknown fields ignored, int64 as
+ * string or number, standard or URL-safe base64 with or without padding
+ * (anything else rejected), null = default, strict UTF-8.
+ */
+#ifndef CONCH_PBJSON_H
+#define CONCH_PBJSON_H
+
+#include <stddef.h>
+#include <protobuf-c/protobuf-c.h>
+
+/* Encode.  Returns a malloc'd, NUL-terminated buffer (length in *len) or NULL on ENOMEM. */
+char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
+
+/* Decode a complete JSON document into a new message of type desc (free it
+ * with protobuf_c_message_free_unpacked(m, NULL)).  On failure returns NULL
+ * and writes a human-readable reason into err (e.g. "invalid base64 in field
+ * \"content\"").  Empty input is an error. */
+ProtobufCMessage *pbjson_decode(const ProtobufCMessageDescriptor *desc, const char *json,
+                                size_t len, char *err, size_t errlen);
+
+/* Check that every string field (recursively, incl. maps and repeated) of an
+ * unpacked message is valid UTF-8.  0 = ok, -1 = invalid (field named in err). */
+int pbjson_check_utf8(const ProtobufCMessage *msg, char *err, size_t errlen);
+
+/* Strict base64 helpers (also used by tests).  b64 decode accepts standard
+ * and URL-safe alphabets, padding optional; returns decoded length or -1. */
+size_t pbjson_b64_encoded_len(size_t n);
+size_t pbjson_b64_encode(const unsigned char *in, size_t n, char *out); /* no NUL */
+long pbjson_b64_decode(const char *in, size_t n, unsigned char *out);     /* out >= n*3/4+3 */
+
+/* UTF-8 validity of a byte string. */
+int pbjson_utf8_valid(const char *s, size_t n);
+
+#endif
