@@ -104,6 +104,11 @@ void rpc_pause_input(rpc_call *c, int paused);
 void rpc_set_user(rpc_call *c, void *user);
 void *rpc_user(const rpc_call *c);
 
+/* 1 when the request message just delivered (on_request / on_message) had
+ * a NUL byte inside some string field — the C string the service sees is
+ * cut at the NUL (protobuf-c strings are NUL-terminated). */
+int rpc_input_had_nul(const rpc_call *c);
+
 /* Connect-Timeout-Ms / grpc-timeout in ms; 0 = none. */
 int64_t rpc_timeout_ms(const rpc_call *c);
 /* "connect+json", "proto", … — for logs. */

@@ -23,6 +23,11 @@ char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
  * \"content\"").  Empty input is an error. */
 ProtobufCMessage *pbjson_decode(const ProtobufCMessageDescriptor *desc, const char *json,
                                 size_t len, char *err, size_t errlen);
+/* The same; *had_nul (if not NULL) is set to 1 when some string field held a
+ * NUL byte ("\u0000"): protobuf-c strings are C strings, so the value is cut
+ * at the NUL, and callers that must reject NULs (file paths) check this. */
+ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const char *json,
+                                   size_t len, int *had_nul, char *err, size_t errlen);
 
 /* Check that every string field (recursively, incl. maps and repeated) of an
  * unpacked message is valid UTF-8.  0 = ok, -1 = invalid (field named in err). */
