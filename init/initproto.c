@@ -350,13 +350,13 @@ static void start_work(ip_conn *c, int revalidate) {
       .resolv_path = ip.resolv_path,
       .do_links = 1,
   };
+  c->work.data = c;
   if (!ip.opts.apply_network) { /* standalone default: nothing to touch */
     c->work_result = NULL;
     c->work_pending = 1;
     work_done(&c->work, 0);
     return;
   }
-  c->work.data = c;
   int rc = uv_queue_work(conch.loop, &c->work, work_run, work_done);
   if (rc != 0) {
     go_terminal(c, "internal error: cannot queue network work");
