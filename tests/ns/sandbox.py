@@ -78,7 +78,7 @@ def write(path, text, mode=0o644):
 
 
 class Sandbox:
-    def __init__(self, binary, vsock_port=None, with_disk=True):
+    def __init__(self, binary, vsock_port=None, with_disk=True, entrypoint=True):
         self.binary = os.path.abspath(binary)
         self.work = tempfile.mkdtemp(prefix="conch-ns-")
         self.root = os.path.join(self.work, "root")
@@ -90,6 +90,7 @@ class Sandbox:
         self.peer_if = f"cph{tag}"[:15]
         self.vsock_port = vsock_port
         self.with_disk = with_disk
+        self.entrypoint = entrypoint  # False: no entrypoint, services not required
         self.sock = os.path.join(self.root, "run", "conch-init.sock")
         self.log_path = os.path.join(self.work, "console.log")
         self.t_exec = None
@@ -107,8 +108,9 @@ class Sandbox:
         os.makedirs(os.path.join(base, "tmp"), exist_ok=True)
         top = os.path.join(self.work, "top")
         write(os.path.join(top, "etc/layer-marker"), "top\n")
-        write(os.path.join(top, "etc/conch/entrypoint"), ENTRYPOINT, 0o755)
-        write(os.path.join(top, "etc/conch/features/envd"), "")
+        if self.entrypoint:
+            write(os.path.join(top, "etc/conch/entrypoint"), ENTRYPOINT, 0o755)
+            write(os.path.join(top, "etc/conch/features/envd"), "")
         self.layer_devs = [self._loop(self._erofs(top, "top.img")), self._loop(self._erofs(base, "base.img"))]
         if self.with_disk:
             img = os.path.join(self.work, "disk.img")
@@ -152,6 +154,7 @@ class Sandbox:
         run("ip", "-n", self.peer_ns, "addr", "add", f"{GATEWAY}/{PREFIX}", "dev", self.peer_if)
         run("ip", "-n", self.peer_ns, "link", "set", self.peer_if, "up")
         run("ip", "-n", self.peer_ns, "link", "set", "lo", "up")
+        self.t_wired = time.monotonic()
 
     def _find_pid1(self):
         deadline = time.monotonic() + 10
