@@ -78,7 +78,7 @@ def write(path, text, mode=0o644):
 
 
 class Sandbox:
-    def __init__(self, binary, vsock_port=None, with_disk=True, entrypoint=True):
+    def __init__(self, binary, vsock_port=None, with_disk=True, entrypoint=True, extra_args=()):
         self.binary = os.path.abspath(binary)
         self.work = tempfile.mkdtemp(prefix="conch-ns-")
         self.root = os.path.join(self.work, "root")
@@ -91,6 +91,7 @@ class Sandbox:
         self.vsock_port = vsock_port
         self.with_disk = with_disk
         self.entrypoint = entrypoint  # False: no entrypoint, services not required
+        self.extra_args = list(extra_args)
         self.sock = os.path.join(self.root, "run", "conch-init.sock")
         self.log_path = os.path.join(self.work, "console.log")
         self.t_exec = None
@@ -137,7 +138,7 @@ class Sandbox:
         if self.vsock_port:
             listen = f"vsock:{self.vsock_port}," + listen
         return [f"conch.layers={','.join(self.layer_devs)}", f"conch.disk={self.disk_dev}",
-                "conch.sandbox_id=ns-boot", f"conch.init_listen={listen}"]
+                "conch.sandbox_id=ns-boot", f"conch.init_listen={listen}", *self.extra_args]
 
     def boot(self):
         """Start PID 1 and wire the network; returns once eth0 is in place."""
