@@ -745,13 +745,16 @@ int main(int argc, char **argv) {
   uint8_t *rb = malloc(RTT_RBUF);
   char authority[300], where[64] = "";
   snprintf(authority, sizeof authority, "%s:%s", host, port);
-  if (!v || !rb) return 1;
-
   struct h1 c1 = {.host = host, .port = port, .token = token, .fd = -1, .rb = rb};
   struct h2 c2 = {.fd = -1, .rb = rb};
-  if (use_h2 ? h2_open(&c2, host, port, (int32_t)window) : h1_open(&c1)) goto fail;
-
   uint64_t total_ns = 0, total_stdout = 0;
+  int rc = 1;
+  if (!v || !rb) {
+    rtt_fail("out of memory");
+    goto out;
+  }
+  if (use_h2 ? h2_open(&c2, host, port, (int32_t)window) : h1_open(&c1)) goto out;
+
   for (uint64_t i = 0; i < w + n; i++) {
     struct call c = {.health = health,
                      .path = health ? "/health" : "/pb.ProcessService/StartProcess",
@@ -765,7 +768,7 @@ int main(int argc, char **argv) {
         call_done(&c, expect, check_stdout)) {
       snprintf(where, sizeof where, "call %llu%s: ", (unsigned long long)(i < w ? i + 1 : i - w + 1),
                i < w ? " (warm-up)" : "");
-      goto fail;
+      goto out;
     }
     uint64_t dt = stats_now_ns() - t0;
     if (i >= w) {
@@ -778,6 +781,9 @@ int main(int argc, char **argv) {
   printf("calls=%llu seconds=%.6f stdout_bytes=%llu mib_s=%.1f reconnects=%u\n", (unsigned long long)n,
          total_ns / 1e9, (unsigned long long)total_stdout,
          total_ns ? total_stdout / 1048576.0 / (total_ns / 1e9) : 0.0, c1.reconnects);
+  rc = 0;
+out:
+  if (rc) fprintf(stderr, "rtt: %s%s\n", where, rtt_why[0] ? rtt_why : "failed");
   if (c2.s) nghttp2_session_del(c2.s);
   if (c1.fd >= 0) close(c1.fd);
   if (c2.fd >= 0) close(c2.fd);
@@ -785,10 +791,7 @@ int main(int argc, char **argv) {
   free(v);
   free(rb);
   free(body);
-  return 0;
-fail:
-  fprintf(stderr, "rtt: %s%s\n", where, rtt_why[0] ? rtt_why : "failed");
-  return 1;
+  return rc;
 usage:
   fputs(usage, stderr);
   return 2;
