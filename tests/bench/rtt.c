@@ -1,8 +1,8 @@
 /* rtt — StartProcess round-trip / stdout-throughput client (tests/bench/process.sh).
  *
  *   rtt --port P [--host H] [--token T] [--h2] [-n N] [-w W]
- *       [--expect-stdout BYTES] [--window BYTES] -- CMD [ARG...]
- *   rtt --port P [--h2] [-n N] [-w W] --health
+ *       [--expect-stdout BYTES] [--window BYTES] [-o FILE] -- CMD [ARG...]
+ *   rtt --port P [--h2] [-n N] [-w W] [-o FILE] --health
  *
  * Opens ONE connection (HTTP/1.1 keep-alive over a raw socket, or h2c with
  * prior knowledge through libnghttp2's client API) and makes W untimed, then
@@ -16,7 +16,8 @@
  *
  * Output: one stats line (see stats.h) labelled "rtt", followed by
  * `calls=… seconds=… stdout_bytes=… mib_s=… reconnects=…` over the timed
- * calls.  Any failed call prints the reason and exits 1.
+ * calls; -o appends the raw samples (ns) to FILE.  Any failed call prints
+ * the reason and exits 1.
  *
  * The token comes from --token or $CONCH_INIT_TOKEN.
  */
@@ -692,11 +693,11 @@ static uint8_t *build_request(char **argv, int argc, size_t *len) {
 
 static const char usage[] =
     "usage: rtt --port P [--host H] [--token T] [--h2] [-n N] [-w W]\n"
-    "           [--expect-stdout BYTES] [--window BYTES] -- CMD [ARG...]\n"
-    "       rtt --port P [--host H] [--h2] [-n N] [-w W] --health\n";
+    "           [--expect-stdout BYTES] [--window BYTES] [-o FILE] -- CMD [ARG...]\n"
+    "       rtt --port P [--host H] [--h2] [-n N] [-w W] [-o FILE] --health\n";
 
 int main(int argc, char **argv) {
-  const char *host = "127.0.0.1", *port = NULL, *token = getenv("CONCH_INIT_TOKEN");
+  const char *host = "127.0.0.1", *port = NULL, *token = getenv("CONCH_INIT_TOKEN"), *raw = NULL;
   bool use_h2 = false, health = false, check_stdout = false;
   uint64_t n = 2000, w = 100, expect = 0, window = 4u << 20;
   static const struct option opts[] = {
@@ -706,7 +707,7 @@ int main(int argc, char **argv) {
       {"window", required_argument, NULL, 'W'}, {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "+n:w:h", opts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "+n:w:o:h", opts, NULL)) != -1) {
     switch (ch) {
       case 'H': host = optarg; break;
       case 'p': port = optarg; break;
@@ -726,6 +727,7 @@ int main(int argc, char **argv) {
       case 'w':
         if (stats_parse_count(optarg, 100000000, &w)) goto usage;
         break;
+      case 'o': raw = optarg; break;
       case 'h': fputs(usage, stdout); return 0;
       default: goto usage;
     }
@@ -776,6 +778,10 @@ int main(int argc, char **argv) {
       total_ns += dt;
       total_stdout += ev.stdout_bytes;
     }
+  }
+  if (raw && stats_dump(raw, v, n)) {
+    rtt_fail("cannot write %s", raw);
+    goto out;
   }
   stats_print(stdout, "rtt", v, n);
   printf("calls=%llu seconds=%.6f stdout_bytes=%llu mib_s=%.1f reconnects=%u\n", (unsigned long long)n,

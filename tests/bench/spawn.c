@@ -1,9 +1,10 @@
 /* spawn — baseline for the StartProcess round-trip benchmark.
  *
- *   spawn [-n N] [-w W] [PROGRAM]      (defaults: 2000, 100, /bin/true)
+ *   spawn [-n N] [-w W] [-o FILE] [PROGRAM]   (defaults: 2000, 100, /bin/true)
  *
  * W untimed, then N timed iterations of posix_spawn(PROGRAM) + waitpid; each
- * child must exit 0.  Prints one stats line (see stats.h) labelled "spawn".
+ * child must exit 0.  Prints one stats line (see stats.h) labelled "spawn";
+ * -o appends the raw samples (ns) to FILE.
  */
 #include "stats.h"
 
@@ -40,8 +41,9 @@ static int spawn_one(const char *prog) {
 
 int main(int argc, char **argv) {
   uint64_t n = 2000, w = 100;
+  const char *raw = NULL;
   int ch;
-  while ((ch = getopt(argc, argv, "n:w:h")) != -1) {
+  while ((ch = getopt(argc, argv, "n:w:o:h")) != -1) {
     switch (ch) {
       case 'n':
         if (stats_parse_count(optarg, 100000000, &n) || n == 0) goto usage;
@@ -49,6 +51,7 @@ int main(int argc, char **argv) {
       case 'w':
         if (stats_parse_count(optarg, 100000000, &w)) goto usage;
         break;
+      case 'o': raw = optarg; break;
       default: goto usage;
     }
   }
@@ -61,10 +64,11 @@ int main(int argc, char **argv) {
     if (spawn_one(prog)) return 1;
     if (i >= w) v[i - w] = stats_now_ns() - t0;
   }
+  if (raw && stats_dump(raw, v, n)) return 1;
   stats_print(stdout, "spawn", v, n);
   free(v);
   return 0;
 usage:
-  fprintf(stderr, "usage: spawn [-n N] [-w W] [PROGRAM]\n");
+  fprintf(stderr, "usage: spawn [-n N] [-w W] [-o FILE] [PROGRAM]\n");
   return 2;
 }

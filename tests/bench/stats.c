@@ -45,3 +45,17 @@ int stats_parse_count(const char *s, uint64_t max, uint64_t *out) {
   *out = x;
   return 0;
 }
+
+int stats_dump(const char *path, const uint64_t *v, size_t n) {
+  FILE *f = fopen(path, "a");
+  if (!f) {
+    perror(path);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) fprintf(f, "%llu\n", (unsigned long long)v[i]);
+  if (fclose(f) != 0) {
+    perror(path);
+    return -1;
+  }
+  return 0;
+}
