@@ -60,7 +60,9 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   if ((e = posix_spawnattr_init(&attr))) goto fail_e;
   attr_ok = 1;
   sigset_t all, none;
-  sigfillset(&all);
+  /* every signal: sigfillset() leaves out glibc's internal 32/33, which the
+   * child would then inherit as SIG_IGN */
+  memset(&all, 0xff, sizeof all);
   sigemptyset(&none);
   short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK |
                 (o->pty ? POSIX_SPAWN_SETSID : POSIX_SPAWN_SETPGROUP);
