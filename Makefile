@@ -22,7 +22,7 @@ PROTOC_C  ?= protoc-c
 
 BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
               libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
-TEST_DEPS  := curl python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
+TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
               nghttp2-client nghttp2-server iproute2 erofs-utils util-linux nodejs npm rpm \
               e2fsprogs
 PKG_DEPS   := rpm

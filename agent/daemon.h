@@ -15,6 +15,7 @@
 #define CONCH_TOKEN_MAX 4096
 
 struct proc_table;   /* proc/ — ProcessService state */
+struct rpc_method;   /* agent/rpc.h */
 struct server;       /* agent/server.c — the TCP listener(s) */
 
 typedef struct conch_daemon {
@@ -38,8 +39,14 @@ typedef struct conch_daemon {
   char log_path[512];
   size_t log_file_bytes;
 
+  unsigned long long conn_seq; /* connection ids for logs */
+
   /* set when the API listener serves /health (init readiness) */
   int api_serving;
+
+  /* RPC routes, registered once at start-up (agent/router.c) */
+  const struct rpc_method *routes[32];
+  size_t nroutes;
 
   struct proc_table *procs;
   struct server *server;

@@ -1,0 +1,196 @@
+/* conn — TCP connections; see conn.h. */
+#include "agent/conn.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/daemon.h"
+#include "agent/h2.h"
+#include "agent/http1.h"
+#include "agent/log.h"
+
+static const char h2_preface[24] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+typedef struct wreq {
+  uv_write_t req;
+  conn *c;
+  size_t bytes;
+  unsigned nowned;
+  void *owned[4];
+} wreq;
+
+static void conn_free_cb(uv_handle_t *h) {
+  conn *c = h->data;
+  if (--c->handles_open == 0) free(c);
+}
+
+void conn_close(conn *c) {
+  if (c->closing) return;
+  c->closing = 1;
+  if (c->proto && c->proto->on_close) c->proto->on_close(c);
+  c->proto = NULL;
+  uv_close((uv_handle_t *)&c->timer, conn_free_cb);
+  uv_close((uv_handle_t *)&c->defer, conn_free_cb);
+  uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
+}
+
+static void conn_on_defer(uv_timer_t *t) {
+  conn *c = t->data;
+  void (*fn)(conn *) = c->defer_fn;
+  c->defer_fn = NULL;
+  if (!c->closing && fn) fn(c);
+}
+
+void conn_defer(conn *c, void (*fn)(conn *c)) {
+  if (c->closing) return;
+  c->defer_fn = fn;
+  if (!uv_is_active((uv_handle_t *)&c->defer)) uv_timer_start(&c->defer, conn_on_defer, 0, 0);
+}
+
+static void conn_write_done(uv_write_t *req, int status) {
+  wreq *w = (wreq *)req;
+  conn *c = w->c;
+  c->outq -= w->bytes;
+  for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
+  free(w);
+  if (c->closing) return;
+  if (status < 0) {
+    LOG_DEBUG("write failed conn=%llu err=%s", (unsigned long long)c->id, uv_strerror(status));
+    conn_close(c);
+    return;
+  }
+  if (c->proto && c->proto->on_written) c->proto->on_written(c);
+}
+
+int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned nowned) {
+  if (c->closing || nowned > 4) {
+    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+    return -1;
+  }
+  wreq *w = calloc(1, sizeof *w);
+  if (!w) {
+    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+    return -1;
+  }
+  w->c = c;
+  for (unsigned i = 0; i < n; i++) w->bytes += bufs[i].len;
+  w->nowned = nowned;
+  for (unsigned i = 0; i < nowned; i++) w->owned[i] = owned[i];
+  c->outq += w->bytes;
+  int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, n, conn_write_done);
+  if (r < 0) {
+    /* the callback never runs: undo, and let the loop close us */
+    c->outq -= w->bytes;
+    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+    free(w);
+    return -1;
+  }
+  return 0;
+}
+
+int conn_write_copy(conn *c, const void *data, size_t len) {
+  void *b = malloc(len ? len : 1);
+  if (!b) return -1;
+  memcpy(b, data, len);
+  uv_buf_t buf = uv_buf_init(b, (unsigned)len);
+  return conn_write(c, &buf, 1, &b, 1);
+}
+
+static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  (void)hint;
+  (void)h;
+  char *b = malloc(CONN_READ_BUF);
+  *buf = uv_buf_init(b, b ? CONN_READ_BUF : 0);
+}
+
+static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  conn *c = s->data;
+  if (nread < 0) {
+    free(buf->base);
+    if (nread != UV_EOF)
+      LOG_DEBUG("read failed conn=%llu err=%s", (unsigned long long)c->id, uv_strerror((int)nread));
+    conn_close(c);
+    return;
+  }
+  const uint8_t *d = (const uint8_t *)buf->base;
+  size_t n = (size_t)nread;
+  if (!c->proto && n > 0) {
+    /* sniff the HTTP/2 preface */
+    size_t take = n < 24 - c->sniff_len ? n : 24 - c->sniff_len;
+    memcpy(c->sniff + c->sniff_len, d, take);
+    c->sniff_len += take;
+    int match = memcmp(c->sniff, h2_preface, c->sniff_len) == 0;
+    if (match && c->sniff_len < 24) {
+      free(buf->base);
+      return;
+    }
+    c->proto = match ? &h2_conn_proto : &http1_conn_proto;
+    if (match ? h2_conn_init(c, NULL, NULL, 0) : http1_conn_init(c)) {
+      free(buf->base);
+      conn_close(c);
+      return;
+    }
+    /* replay the sniffed bytes first */
+    uint8_t pre[24];
+    size_t prelen = c->sniff_len;
+    memcpy(pre, c->sniff, prelen);
+    c->proto->on_read(c, pre, prelen);
+    d += take;
+    n -= take;
+  }
+  if (n > 0 && c->proto && !c->closing) c->proto->on_read(c, d, n);
+  free(buf->base);
+}
+
+void conn_read_pause(conn *c, int paused) {
+  if (c->closing || c->read_paused == paused) return;
+  c->read_paused = paused;
+  if (paused)
+    uv_read_stop((uv_stream_t *)&c->tcp);
+  else
+    uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+}
+
+static void conn_on_timer(uv_timer_t *t) {
+  conn *c = t->data;
+  if (c->closing) return;
+  if (c->proto && c->proto->on_timeout)
+    c->proto->on_timeout(c);
+  else
+    conn_close(c); /* nothing arrived in time to even pick a protocol */
+}
+
+void conn_timer(conn *c, uint64_t ms) {
+  if (c->closing) return;
+  if (ms)
+    uv_timer_start(&c->timer, conn_on_timer, ms, 0);
+  else
+    uv_timer_stop(&c->timer);
+}
+
+void conn_accept(uv_stream_t *server) {
+  conn *c = calloc(1, sizeof *c);
+  if (!c) return;
+  uv_tcp_init(server->loop, &c->tcp);
+  uv_timer_init(server->loop, &c->timer);
+  uv_timer_init(server->loop, &c->defer);
+  c->handles_open = 3;
+  c->tcp.data = c->timer.data = c->defer.data = c;
+  c->id = ++conch.conn_seq;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+    c->closing = 1;
+    uv_close((uv_handle_t *)&c->timer, conn_free_cb);
+    uv_close((uv_handle_t *)&c->defer, conn_free_cb);
+    uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  struct sockaddr_storage ss;
+  int sl = sizeof ss;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+    if (ss.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer, sizeof c->peer);
+    else uv_ip4_name((struct sockaddr_in *)&ss, c->peer, sizeof c->peer);
+  }
+  conn_timer(c, 10000); /* request headers within 10 s (api.md §1) */
+  uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+}

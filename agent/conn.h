@@ -1,0 +1,56 @@
+/* conn — one accepted TCP connection: reading, bounded writing, timers, and
+ * the choice of protocol (HTTP/2 preface → h2.c, anything else → http1.c;
+ * http1.c may later hand the connection to h2.c on `Upgrade: h2c`).
+ */
+#ifndef CONCH_CONN_H
+#define CONCH_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct conn conn;
+
+typedef struct conn_proto {
+  void (*on_read)(conn *c, const uint8_t *data, size_t len);
+  void (*on_written)(conn *c); /* some queued bytes reached the kernel */
+  void (*on_timeout)(conn *c); /* conn_timer() expired */
+  void (*on_close)(conn *c);   /* connection gone: abort exchanges, free state */
+} conn_proto;
+
+struct conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_timer_t defer; /* conn_defer(): run proto work on the next loop turn */
+  void (*defer_fn)(conn *c);
+  const conn_proto *proto;
+  void *p; /* protocol state */
+  uint8_t sniff[24];
+  size_t sniff_len;
+  size_t outq; /* bytes handed to uv_write, not yet completed */
+  int read_paused;
+  int closing;
+  int handles_open;
+  uint64_t id;
+  char peer[64];
+};
+
+#define CONN_READ_BUF (64u * 1024)
+
+/* Write n buffers; each owned[i] (may be NULL) is free()d once written. */
+int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned nowned);
+/* Copying variant for small protocol bytes. */
+int conn_write_copy(conn *c, const void *data, size_t len);
+void conn_read_pause(conn *c, int paused);
+/* (Re)arm the single connection timer; 0 stops it. */
+void conn_timer(conn *c, uint64_t ms);
+/* Run fn(c) once from the loop, soon (not re-entrantly); a later call with
+ * another fn before it ran replaces it — callers use one dispatcher. */
+void conn_defer(conn *c, void (*fn)(conn *c));
+/* Close (idempotent); proto->on_close runs once, then the conn is freed. */
+void conn_close(conn *c);
+
+/* Accept on a listening stream. */
+void conn_accept(uv_stream_t *server);
+
+#endif

@@ -1,0 +1,782 @@
+/* connect — see connect.h.  One rpc_call per exchange. */
+#include "agent/connect.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <uv.h>
+#include <zlib.h>
+
+#include "agent/auth.h"
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "proto/pbjson.h"
+#include "proto/pbwire.h"
+
+typedef enum wire { W_CONNECT_UNARY, W_CONNECT_STREAM, W_GRPC, W_GRPC_WEB } wire;
+
+struct rpc_call {
+  hx *x;
+  const rpc_method *m;
+  wire w;
+  int json;
+  int gzip_in;
+  int64_t timeout_ms;
+  uv_timer_t deadline, soon;
+  int handles;
+  /* input */
+  uint8_t *in;
+  size_t in_len, in_cap;
+  size_t msgs_in;
+  ProtobufCMessage *req; /* server streaming: the request until body end */
+  int req_nul;
+  int in_paused, in_done, in_end_sent;
+  /* output */
+  uint8_t *unary_out;
+  size_t unary_len;
+  int unary_set;
+  int started; /* response head sent */
+  /* lifetime */
+  int svc_live, finished, hx_live, freeing;
+  int had_nul;
+  void (*drain_cb)(rpc_call *);
+  void *user;
+};
+
+/* ---------------------------------------------------------------- codes */
+
+static const char *const code_names[] = {
+    "ok", "canceled", "unknown", "invalid_argument", "deadline_exceeded", "not_found",
+    "already_exists", "permission_denied", "resource_exhausted", "failed_precondition",
+    "aborted", "out_of_range", "unimplemented", "internal", "unavailable", "data_loss",
+    "unauthenticated"};
+static const int code_http[] = {200, 499, 500, 400, 504, 404, 409, 403, 429,
+                                400, 409, 400, 501, 500, 503, 500, 401};
+
+const char *rpc_code_name(rpc_code c) {
+  return (unsigned)c < sizeof code_names / sizeof *code_names ? code_names[c] : "unknown";
+}
+int rpc_code_http_status(rpc_code c) {
+  return (unsigned)c < sizeof code_http / sizeof *code_http ? code_http[c] : 500;
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 128;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (!q) return;
+    b->p = q;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_json_string(sbuf *b, const char *s) {
+  sb_put(b, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    char esc[8];
+    if (*p == '"' || *p == '\\') {
+      esc[0] = '\\';
+      esc[1] = (char)*p;
+      sb_put(b, esc, 2);
+    } else if (*p < 0x20) {
+      snprintf(esc, sizeof esc, "\\u%04x", *p);
+      sb_put(b, esc, 6);
+    } else {
+      sb_put(b, (const char *)p, 1);
+    }
+  }
+  sb_put(b, "\"", 1);
+}
+
+/* {"code":"…","message":"…"} */
+static char *error_json(rpc_code code, const char *msg, int wrap) {
+  sbuf b = {0};
+  sb_str(&b, wrap ? "{\"error\":{\"code\":" : "{\"code\":");
+  sb_json_string(&b, rpc_code_name(code));
+  if (msg && *msg) {
+    sb_str(&b, ",\"message\":");
+    sb_json_string(&b, msg);
+  }
+  sb_str(&b, wrap ? "}}" : "}");
+  return b.p;
+}
+
+/* grpc-message: percent-encode outside printable ASCII and '%'. */
+static char *grpc_pct(const char *s) {
+  sbuf b = {0};
+  sb_str(&b, "");
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p < 0x20 || *p > 0x7e || *p == '%') {
+      char e[4];
+      snprintf(e, sizeof e, "%%%02X", *p);
+      sb_put(&b, e, 3);
+    } else {
+      sb_put(&b, (const char *)p, 1);
+    }
+  }
+  return b.p;
+}
+
+static const char *ct_for(const rpc_call *c) {
+  switch (c->w) {
+    case W_CONNECT_UNARY: return c->json ? "application/json" : "application/proto";
+    case W_CONNECT_STREAM: return c->json ? "application/connect+json" : "application/connect+proto";
+    case W_GRPC: return c->json ? "application/grpc+json" : "application/grpc";
+    case W_GRPC_WEB: return c->json ? "application/grpc-web+json" : "application/grpc-web+proto";
+  }
+  return "application/proto";
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+static void call_closed(uv_handle_t *h) {
+  rpc_call *c = h->data;
+  if (--c->handles == 0) {
+    free(c->in);
+    free(c->unary_out);
+    if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
+    free(c);
+  }
+}
+
+/* Free once neither the service nor the transport can reach the call. */
+static void call_maybe_free(rpc_call *c) {
+  if (c->svc_live || c->hx_live || c->freeing) return;
+  c->freeing = 1;
+  uv_close((uv_handle_t *)&c->deadline, call_closed);
+  uv_close((uv_handle_t *)&c->soon, call_closed);
+}
+
+/* ---------------------------------------------------------------- output */
+
+static void start_stream(rpc_call *c) {
+  if (c->started) return;
+  c->started = 1;
+  hx_header h[2] = {{"content-type", ct_for(c)}, {NULL, NULL}};
+  size_t n = 1;
+  if (c->w == W_GRPC || c->w == W_GRPC_WEB) h[n++] = (hx_header){"grpc-accept-encoding", "gzip"};
+  hx_respond(c->x, 200, h, n, -1);
+}
+
+/* Write the final answer and let go of the exchange. */
+static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
+  hx *x = c->x;
+  if (!c->hx_live) return;
+  c->hx_live = 0;
+  c->x = NULL;
+  if (c->w == W_CONNECT_UNARY) {
+    if (code == RPC_OK) {
+      hx_header h[1] = {{"content-type", ct_for(c)}};
+      if (!c->unary_set) { /* no message sent: the empty message */
+        free(c->unary_out);
+        c->unary_out = NULL;
+        c->unary_len = 0;
+        if (c->json) {
+          c->unary_out = (uint8_t *)strdup("{}");
+          c->unary_len = 2;
+        }
+      }
+      hx_respond(x, 200, h, 1, (int64_t)c->unary_len);
+      if (c->unary_len) hx_write(x, c->unary_out, c->unary_len);
+      else free(c->unary_out);
+      c->unary_out = NULL;
+      hx_end(x, NULL, 0);
+    } else {
+      char *body = error_json(code, msg, 0);
+      hx_simple(x, rpc_code_http_status(code), "application/json", body ? body : "{}", NULL, 0);
+      free(body);
+    }
+    return;
+  }
+  if (c->w == W_CONNECT_STREAM) {
+    start_stream(c);
+    char *body = code == RPC_OK ? strdup("{}") : error_json(code, msg, 1);
+    size_t bl = body ? strlen(body) : 0;
+    uint8_t *env = malloc(5 + bl);
+    if (env) {
+      env[0] = 0x02;
+      env[1] = (uint8_t)(bl >> 24);
+      env[2] = (uint8_t)(bl >> 16);
+      env[3] = (uint8_t)(bl >> 8);
+      env[4] = (uint8_t)bl;
+      memcpy(env + 5, body, bl);
+      hx_write(x, env, 5 + bl);
+    }
+    free(body);
+    hx_end(x, NULL, 0);
+    return;
+  }
+  /* gRPC / gRPC-Web: status in trailers */
+  char st[8];
+  snprintf(st, sizeof st, "%d", (int)code);
+  char *pm = grpc_pct(msg ? msg : "");
+  hx_header tr[2] = {{"grpc-status", st}, {"grpc-message", pm ? pm : ""}};
+  size_t ntr = (msg && *msg) ? 2 : 1;
+  if (c->w == W_GRPC) {
+    if (!c->started) { /* trailers-only response */
+      hx_header h[3] = {{"content-type", ct_for(c)}, tr[0], tr[1]};
+      c->started = 1;
+      hx_respond(x, 200, h, 1 + ntr, -1);
+      hx_end(x, NULL, 0);
+    } else {
+      hx_end(x, tr, ntr);
+    }
+  } else {
+    start_stream(c);
+    sbuf b = {0};
+    sb_str(&b, "grpc-status: ");
+    sb_str(&b, st);
+    sb_str(&b, "\r\n");
+    if (ntr == 2) {
+      sb_str(&b, "grpc-message: ");
+      sb_str(&b, pm);
+      sb_str(&b, "\r\n");
+    }
+    uint8_t *env = malloc(5 + b.len);
+    if (env) {
+      env[0] = 0x80;
+      env[1] = (uint8_t)(b.len >> 24);
+      env[2] = (uint8_t)(b.len >> 16);
+      env[3] = (uint8_t)(b.len >> 8);
+      env[4] = (uint8_t)b.len;
+      memcpy(env + 5, b.p, b.len);
+      hx_write(x, env, 5 + b.len);
+    }
+    free(b.p);
+    hx_end(x, NULL, 0);
+  }
+  free(pm);
+}
+
+/* The layer ends the call with an error: cancel the service, answer. */
+static void call_fail(rpc_call *c, rpc_code code, const char *msg) {
+  if (c->finished) return;
+  c->finished = 1;
+  uv_timer_stop(&c->deadline);
+  if (c->svc_live) {
+    c->svc_live = 0;
+    if (c->m->on_cancel) c->m->on_cancel(c, code);
+  }
+  LOG_DEBUG("rpc failed path=%s code=%s msg=%s", c->m->path, rpc_code_name(code), msg);
+  call_render_end(c, code, msg);
+  call_maybe_free(c);
+}
+
+int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
+  if (c->finished || !c->hx_live) return -1;
+  uint8_t *buf;
+  size_t len;
+  size_t hdr = c->w == W_CONNECT_UNARY ? 0 : 5;
+  if (c->json) {
+    size_t jl;
+    char *j = pbjson_encode(msg, &jl);
+    if (!j) return -1;
+    if (jl > RPC_MAX_MESSAGE) {
+      free(j);
+      return -1;
+    }
+    if (hdr) {
+      buf = malloc(hdr + jl);
+      if (!buf) {
+        free(j);
+        return -1;
+      }
+      memcpy(buf + hdr, j, jl);
+      free(j);
+    } else {
+      buf = (uint8_t *)j;
+    }
+    len = jl;
+  } else {
+    len = protobuf_c_message_get_packed_size(msg);
+    if (len > RPC_MAX_MESSAGE) return -1;
+    buf = malloc(hdr + len + 1);
+    if (!buf) return -1;
+    protobuf_c_message_pack(msg, buf + hdr);
+  }
+  if (c->w == W_CONNECT_UNARY) {
+    free(c->unary_out);
+    c->unary_out = buf;
+    c->unary_len = len;
+    c->unary_set = 1;
+    return 0;
+  }
+  buf[0] = 0;
+  buf[1] = (uint8_t)(len >> 24);
+  buf[2] = (uint8_t)(len >> 16);
+  buf[3] = (uint8_t)(len >> 8);
+  buf[4] = (uint8_t)len;
+  start_stream(c);
+  return hx_write(c->x, buf, hdr + len);
+}
+
+void rpc_finish(rpc_call *c, rpc_code code, const char *message) {
+  if (c->finished) return;
+  c->finished = 1;
+  c->svc_live = 0;
+  uv_timer_stop(&c->deadline);
+  if (code != RPC_OK)
+    LOG_DEBUG("rpc error path=%s code=%s msg=%s", c->m->path, rpc_code_name(code),
+              message ? message : "");
+  call_render_end(c, code, message);
+  call_maybe_free(c);
+}
+
+void rpc_finishf(rpc_call *c, rpc_code code, const char *fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  rpc_finish(c, code, buf);
+}
+
+size_t rpc_outq_bytes(const rpc_call *c) { return c->hx_live ? hx_outq(c->x) : 0; }
+
+static void call_pump(rpc_call *c);
+
+/* Deferred work of a call: resumed input, a drain callback due. */
+static void call_on_soon(uv_timer_t *t) {
+  rpc_call *c = t->data;
+  if (c->finished) return;
+  if (!c->in_paused && c->w != W_CONNECT_UNARY &&
+      (c->in_len >= 5 || (c->in_done && !c->in_end_sent)))
+    call_pump(c);
+  void (*cb)(rpc_call *) = c->drain_cb;
+  if (c->finished || !c->svc_live || !cb) return;
+  if (rpc_outq_bytes(c) > RPC_OUTQ_HIGH / 2) return; /* the transport's drain will call */
+  c->drain_cb = NULL;
+  cb(c);
+}
+
+void rpc_on_drain(rpc_call *c, void (*cb)(rpc_call *c)) {
+  c->drain_cb = cb;
+  if (cb && rpc_outq_bytes(c) <= RPC_OUTQ_HIGH / 2) uv_timer_start(&c->soon, call_on_soon, 0, 0);
+}
+
+void rpc_set_user(rpc_call *c, void *user) { c->user = user; }
+void *rpc_user(const rpc_call *c) { return c->user; }
+int64_t rpc_timeout_ms(const rpc_call *c) { return c->timeout_ms; }
+int rpc_input_had_nul(const rpc_call *c) { return c->had_nul; }
+
+const char *rpc_protocol_name(const rpc_call *c) {
+  static const char *const names[] = {"connect", "connect-stream", "grpc", "grpc-web"};
+  return names[c->w];
+}
+
+/* ---------------------------------------------------------------- input */
+
+static int gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *olen, rpc_code *code,
+                  const char **msg) {
+  z_stream z = {0};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
+    *code = RPC_INTERNAL;
+    *msg = "cannot init decompression";
+    return -1;
+  }
+  size_t cap = n * 4 + 1024, len = 0;
+  if (cap > RPC_MAX_MESSAGE + 1) cap = RPC_MAX_MESSAGE + 1;
+  uint8_t *b = malloc(cap);
+  z.next_in = (Bytef *)in;
+  z.avail_in = (uInt)n;
+  int r = Z_OK;
+  while (b) {
+    z.next_out = b + len;
+    z.avail_out = (uInt)(cap - len);
+    r = inflate(&z, Z_NO_FLUSH);
+    len = cap - z.avail_out;
+    if (r == Z_STREAM_END) break;
+    if (r != Z_OK && r != Z_BUF_ERROR) break;
+    if (z.avail_out != 0) { /* input exhausted without stream end */
+      r = Z_DATA_ERROR;
+      break;
+    }
+    if (cap > RPC_MAX_MESSAGE) {
+      inflateEnd(&z);
+      free(b);
+      *code = RPC_RESOURCE_EXHAUSTED;
+      *msg = "message is larger than configured max 16777216 bytes";
+      return -1;
+    }
+    size_t nc = cap * 2 > RPC_MAX_MESSAGE + 1 ? RPC_MAX_MESSAGE + 1 : cap * 2;
+    uint8_t *q = realloc(b, nc);
+    if (!q) break;
+    b = q;
+    cap = nc;
+  }
+  inflateEnd(&z);
+  if (!b || r != Z_STREAM_END) {
+    free(b);
+    *code = RPC_INVALID_ARGUMENT;
+    *msg = "invalid gzip data";
+    return -1;
+  }
+  *out = b;
+  *olen = len;
+  return 0;
+}
+
+/* Decode one message; on error fails the call and returns NULL. */
+static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
+  uint8_t *plain = NULL;
+  if (compressed) {
+    if (!c->gzip_in) {
+      call_fail(c, RPC_INTERNAL, "protocol error: received compressed message without encoding");
+      return NULL;
+    }
+    rpc_code code;
+    const char *msg;
+    size_t pl;
+    if (gunzip(p, n, &plain, &pl, &code, &msg) != 0) {
+      call_fail(c, code, msg);
+      return NULL;
+    }
+    p = plain;
+    n = pl;
+  }
+  char err[512];
+  ProtobufCMessage *m = NULL;
+  int nul = 0;
+  const ProtobufCMessageDescriptor *d = c->m->input;
+  if (c->json) {
+    m = pbjson_decode_ex(d, (const char *)p, n, &nul, err, sizeof err);
+    if (!m) {
+      char e2[700];
+      snprintf(e2, sizeof e2, "unmarshal into %s: %s", d->name, err);
+      free(plain);
+      call_fail(c, RPC_INVALID_ARGUMENT, e2);
+      return NULL;
+    }
+  } else {
+    m = protobuf_c_message_unpack(d, NULL, n, p);
+    if (!m) {
+      char e2[300];
+      snprintf(e2, sizeof e2, "unmarshal into %s: invalid protobuf", d->name);
+      free(plain);
+      call_fail(c, RPC_INVALID_ARGUMENT, e2);
+      return NULL;
+    }
+    if (pbjson_check_utf8(m, err, sizeof err) != 0) {
+      char e2[700];
+      snprintf(e2, sizeof e2, "unmarshal into %s: %s", d->name, err);
+      protobuf_c_message_free_unpacked(m, NULL);
+      free(plain);
+      call_fail(c, RPC_INVALID_ARGUMENT, e2);
+      return NULL;
+    }
+    nul = pbwire_has_nul_string(d, p, n);
+  }
+  free(plain);
+  c->req_nul = nul;
+  return m;
+}
+
+static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
+  c->had_nul = c->req_nul;
+  if (c->m->kind == RPC_CLIENT_STREAM) {
+    if (c->m->on_message) c->m->on_message(c, m);
+    protobuf_c_message_free_unpacked(m, NULL);
+    return;
+  }
+  /* server streaming over envelopes: exactly one request message */
+  if (c->req) {
+    protobuf_c_message_free_unpacked(m, NULL);
+    call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: expected only one message, but got multiple");
+    return;
+  }
+  c->req = m;
+}
+
+static void start_service(rpc_call *c, ProtobufCMessage *req) {
+  c->svc_live = 1;
+  c->had_nul = c->req_nul;
+  c->m->on_request(c, req);
+  if (req) protobuf_c_message_free_unpacked(req, NULL);
+}
+
+/* Envelope parsing for streaming protocols: deliver what is complete. */
+static void call_pump(rpc_call *c) {
+  size_t off = 0;
+  while (!c->finished && !c->in_paused && c->in_len - off >= 5) {
+    const uint8_t *h = c->in + off;
+    uint32_t len = (uint32_t)h[1] << 24 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 8 | h[4];
+    if (len > RPC_MAX_MESSAGE) {
+      char e[128];
+      snprintf(e, sizeof e, "message size %u is larger than configured max %u", len, RPC_MAX_MESSAGE);
+      call_fail(c, RPC_RESOURCE_EXHAUSTED, e);
+      return;
+    }
+    if (c->in_len - off < 5 + (size_t)len) break;
+    uint8_t flags = h[0];
+    if (flags & ~0x01u) {
+      call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: invalid envelope flags");
+      return;
+    }
+    ProtobufCMessage *m = call_decode(c, h + 5, len, flags & 1);
+    off += 5 + (size_t)len;
+    c->msgs_in++;
+    if (!m) return;
+    deliver_message(c, m);
+  }
+  if (c->finished) return;
+  if (off) {
+    memmove(c->in, c->in + off, c->in_len - off);
+    c->in_len -= off;
+  }
+  if (c->in_done && !c->in_paused && !c->in_end_sent) {
+    c->in_end_sent = 1;
+    if (c->in_len) {
+      char e[160];
+      snprintf(e, sizeof e, "protocol error: incomplete envelope: %zu bytes left over", c->in_len);
+      call_fail(c, RPC_INVALID_ARGUMENT, e);
+      return;
+    }
+    if (c->m->kind == RPC_CLIENT_STREAM) {
+      if (c->m->on_input_end) c->m->on_input_end(c);
+    } else {
+      ProtobufCMessage *req = c->req;
+      c->req = NULL;
+      if (!req) {
+        call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: expected one request message, got none");
+        return;
+      }
+      start_service(c, req);
+    }
+  }
+}
+
+static void on_body(hx *x, const uint8_t *d, size_t n) {
+  rpc_call *c = x->hdata;
+  if (c->finished) return;
+  size_t limit = (size_t)RPC_MAX_MESSAGE + (c->w == W_CONNECT_UNARY ? 0 : 5);
+  if (c->w == W_CONNECT_UNARY && c->in_len + n > limit) {
+    call_fail(c, RPC_RESOURCE_EXHAUSTED, "message is larger than configured max 16777216 bytes");
+    return;
+  }
+  if (c->in_len + n > c->in_cap) {
+    size_t cap = c->in_cap ? c->in_cap : 16384;
+    while (cap < c->in_len + n) cap *= 2;
+    uint8_t *q = realloc(c->in, cap);
+    if (!q) {
+      call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+    c->in = q;
+    c->in_cap = cap;
+  }
+  memcpy(c->in + c->in_len, d, n);
+  c->in_len += n;
+  if (c->w != W_CONNECT_UNARY) call_pump(c);
+}
+
+static void on_body_end(hx *x) {
+  rpc_call *c = x->hdata;
+  if (c->finished) return;
+  c->in_done = 1;
+  if (c->w != W_CONNECT_UNARY) {
+    call_pump(c);
+    return;
+  }
+  ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in);
+  free(c->in);
+  c->in = NULL;
+  c->in_len = c->in_cap = 0;
+  if (m) start_service(c, m);
+}
+
+static void on_abort(hx *x) {
+  rpc_call *c = x->hdata;
+  c->hx_live = 0;
+  c->x = NULL;
+  if (!c->finished) {
+    c->finished = 1;
+    uv_timer_stop(&c->deadline);
+    if (c->svc_live) {
+      c->svc_live = 0;
+      if (c->m->on_cancel) c->m->on_cancel(c, RPC_CANCELED);
+    }
+  }
+  call_maybe_free(c);
+}
+
+static void on_drain(hx *x) {
+  rpc_call *c = x->hdata;
+  if (!c->svc_live || !c->drain_cb) return;
+  if (rpc_outq_bytes(c) > RPC_OUTQ_HIGH / 2) return;
+  void (*cb)(rpc_call *) = c->drain_cb;
+  c->drain_cb = NULL;
+  cb(c);
+}
+
+static const hx_handler call_handler = {on_body, on_body_end, on_abort, on_drain};
+
+void rpc_pause_input(rpc_call *c, int paused) {
+  if (c->finished || c->in_paused == paused) return;
+  c->in_paused = paused;
+  if (c->hx_live) hx_pause_body(c->x, paused);
+  if (!paused) uv_timer_start(&c->soon, call_on_soon, 0, 0);
+}
+
+static void on_deadline(uv_timer_t *t) {
+  rpc_call *c = t->data;
+  call_fail(c, RPC_DEADLINE_EXCEEDED, "the operation timed out");
+}
+
+/* ---------------------------------------------------------------- entry */
+
+static int parse_connect_timeout(const char *v, int64_t *ms) {
+  size_t n = strlen(v);
+  if (n == 0 || n > 10) return -1;
+  int64_t r = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i] < '0' || v[i] > '9') return -1;
+    r = r * 10 + (v[i] - '0');
+  }
+  *ms = r;
+  return 0;
+}
+
+static int parse_grpc_timeout(const char *v, int64_t *ms) {
+  size_t n = strlen(v);
+  if (n < 2 || n > 9) return -1;
+  int64_t r = 0;
+  for (size_t i = 0; i + 1 < n; i++) {
+    if (v[i] < '0' || v[i] > '9') return -1;
+    r = r * 10 + (v[i] - '0');
+  }
+  switch (v[n - 1]) {
+    case 'H': r *= 3600000; break;
+    case 'M': r *= 60000; break;
+    case 'S': r *= 1000; break;
+    case 'm': break;
+    case 'u': r = (r + 999) / 1000; break;
+    case 'n': r = (r + 999999) / 1000000; break;
+    default: return -1;
+  }
+  *ms = r;
+  return 0;
+}
+
+/* "application/json; charset=utf-8" → media type in lower case. */
+static void media_type(const char *ct, char *out, size_t cap) {
+  size_t i = 0;
+  while (*ct == ' ') ct++;
+  for (; *ct && *ct != ';' && *ct != ' ' && i + 1 < cap; ct++)
+    out[i++] = (char)((*ct >= 'A' && *ct <= 'Z') ? *ct + 32 : *ct);
+  out[i] = 0;
+}
+
+void connect_serve(hx *x, const rpc_method *m) {
+  if (strcmp(x->method, "POST") != 0) {
+    hx_header allow = {"allow", "POST"};
+    hx_simple(x, 405, "text/plain; charset=utf-8", "405 method not allowed\n", &allow, 1);
+    return;
+  }
+  char mt[96];
+  const char *ct = hx_get(x, "content-type");
+  media_type(ct ? ct : "", mt, sizeof mt);
+  wire w;
+  int json;
+  if (!strcmp(mt, "application/json")) w = W_CONNECT_UNARY, json = 1;
+  else if (!strcmp(mt, "application/proto")) w = W_CONNECT_UNARY, json = 0;
+  else if (!strcmp(mt, "application/connect+json")) w = W_CONNECT_STREAM, json = 1;
+  else if (!strcmp(mt, "application/connect+proto")) w = W_CONNECT_STREAM, json = 0;
+  else if (!strcmp(mt, "application/grpc") || !strcmp(mt, "application/grpc+proto")) w = W_GRPC, json = 0;
+  else if (!strcmp(mt, "application/grpc+json")) w = W_GRPC, json = 1;
+  else if (!strcmp(mt, "application/grpc-web") || !strcmp(mt, "application/grpc-web+proto")) w = W_GRPC_WEB, json = 0;
+  else if (!strcmp(mt, "application/grpc-web+json")) w = W_GRPC_WEB, json = 1;
+  else {
+    hx_simple(x, 415, "text/plain; charset=utf-8", "415 unsupported media type\n", NULL, 0);
+    return;
+  }
+  if ((w == W_CONNECT_UNARY) != (m->kind == RPC_UNARY) && w != W_GRPC && w != W_GRPC_WEB) {
+    hx_simple(x, 415, "text/plain; charset=utf-8", "415 unsupported media type\n", NULL, 0);
+    return;
+  }
+  if (w == W_GRPC && !x->http2) {
+    hx_simple(x, 415, "text/plain; charset=utf-8", "gRPC requires HTTP/2\n", NULL, 0);
+    return;
+  }
+  rpc_call *c = calloc(1, sizeof *c);
+  if (!c) {
+    hx_simple(x, 503, "text/plain", "out of memory\n", NULL, 0);
+    return;
+  }
+  c->x = x;
+  c->m = m;
+  c->w = w;
+  c->json = json;
+  c->hx_live = 1;
+  uv_timer_init(conch.loop, &c->deadline);
+  uv_timer_init(conch.loop, &c->soon);
+  c->deadline.data = c->soon.data = c;
+  c->handles = 2;
+  hx_set_handler(x, &call_handler, c);
+
+  /* Connect-Protocol-Version */
+  const char *pv = hx_get(x, "connect-protocol-version");
+  if (w == W_CONNECT_UNARY && !pv) {
+    call_fail(c, RPC_INVALID_ARGUMENT, "missing required header: set Connect-Protocol-Version to \"1\"");
+    return;
+  }
+  if ((w == W_CONNECT_UNARY || w == W_CONNECT_STREAM) && pv && strcmp(pv, "1") != 0) {
+    char e[300];
+    snprintf(e, sizeof e, "Connect-Protocol-Version must be \"1\": got \"%.200s\"", pv);
+    call_fail(c, RPC_INVALID_ARGUMENT, e);
+    return;
+  }
+  /* auth */
+  const char *amsg;
+  if (auth_check(hx_get(x, "conch-init-token"), &amsg) != RPC_OK) {
+    call_fail(c, RPC_UNAUTHENTICATED, amsg);
+    return;
+  }
+  /* timeout */
+  const char *tv = (w == W_GRPC || w == W_GRPC_WEB) ? hx_get(x, "grpc-timeout")
+                                                    : hx_get(x, "connect-timeout-ms");
+  if (tv) {
+    int bad = (w == W_GRPC || w == W_GRPC_WEB) ? parse_grpc_timeout(tv, &c->timeout_ms)
+                                               : parse_connect_timeout(tv, &c->timeout_ms);
+    if (bad) {
+      char e[300];
+      snprintf(e, sizeof e, "protocol error: invalid timeout %.200s", tv);
+      call_fail(c, RPC_INVALID_ARGUMENT, e);
+      return;
+    }
+  }
+  /* compression */
+  const char *enc = w == W_CONNECT_UNARY ? hx_get(x, "content-encoding")
+                    : w == W_CONNECT_STREAM ? hx_get(x, "connect-content-encoding")
+                                            : hx_get(x, "grpc-encoding");
+  if (enc && strcasecmp(enc, "identity") != 0) {
+    if (strcasecmp(enc, "gzip") == 0) {
+      c->gzip_in = 1;
+    } else {
+      char e[300];
+      snprintf(e, sizeof e, "unknown compression \"%.100s\": supported encodings are gzip", enc);
+      call_fail(c, RPC_UNIMPLEMENTED, e);
+      return;
+    }
+  }
+  if (w == W_CONNECT_UNARY && x->content_length > (int64_t)RPC_MAX_MESSAGE) {
+    call_fail(c, RPC_RESOURCE_EXHAUSTED, "message is larger than configured max 16777216 bytes");
+    return;
+  }
+  if (c->timeout_ms > 0 && !(m->flags & RPC_F_OWN_DEADLINE))
+    uv_timer_start(&c->deadline, on_deadline, (uint64_t)c->timeout_ms, 0);
+  if (m->kind == RPC_CLIENT_STREAM) start_service(c, NULL);
+}

@@ -1,0 +1,550 @@
+/* h2 — HTTP/2 on one connection; see h2.h. */
+#include "agent/h2.h"
+
+#include <nghttp2/nghttp2.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/log.h"
+#include "agent/router.h"
+
+typedef struct h2buf {
+  struct h2buf *next;
+  uint8_t *data;
+  size_t len, off;
+} h2buf;
+
+typedef struct h2s {
+  hx x; /* first: hx.tp points back here */
+  struct h2c *sess;
+  struct h2s *prev, *next;
+  int32_t id;
+  size_t hbytes;
+  int dispatched, body_ended, body_end_sent, submitted, deferred, out_ended;
+  int body_paused, drain_armed, want_drain, upgraded;
+  h2buf *qhead, *qtail;
+  size_t outq;
+  uint8_t *pend; /* request body held while paused */
+  size_t pend_len, pend_cap, pend_unconsumed;
+  nghttp2_nv *trailers;
+  size_t ntrailers;
+} h2s;
+
+typedef struct h2c {
+  conn *c;
+  nghttp2_session *ng;
+  h2s *streams;
+  size_t nstreams;
+  int dead;
+} h2c;
+
+#define H2_WRITE_CHUNK (256u * 1024)
+#define H2_CONN_OUTQ_MAX (2u * 1024 * 1024)
+
+static void h2_deferred(conn *c);
+static const hx_ops h2_ops;
+
+/* ---------------------------------------------------------------- streams */
+
+static h2s *h2_stream_new(h2c *sc, int32_t id) {
+  h2s *st = calloc(1, sizeof *st);
+  if (!st) return NULL;
+  st->sess = sc;
+  st->id = id;
+  st->x.tp = st;
+  st->x.ops = &h2_ops;
+  st->x.http2 = 1;
+  st->x.content_length = -1;
+  st->next = sc->streams;
+  if (sc->streams) sc->streams->prev = st;
+  sc->streams = st;
+  sc->nstreams++;
+  conn_timer(sc->c, 0);
+  return st;
+}
+
+static void h2_stream_free(h2s *st) {
+  h2c *sc = st->sess;
+  if (st->prev) st->prev->next = st->next;
+  else sc->streams = st->next;
+  if (st->next) st->next->prev = st->prev;
+  sc->nstreams--;
+  for (h2buf *b = st->qhead, *n; b; b = n) {
+    n = b->next;
+    free(b->data);
+    free(b);
+  }
+  for (size_t i = 0; i < st->ntrailers; i++) {
+    free(st->trailers[i].name);
+    free(st->trailers[i].value);
+  }
+  free(st->trailers);
+  free(st->pend);
+  hx_free_request(&st->x);
+  free(st);
+  if (sc->nstreams == 0 && !sc->dead) conn_timer(sc->c, 60000);
+}
+
+static void h2_abort_stream(h2s *st) {
+  if (st->dispatched && !st->x.ended && st->x.h && st->x.h->on_abort) {
+    st->x.ended = 1;
+    st->x.h->on_abort(&st->x);
+  }
+  st->x.ended = 1;
+}
+
+/* Hand request body bytes to the handler, or hold them while paused. */
+static void h2_stream_body(h2s *st, const uint8_t *d, size_t n, int count_window) {
+  h2c *sc = st->sess;
+  if (st->x.ended || !st->x.h || !st->x.h->on_body) { /* nobody wants it */
+    if (count_window) nghttp2_session_consume(sc->ng, st->id, n);
+    return;
+  }
+  if (st->body_paused || st->pend_len) {
+    if (st->pend_len + n > st->pend_cap) {
+      size_t cap = st->pend_cap ? st->pend_cap : 16384;
+      while (cap < st->pend_len + n) cap *= 2;
+      uint8_t *p = realloc(st->pend, cap);
+      if (!p) {
+        nghttp2_submit_rst_stream(sc->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+        return;
+      }
+      st->pend = p;
+      st->pend_cap = cap;
+    }
+    memcpy(st->pend + st->pend_len, d, n);
+    st->pend_len += n;
+    if (count_window) st->pend_unconsumed += n;
+    return;
+  }
+  st->x.h->on_body(&st->x, d, n);
+  if (count_window && !sc->dead) nghttp2_session_consume(sc->ng, st->id, n);
+}
+
+static void h2_stream_body_end(h2s *st) {
+  st->body_ended = 1;
+  if (st->pend_len || st->body_paused || st->body_end_sent) return;
+  st->body_end_sent = 1;
+  if (!st->x.ended && st->x.h && st->x.h->on_body_end) st->x.h->on_body_end(&st->x);
+}
+
+static void h2_dispatch(h2s *st) {
+  st->dispatched = 1;
+  const char *cl = hx_get(&st->x, "content-length");
+  if (cl) st->x.content_length = strtoll(cl, NULL, 10);
+  if (!st->x.method || !st->x.path) {
+    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+    st->x.ended = 1;
+    return;
+  }
+  router_dispatch(&st->x);
+}
+
+/* ---------------------------------------------------------------- nghttp2 callbacks */
+
+static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
+  h2c *sc = ud;
+  if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  h2s *st = h2_stream_new(sc, f->hd.stream_id);
+  if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
+  nghttp2_session_set_stream_user_data(ng, f->hd.stream_id, st);
+  return 0;
+}
+
+static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8_t *name,
+                        size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *ud) {
+  (void)flags;
+  (void)ud;
+  if (f->hd.type != NGHTTP2_HEADERS) return 0;
+  h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
+  if (!st || st->dispatched) return 0; /* trailers: ignored */
+  st->hbytes += nlen + vlen + 32;
+  if (st->hbytes > H2_MAX_HEADER_LIST) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  if (nlen && name[0] == ':') {
+    char **dst = NULL;
+    if (nlen == 7 && memcmp(name, ":method", 7) == 0) dst = &st->x.method;
+    else if (nlen == 5 && memcmp(name, ":path", 5) == 0) dst = &st->x.path;
+    if (dst && !*dst) {
+      const uint8_t *q = dst == &st->x.path ? memchr(value, '?', vlen) : NULL;
+      size_t l = q ? (size_t)(q - value) : vlen;
+      *dst = strndup((const char *)value, l);
+      if (q) st->x.query = strndup((const char *)q + 1, vlen - l - 1);
+    }
+    return 0;
+  }
+  if (hx_add_header(&st->x, (const char *)name, nlen, (const char *)value, vlen) != 0)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  return 0;
+}
+
+static int h2_on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
+  (void)ud;
+  if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
+  h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
+  if (!st) return 0;
+  if (f->hd.type == NGHTTP2_HEADERS && !st->dispatched) h2_dispatch(st);
+  if ((f->hd.flags & NGHTTP2_FLAG_END_STREAM) && !st->body_ended && st->dispatched)
+    h2_stream_body_end(st);
+  return 0;
+}
+
+static int h2_on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *d,
+                            size_t n, void *ud) {
+  (void)flags;
+  (void)ud;
+  h2s *st = nghttp2_session_get_stream_user_data(ng, id);
+  if (!st) {
+    nghttp2_session_consume(ng, id, n);
+    return 0;
+  }
+  h2_stream_body(st, d, n, 1);
+  return 0;
+}
+
+static int h2_on_stream_close(nghttp2_session *ng, int32_t id, uint32_t err, void *ud) {
+  (void)err;
+  h2c *sc = ud;
+  h2s *st = nghttp2_session_get_stream_user_data(ng, id);
+  if (!st || sc->dead) return 0;
+  nghttp2_session_set_stream_user_data(ng, id, NULL);
+  h2_abort_stream(st);
+  h2_stream_free(st);
+  return 0;
+}
+
+static ssize_t h2_read_body(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t len,
+                            uint32_t *flags, nghttp2_data_source *src, void *ud) {
+  (void)ud;
+  h2s *st = src->ptr;
+  size_t done = 0;
+  while (done < len && st->qhead) {
+    h2buf *b = st->qhead;
+    size_t take = b->len - b->off;
+    if (take > len - done) take = len - done;
+    memcpy(buf + done, b->data + b->off, take);
+    b->off += take;
+    done += take;
+    if (b->off == b->len) {
+      st->qhead = b->next;
+      if (!st->qhead) st->qtail = NULL;
+      free(b->data);
+      free(b);
+    }
+  }
+  st->outq -= done;
+  if (st->drain_armed && st->outq <= HX_OUTQ_LOW) {
+    st->drain_armed = 0;
+    st->want_drain = 1;
+  }
+  if (!st->qhead && st->out_ended) {
+    *flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (st->ntrailers) {
+      *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      nghttp2_submit_trailer(ng, id, st->trailers, st->ntrailers);
+    }
+    return (ssize_t)done;
+  }
+  if (done == 0) {
+    st->deferred = 1;
+    return NGHTTP2_ERR_DEFERRED;
+  }
+  return (ssize_t)done;
+}
+
+/* ---------------------------------------------------------------- sending */
+
+static void h2_flush(h2c *sc) {
+  conn *c = sc->c;
+  if (sc->dead || c->closing) return;
+  while (c->outq < H2_CONN_OUTQ_MAX) {
+    uint8_t *out = NULL;
+    size_t olen = 0, ocap = 0;
+    for (;;) {
+      const uint8_t *p;
+      ssize_t n = nghttp2_session_mem_send(sc->ng, &p);
+      if (n < 0) {
+        free(out);
+        LOG_DEBUG("h2 send error conn=%llu err=%s", (unsigned long long)c->id,
+                  nghttp2_strerror((int)n));
+        conn_close(c);
+        return;
+      }
+      if (n == 0) break;
+      if (olen + (size_t)n > ocap) {
+        size_t cap = ocap ? ocap * 2 : 16384;
+        while (cap < olen + (size_t)n) cap *= 2;
+        uint8_t *q = realloc(out, cap);
+        if (!q) {
+          free(out);
+          conn_close(c);
+          return;
+        }
+        out = q;
+        ocap = cap;
+      }
+      memcpy(out + olen, p, (size_t)n);
+      olen += (size_t)n;
+      if (olen >= H2_WRITE_CHUNK) break;
+    }
+    if (!olen) {
+      free(out);
+      break;
+    }
+    uv_buf_t b = uv_buf_init((char *)out, (unsigned)olen);
+    void *owned = out;
+    if (conn_write(c, &b, 1, &owned, 1) != 0) {
+      conn_close(c);
+      return;
+    }
+  }
+  /* drain notifications, outside nghttp2's callbacks */
+  for (h2s *st = sc->streams, *n; st; st = n) {
+    n = st->next;
+    if (st->want_drain) {
+      st->want_drain = 0;
+      if (!st->x.ended && st->x.h && st->x.h->on_drain) st->x.h->on_drain(&st->x);
+      if (c->closing) return;
+    }
+  }
+  if (!nghttp2_session_want_read(sc->ng) && !nghttp2_session_want_write(sc->ng) && c->outq == 0)
+    conn_close(c);
+}
+
+/* Deferred work: held bodies of un-paused streams, then sending. */
+static void h2_deferred(conn *c) {
+  h2c *sc = c->p;
+  if (!sc) return;
+  for (h2s *st = sc->streams, *n; st; st = n) {
+    n = st->next;
+    if (!st->body_paused && st->pend_len) {
+      uint8_t *p = st->pend;
+      size_t len = st->pend_len, unc = st->pend_unconsumed;
+      st->pend = NULL;
+      st->pend_len = st->pend_cap = st->pend_unconsumed = 0;
+      if (!st->x.ended && st->x.h && st->x.h->on_body) st->x.h->on_body(&st->x, p, len);
+      free(p);
+      if (c->closing) return;
+      if (unc) nghttp2_session_consume(sc->ng, st->id, unc);
+      if (st->body_paused) continue; /* paused again: later chunks wait */
+    }
+    if (st->body_ended && !st->body_end_sent && !st->body_paused && !st->pend_len)
+      h2_stream_body_end(st);
+    if (c->closing) return;
+  }
+  h2_flush(sc);
+}
+
+/* ---------------------------------------------------------------- hx ops */
+
+static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t clen) {
+  h2s *st = x->tp;
+  h2c *sc = st->sess;
+  nghttp2_nv nv[HX_MAX_HEADERS + 2];
+  char sbuf[8], lbuf[24];
+  size_t k = 0;
+  snprintf(sbuf, sizeof sbuf, "%d", status);
+  nv[k++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)sbuf, 7, strlen(sbuf), NGHTTP2_NV_FLAG_NONE};
+  for (size_t i = 0; i < n && k < HX_MAX_HEADERS; i++)
+    nv[k++] = (nghttp2_nv){(uint8_t *)h[i].name, (uint8_t *)h[i].value, strlen(h[i].name),
+                           strlen(h[i].value), NGHTTP2_NV_FLAG_NONE};
+  if (clen >= 0) {
+    snprintf(lbuf, sizeof lbuf, "%lld", (long long)clen);
+    nv[k++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)lbuf, 14, strlen(lbuf),
+                           NGHTTP2_NV_FLAG_NONE};
+  }
+  nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
+  if (nghttp2_submit_response(sc->ng, st->id, nv, k, &prd) != 0) return -1;
+  st->submitted = 1;
+  conn_defer(sc->c, h2_deferred);
+  return 0;
+}
+
+static int h2_write(hx *x, uint8_t *buf, size_t len) {
+  h2s *st = x->tp;
+  h2buf *b = malloc(sizeof *b);
+  if (!b) {
+    free(buf);
+    return -1;
+  }
+  *b = (h2buf){NULL, buf, len, 0};
+  if (st->qtail) st->qtail->next = b;
+  else st->qhead = b;
+  st->qtail = b;
+  st->outq += len;
+  if (st->outq > HX_OUTQ_LOW) st->drain_armed = 1;
+  if (st->deferred) {
+    st->deferred = 0;
+    nghttp2_session_resume_data(st->sess->ng, st->id);
+  }
+  conn_defer(st->sess->c, h2_deferred);
+  return 0;
+}
+
+static int h2_end(hx *x, const hx_header *tr, size_t n) {
+  h2s *st = x->tp;
+  st->out_ended = 1;
+  if (n) {
+    st->trailers = calloc(n, sizeof *st->trailers);
+    if (st->trailers) {
+      for (size_t i = 0; i < n; i++) {
+        st->trailers[i] = (nghttp2_nv){(uint8_t *)strdup(tr[i].name), (uint8_t *)strdup(tr[i].value),
+                                       strlen(tr[i].name), strlen(tr[i].value), NGHTTP2_NV_FLAG_NONE};
+      }
+      st->ntrailers = n;
+    }
+  }
+  if (st->deferred) {
+    st->deferred = 0;
+    nghttp2_session_resume_data(st->sess->ng, st->id);
+  }
+  /* the rest of the request body, if any, is not wanted any more */
+  if (!st->body_ended) st->body_paused = 0;
+  conn_defer(st->sess->c, h2_deferred);
+  return 0;
+}
+
+static void h2_pause_body(hx *x, int paused) {
+  h2s *st = x->tp;
+  st->body_paused = paused;
+  if (!paused) conn_defer(st->sess->c, h2_deferred);
+}
+
+static size_t h2_outq(const hx *x) {
+  const h2s *st = x->tp;
+  return st->outq;
+}
+
+static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_outq};
+
+/* ---------------------------------------------------------------- conn proto */
+
+static void h2_on_read(conn *c, const uint8_t *d, size_t n) {
+  h2c *sc = c->p;
+  ssize_t r = nghttp2_session_mem_recv(sc->ng, d, n);
+  if (c->closing) return;
+  if (r < 0) {
+    LOG_DEBUG("h2 recv error conn=%llu err=%s", (unsigned long long)c->id, nghttp2_strerror((int)r));
+    h2_flush(sc); /* GOAWAY, if nghttp2 queued one */
+    conn_close(c);
+    return;
+  }
+  h2_flush(sc);
+}
+
+static void h2_on_written(conn *c) {
+  h2c *sc = c->p;
+  if (sc) h2_flush(sc);
+}
+
+static void h2_on_timeout(conn *c) {
+  h2c *sc = c->p;
+  if (sc->nstreams) return;
+  conn_close(c);
+}
+
+static void h2_on_close(conn *c) {
+  h2c *sc = c->p;
+  if (!sc) return;
+  sc->dead = 1;
+  while (sc->streams) {
+    h2s *st = sc->streams;
+    h2_abort_stream(st);
+    h2_stream_free(st);
+  }
+  nghttp2_session_del(sc->ng);
+  free(sc);
+  c->p = NULL;
+}
+
+const conn_proto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close};
+
+static long h2_b64url_decode(const char *in, uint8_t *out, size_t cap) {
+  unsigned v = 0;
+  int bits = 0;
+  size_t o = 0;
+  for (; *in && *in != '='; in++) {
+    int c = (unsigned char)*in, d;
+    if (c >= 'A' && c <= 'Z') d = c - 'A';
+    else if (c >= 'a' && c <= 'z') d = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') d = c - '0' + 52;
+    else if (c == '-' || c == '+') d = 62;
+    else if (c == '_' || c == '/') d = 63;
+    else return -1;
+    v = (v << 6) | (unsigned)d;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      if (o >= cap) return -1;
+      out[o++] = (uint8_t)(v >> bits);
+    }
+  }
+  return (long)o;
+}
+
+int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
+  h2c *sc = calloc(1, sizeof *sc);
+  nghttp2_session_callbacks *cb = NULL;
+  nghttp2_option *opt = NULL;
+  if (!sc || nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0) goto fail;
+  sc->c = c;
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, h2_on_begin_headers);
+  nghttp2_session_callbacks_set_on_header_callback(cb, h2_on_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data_chunk);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_stream_close);
+  nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
+  if (nghttp2_session_server_new2(&sc->ng, cb, sc, opt) != 0) goto fail;
+  nghttp2_session_callbacks_del(cb);
+  nghttp2_option_del(opt);
+  cb = NULL;
+  opt = NULL;
+  nghttp2_settings_entry iv[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, H2_MAX_STREAMS},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H2_STREAM_WINDOW},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, H2_MAX_HEADER_LIST},
+  };
+  nghttp2_submit_settings(sc->ng, NGHTTP2_FLAG_NONE, iv, sizeof iv / sizeof iv[0]);
+  nghttp2_session_set_local_window_size(sc->ng, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW);
+  c->p = sc;
+  conn_timer(c, 10000);
+  if (up) {
+    const char *set = hx_get(up, "http2-settings");
+    uint8_t sbuf[512];
+    long sl = set ? h2_b64url_decode(set, sbuf, sizeof sbuf) : -1;
+    if (sl < 0 ||
+        nghttp2_session_upgrade2(sc->ng, sbuf, (size_t)sl, strcmp(up->method, "HEAD") == 0, NULL) != 0) {
+      hx_free_request(up);
+      free(up);
+      free(body);
+      return -1; /* sc freed by conn_close → h2_on_close */
+    }
+    h2s *st = h2_stream_new(sc, 1);
+    if (!st) return -1;
+    nghttp2_session_set_stream_user_data(sc->ng, 1, st);
+    /* move the request over */
+    memcpy(st->x.hdr, up->hdr, sizeof up->hdr);
+    st->x.nhdr = up->nhdr;
+    st->x.method = up->method;
+    st->x.path = up->path;
+    st->x.query = up->query;
+    free(up);
+    st->upgraded = 1;
+    h2_dispatch(st);
+    if (blen && !c->closing) h2_stream_body(st, body, blen, 0);
+    free(body);
+    if (!c->closing) h2_stream_body_end(st);
+  }
+  if (!c->closing) conn_defer(c, h2_deferred);
+  return 0;
+fail:
+  if (cb) nghttp2_session_callbacks_del(cb);
+  if (opt) nghttp2_option_del(opt);
+  free(sc);
+  if (up) {
+    hx_free_request(up);
+    free(up);
+  }
+  free(body);
+  return -1;
+}

@@ -1,0 +1,24 @@
+/* h2 — HTTP/2 cleartext server side of a connection (nghttp2).
+ *
+ * Entered by the client preface (prior knowledge) or by an HTTP/1.1
+ * `Upgrade: h2c` request, which becomes stream 1.  SETTINGS: ≤ 128
+ * concurrent streams, header list ≤ 64 KiB; request bodies are flow
+ * controlled by what the handlers consume (hx_pause_body holds the window).
+ */
+#ifndef CONCH_H2_H
+#define CONCH_H2_H
+
+#include "agent/conn.h"
+#include "agent/hx.h"
+
+#define H2_MAX_STREAMS 128
+#define H2_MAX_HEADER_LIST (64u * 1024)
+#define H2_STREAM_WINDOW (1u * 1024 * 1024)
+#define H2_CONN_WINDOW (16u * 1024 * 1024)
+
+extern const conn_proto h2_conn_proto;
+/* upgrade: the HTTP/1.1 request (taken over, becomes stream 1) and its body
+ * (malloc'd, taken over); NULL/0 for prior knowledge. */
+int h2_conn_init(conn *c, hx *upgrade, uint8_t *body, size_t body_len);
+
+#endif

@@ -1,0 +1,580 @@
+/* http1 — HTTP/1.1 on one connection; see http1.h. */
+#include "agent/http1.h"
+
+#include <http_parser.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "agent/h2.h"
+#include "agent/hx.h"
+#include "agent/log.h"
+#include "agent/router.h"
+#include "agent/rpc.h"
+
+typedef struct h1 {
+  conn *c;
+  http_parser parser;
+  hx *x;               /* the exchange being parsed or answered, or NULL */
+  size_t header_bytes; /* request line + headers so far */
+  char *url;
+  size_t url_len;
+  char *hname, *hval;
+  size_t hname_len, hval_len;
+  int in_value;
+  int dispatched;   /* x handed to the router */
+  int msg_done;     /* request fully received */
+  int keep_alive;
+  int close_after;  /* close once the response is written */
+  int chunked;      /* response uses chunked encoding */
+  int parser_paused;
+  int body_paused;
+  int drain_armed;  /* outq went above HX_OUTQ_LOW */
+  int upgrade;      /* h2c upgrade requested and accepted */
+  uint8_t *ubody;   /* body buffered for an h2c upgrade */
+  size_t ubody_len, ubody_cap;
+  uint8_t *pend;    /* bytes received but not parsed while paused */
+  size_t pend_len;
+  char head[1024];  /* response head waiting to go with the first body bytes */
+  size_t head_len;
+  int in_execute;
+} h1;
+
+static const http_parser_settings h1_settings;
+static const hx_ops h1_ops;
+static void h1_dispatch(h1 *s);
+static void h1_next(conn *c);
+
+/* ---------------------------------------------------------------- helpers */
+
+static void h1_free_x(h1 *s) {
+  if (!s->x) return;
+  hx_free_request(s->x);
+  free(s->x);
+  s->x = NULL;
+}
+
+static void h1_reset_request(h1 *s) {
+  free(s->url);
+  free(s->hname);
+  free(s->hval);
+  free(s->ubody);
+  s->url = s->hname = s->hval = NULL;
+  s->ubody = NULL;
+  s->url_len = s->hname_len = s->hval_len = s->ubody_len = s->ubody_cap = 0;
+  s->header_bytes = 0;
+  s->in_value = s->dispatched = s->msg_done = s->chunked = 0;
+  s->body_paused = s->drain_armed = s->upgrade = 0;
+  s->head_len = 0;
+  h1_free_x(s);
+}
+
+/* A response for a request we could not even parse. Then close. */
+static void h1_fail(h1 *s, int status, const char *reason) {
+  if (!s->x || !s->x->responded) {
+    char buf[256];
+    int n = snprintf(buf, sizeof buf,
+                     "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n",
+                     status, reason, strlen(reason) + 1, reason);
+    conn_write_copy(s->c, buf, (size_t)n);
+  }
+  LOG_DEBUG("http1 error conn=%llu status=%d reason=%s", (unsigned long long)s->c->id, status,
+            reason);
+  if (s->x) {
+    hx *x = s->x;
+    int live = s->dispatched && !x->ended && x->h && x->h->on_abort;
+    x->ended = 1;
+    if (live) x->h->on_abort(x);
+  }
+  s->close_after = 1;
+  s->parser_paused = 1;
+  conn_read_pause(s->c, 1);
+  if (s->c->outq == 0) conn_close(s->c);
+}
+
+static int h1_grow(char **p, size_t *len, const char *at, size_t n) {
+  char *q = realloc(*p, *len + n + 1);
+  if (!q) return -1;
+  memcpy(q + *len, at, n);
+  *len += n;
+  q[*len] = 0;
+  *p = q;
+  return 0;
+}
+
+static int h1_count(h1 *s, size_t n) {
+  s->header_bytes += n;
+  if (s->header_bytes > HTTP1_MAX_HEADER_BYTES) {
+    h1_fail(s, 431, "Request Header Fields Too Large");
+    return -1;
+  }
+  return 0;
+}
+
+static int h1_commit_header(h1 *s) {
+  if (!s->hname) return 0;
+  if (!s->x) return -1;
+  int r = hx_add_header(s->x, s->hname, s->hname_len, s->hval ? s->hval : "", s->hval_len);
+  free(s->hname);
+  free(s->hval);
+  s->hname = s->hval = NULL;
+  s->hname_len = s->hval_len = 0;
+  if (r != 0) h1_fail(s, 431, "Request Header Fields Too Large");
+  return r;
+}
+
+/* ---------------------------------------------------------------- parser callbacks */
+
+static int h1_on_message_begin(http_parser *p) {
+  h1 *s = p->data;
+  h1_reset_request(s);
+  s->x = calloc(1, sizeof *s->x);
+  if (!s->x) return -1;
+  s->x->content_length = -1;
+  conn_timer(s->c, HTTP1_HEADER_TIMEOUT_MS);
+  return 0;
+}
+
+static int h1_on_url(http_parser *p, const char *at, size_t n) {
+  h1 *s = p->data;
+  if (h1_count(s, n)) return -1;
+  return h1_grow(&s->url, &s->url_len, at, n);
+}
+
+static int h1_on_header_field(http_parser *p, const char *at, size_t n) {
+  h1 *s = p->data;
+  if (h1_count(s, n)) return -1;
+  if (s->in_value) {
+    if (h1_commit_header(s)) return -1;
+    s->in_value = 0;
+  }
+  return h1_grow(&s->hname, &s->hname_len, at, n);
+}
+
+static int h1_on_header_value(http_parser *p, const char *at, size_t n) {
+  h1 *s = p->data;
+  if (h1_count(s, n)) return -1;
+  s->in_value = 1;
+  return h1_grow(&s->hval, &s->hval_len, at, n);
+}
+
+static int h1_token_in(const char *list, const char *tok) {
+  if (!list) return 0;
+  size_t tl = strlen(tok);
+  const char *p = list;
+  while (*p) {
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    const char *e = p;
+    while (*e && *e != ',') e++;
+    const char *te = e;
+    while (te > p && (te[-1] == ' ' || te[-1] == '\t')) te--;
+    if ((size_t)(te - p) == tl && strncasecmp(p, tok, tl) == 0) return 1;
+    p = e;
+  }
+  return 0;
+}
+
+static int h1_parse_target(hx *x, const char *url, size_t len) {
+  const char *path = url;
+  size_t plen = len;
+  if (len == 0) return -1;
+  if (url[0] != '/') {
+    struct http_parser_url u;
+    http_parser_url_init(&u);
+    if (http_parser_parse_url(url, len, 0, &u) != 0 || !(u.field_set & (1 << UF_PATH))) return -1;
+    path = url + u.field_data[UF_PATH].off;
+    plen = u.field_data[UF_PATH].len;
+    if (u.field_set & (1 << UF_QUERY))
+      x->query = strndup(url + u.field_data[UF_QUERY].off, u.field_data[UF_QUERY].len);
+  } else {
+    const char *q = memchr(url, '?', len);
+    if (q) {
+      plen = (size_t)(q - url);
+      x->query = strndup(q + 1, len - plen - 1);
+    }
+  }
+  x->path = strndup(path, plen);
+  return x->path ? 0 : -1;
+}
+
+static void h1_send_continue(h1 *s) {
+  static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  conn_write_copy(s->c, cont, sizeof cont - 1);
+}
+
+static int h1_on_headers_complete(http_parser *p) {
+  h1 *s = p->data;
+  if (h1_commit_header(s)) return -1;
+  hx *x = s->x;
+  conn_timer(s->c, 0);
+  x->method = strdup(http_method_str((enum http_method)p->method));
+  if (!x->method || h1_parse_target(x, s->url ? s->url : "", s->url_len) != 0) {
+    h1_fail(s, 400, "Bad Request");
+    return -1;
+  }
+  if (p->flags & F_CONTENTLENGTH) x->content_length = (int64_t)p->content_length;
+  else if (!(p->flags & F_CHUNKED)) x->content_length = 0;
+  s->keep_alive = http_should_keep_alive(p);
+
+  /* h2c upgrade (RFC 7540 §3.2): buffer the body, switch at message end */
+  const char *up = hx_get(x, "upgrade"), *settings = hx_get(x, "http2-settings");
+  if (up && settings && h1_token_in(up, "h2c") && h1_token_in(hx_get(x, "connection"), "upgrade") &&
+      (x->content_length < 0 || x->content_length <= (int64_t)RPC_MAX_MESSAGE + 64)) {
+    s->upgrade = 1;
+    if (h1_token_in(hx_get(x, "expect"), "100-continue")) h1_send_continue(s);
+    return 0;
+  }
+  h1_dispatch(s); /* before any body byte, so the handler sees them all */
+  return 0;
+}
+
+static int h1_on_body(http_parser *p, const char *at, size_t n) {
+  h1 *s = p->data;
+  if (s->upgrade) {
+    if (s->ubody_len + n > (size_t)RPC_MAX_MESSAGE + 64) {
+      h1_fail(s, 413, "Payload Too Large");
+      return -1;
+    }
+    if (s->ubody_len + n > s->ubody_cap) {
+      size_t cap = s->ubody_cap ? s->ubody_cap : 4096;
+      while (cap < s->ubody_len + n) cap *= 2;
+      uint8_t *nb = realloc(s->ubody, cap);
+      if (!nb) return -1;
+      s->ubody = nb;
+      s->ubody_cap = cap;
+    }
+    memcpy(s->ubody + s->ubody_len, at, n);
+    s->ubody_len += n;
+    return 0;
+  }
+  hx *x = s->x;
+  if (!x || x->ended || !x->h || !x->h->on_body) return 0; /* discarded */
+  x->h->on_body(x, (const uint8_t *)at, n);
+  if (s->body_paused) http_parser_pause(p, 1);
+  return 0;
+}
+
+static int h1_on_message_complete(http_parser *p) {
+  h1 *s = p->data;
+  s->msg_done = 1;
+  /* stop here: the next request waits until this response is done */
+  http_parser_pause(p, 1);
+  return 0;
+}
+
+static const http_parser_settings h1_settings = {
+    .on_message_begin = h1_on_message_begin,
+    .on_url = h1_on_url,
+    .on_header_field = h1_on_header_field,
+    .on_header_value = h1_on_header_value,
+    .on_headers_complete = h1_on_headers_complete,
+    .on_body = h1_on_body,
+    .on_message_complete = h1_on_message_complete,
+};
+
+/* ---------------------------------------------------------------- hx ops */
+
+static void h1_flush_head(h1 *s, uv_buf_t *bufs, unsigned *nb, void **owned, unsigned *no) {
+  if (!s->head_len) return;
+  char *h = malloc(s->head_len);
+  if (!h) return;
+  memcpy(h, s->head, s->head_len);
+  bufs[(*nb)++] = uv_buf_init(h, (unsigned)s->head_len);
+  owned[(*no)++] = h;
+  s->head_len = 0;
+}
+
+static const char *h1_reason(int st) {
+  switch (st) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Status";
+  }
+}
+
+static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t clen) {
+  h1 *s = x->tp;
+  size_t cap = sizeof s->head, len = 0;
+  int w = snprintf(s->head, cap, "HTTP/1.1 %d %s\r\n", status, h1_reason(status));
+  len = (size_t)w;
+  for (size_t i = 0; i < n && len < cap; i++) {
+    w = snprintf(s->head + len, cap - len, "%s: %s\r\n", h[i].name, h[i].value);
+    len += (size_t)w;
+  }
+  if (len < cap) {
+    if (clen >= 0)
+      w = snprintf(s->head + len, cap - len, "Content-Length: %lld\r\n", (long long)clen);
+    else
+      w = snprintf(s->head + len, cap - len, "Transfer-Encoding: chunked\r\n");
+    len += (size_t)w;
+  }
+  s->chunked = clen < 0;
+  /* a response that ends before the request body is in: keep reading and
+   * dropping the body, then go on with keep-alive (or close if asked) */
+  if (len < cap) {
+    w = snprintf(s->head + len, cap - len, "%s\r\n", s->keep_alive ? "" : "Connection: close\r\n");
+    len += (size_t)w;
+  }
+  if (len >= cap) return -1;
+  s->head_len = len;
+  return 0;
+}
+
+static int h1_write(hx *x, uint8_t *buf, size_t len) {
+  h1 *s = x->tp;
+  uv_buf_t bufs[4];
+  void *owned[4];
+  unsigned nb = 0, no = 0;
+  h1_flush_head(s, bufs, &nb, owned, &no);
+  char *sz = NULL;
+  if (s->chunked) {
+    sz = malloc(24);
+    if (!sz) {
+      for (unsigned i = 0; i < no; i++) free(owned[i]);
+      free(buf);
+      return -1;
+    }
+    int w = snprintf(sz, 24, "%zx\r\n", len);
+    bufs[nb++] = uv_buf_init(sz, (unsigned)w);
+    owned[no++] = sz;
+  }
+  bufs[nb++] = uv_buf_init((char *)buf, (unsigned)len);
+  owned[no++] = buf;
+  if (s->chunked) bufs[nb++] = uv_buf_init("\r\n", 2);
+  int r = conn_write(s->c, bufs, nb, owned, no);
+  if (s->c->outq > HX_OUTQ_LOW) s->drain_armed = 1;
+  return r;
+}
+
+static int h1_end(hx *x, const hx_header *trailers, size_t n) {
+  (void)trailers;
+  (void)n;
+  h1 *s = x->tp;
+  uv_buf_t bufs[2];
+  void *owned[2];
+  unsigned nb = 0, no = 0;
+  h1_flush_head(s, bufs, &nb, owned, &no);
+  if (s->chunked) bufs[nb++] = uv_buf_init("0\r\n\r\n", 5);
+  if (nb) conn_write(s->c, bufs, nb, owned, no);
+  if (!s->keep_alive) s->close_after = 1;
+  if (s->body_paused) {
+    s->body_paused = 0;
+    if (!s->msg_done) conn_read_pause(s->c, 0);
+  }
+  /* continue parsing (the rest of this body, then the next request) later,
+   * from the loop, never inside the handler's call */
+  conn_defer(s->c, h1_next);
+  return 0;
+}
+
+static void h1_pause_body(hx *x, int paused) {
+  h1 *s = x->tp;
+  if (s->body_paused == paused) return;
+  s->body_paused = paused;
+  if (paused) {
+    conn_read_pause(s->c, 1);
+    if (s->in_execute) http_parser_pause(&s->parser, 1);
+  } else {
+    conn_defer(s->c, h1_next);
+  }
+}
+
+static size_t h1_outq(const hx *x) {
+  const h1 *s = x->tp;
+  return s->c->outq + s->head_len;
+}
+
+static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq};
+
+/* ---------------------------------------------------------------- driving */
+
+static void h1_switch_to_h2(h1 *s, const uint8_t *rest, size_t rest_len) {
+  conn *c = s->c;
+  static const char sw[] =
+      "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n";
+  conn_write_copy(c, sw, sizeof sw - 1);
+  hx *x = s->x;
+  s->x = NULL;
+  uint8_t *body = s->ubody;
+  size_t blen = s->ubody_len;
+  s->ubody = NULL;
+  h1_reset_request(s);
+  free(s->pend);
+  free(s);
+  c->p = NULL;
+  c->proto = &h2_conn_proto;
+  if (h2_conn_init(c, x, body, blen) != 0) { /* takes x and body */
+    conn_close(c);
+    return;
+  }
+  if (rest_len) c->proto->on_read(c, rest, rest_len);
+}
+
+/* The request head is complete: hand the exchange to the router. */
+static void h1_dispatch(h1 *s) {
+  hx *x = s->x;
+  x->ops = &h1_ops;
+  x->tp = s;
+  s->dispatched = 1;
+  router_dispatch(x);
+  if (!s->c->closing && !x->responded && h1_token_in(hx_get(x, "expect"), "100-continue"))
+    h1_send_continue(s);
+}
+
+/* Run the parser over d; keeps what it could not take in s->pend. */
+static void h1_execute(h1 *s, const uint8_t *d, size_t n) {
+  conn *c = s->c;
+  while (n > 0) {
+    s->in_execute = 1;
+    size_t done = http_parser_execute(&s->parser, &h1_settings, (const char *)d, n);
+    s->in_execute = 0;
+    if (c->closing || c->p != s) return;
+    enum http_errno e = HTTP_PARSER_ERRNO(&s->parser);
+    d += done;
+    n -= done;
+    if (e == HPE_PAUSED) {
+      http_parser_pause(&s->parser, 0);
+      if (s->msg_done) {
+        if (s->upgrade) {
+          h1_switch_to_h2(s, d, n);
+          return;
+        }
+        s->parser_paused = 1; /* until this exchange is over: h1_next */
+        hx *x = s->x;
+        if (x && !x->ended && x->h && x->h->on_body_end) x->h->on_body_end(x);
+        if (c->closing) return;
+        if (!x || x->ended) conn_defer(c, h1_next);
+        break;
+      }
+      if (s->body_paused) break;
+      continue;
+    }
+    if (e != HPE_OK) {
+      if (!s->close_after) {
+        if (e == HPE_CB_header_field || e == HPE_CB_header_value || e == HPE_CB_url ||
+            e == HPE_HEADER_OVERFLOW)
+          h1_fail(s, 431, "Request Header Fields Too Large");
+        else
+          h1_fail(s, 400, http_errno_description(e));
+      }
+      return;
+    }
+  }
+  if (n > 0) {
+    uint8_t *np = malloc(n);
+    if (!np) {
+      conn_close(c);
+      return;
+    }
+    memcpy(np, d, n);
+    free(s->pend);
+    s->pend = np;
+    s->pend_len = n;
+    conn_read_pause(c, 1);
+  }
+}
+
+/* Go on: after a response ended, or after the body was un-paused. */
+static void h1_next(conn *c) {
+  h1 *s = c->p;
+  if (!s) return;
+  if (s->msg_done && s->x && s->x->ended) {
+    if (s->close_after) {
+      conn_read_pause(c, 1);
+      if (c->outq == 0) conn_close(c);
+      return;
+    }
+    h1_reset_request(s);
+    s->parser_paused = 0;
+    conn_timer(c, HTTP1_IDLE_TIMEOUT_MS);
+  }
+  if (s->parser_paused || s->body_paused) return;
+  uint8_t *p = s->pend;
+  size_t n = s->pend_len;
+  s->pend = NULL;
+  s->pend_len = 0;
+  if (n) h1_execute(s, p, n);
+  free(p);
+  if (c->closing || c->p != s) return;
+  if (!s->pend_len && !s->parser_paused && !s->body_paused) conn_read_pause(c, 0);
+}
+
+static void h1_on_read(conn *c, const uint8_t *d, size_t n) {
+  h1 *s = c->p;
+  if (s->pend_len || s->parser_paused || s->body_paused) {
+    /* should not happen (reading is paused); keep it anyway */
+    uint8_t *np = realloc(s->pend, s->pend_len + n);
+    if (!np) {
+      conn_close(c);
+      return;
+    }
+    memcpy(np + s->pend_len, d, n);
+    s->pend = np;
+    s->pend_len += n;
+    conn_read_pause(c, 1);
+    return;
+  }
+  h1_execute(s, d, n);
+}
+
+static void h1_on_written(conn *c) {
+  h1 *s = c->p;
+  if (s->close_after && c->outq == 0 && (!s->x || s->x->ended)) {
+    conn_close(c);
+    return;
+  }
+  if (s->drain_armed && c->outq <= HX_OUTQ_LOW && s->x && !s->x->ended && s->x->h &&
+      s->x->h->on_drain) {
+    s->drain_armed = 0;
+    s->x->h->on_drain(s->x);
+  }
+}
+
+static void h1_on_timeout(conn *c) {
+  h1 *s = c->p;
+  if (s->x && s->dispatched && !s->x->ended) return; /* an exchange is running */
+  LOG_DEBUG("http1 timeout conn=%llu", (unsigned long long)c->id);
+  conn_close(c);
+}
+
+static void h1_on_close(conn *c) {
+  h1 *s = c->p;
+  if (!s) return;
+  if (s->x && s->dispatched && !s->x->ended && s->x->h && s->x->h->on_abort) {
+    s->x->ended = 1;
+    s->x->h->on_abort(s->x);
+  }
+  h1_reset_request(s);
+  free(s->pend);
+  free(s);
+  c->p = NULL;
+}
+
+const conn_proto http1_conn_proto = {h1_on_read, h1_on_written, h1_on_timeout, h1_on_close};
+
+int http1_conn_init(conn *c) {
+  h1 *s = calloc(1, sizeof *s);
+  if (!s) return -1;
+  s->c = c;
+  http_parser_init(&s->parser, HTTP_REQUEST);
+  s->parser.data = s;
+  c->p = s;
+  return 0;
+}

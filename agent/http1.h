@@ -1,0 +1,20 @@
+/* http1 — HTTP/1.1 server side of a connection (libhttp-parser).
+ *
+ * Keep-alive, pipelined requests served one at a time in order,
+ * Content-Length and chunked bodies in both directions, 100-continue,
+ * `Upgrade: h2c` (the request, body included, becomes HTTP/2 stream 1),
+ * header block ≤ 64 KiB (431), request headers within 10 s, idle 60 s.
+ */
+#ifndef CONCH_HTTP1_H
+#define CONCH_HTTP1_H
+
+#include "agent/conn.h"
+
+#define HTTP1_MAX_HEADER_BYTES (64u * 1024)
+#define HTTP1_HEADER_TIMEOUT_MS 10000
+#define HTTP1_IDLE_TIMEOUT_MS 60000
+
+extern const conn_proto http1_conn_proto;
+int http1_conn_init(conn *c);
+
+#endif

@@ -1,0 +1,99 @@
+/* hx — the version-independent exchange API; see hx.h. */
+#include "agent/hx.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const char *hx_get(const hx *x, const char *lname) {
+  for (size_t i = 0; i < x->nhdr; i++)
+    if (strcmp(x->hdr[i].name, lname) == 0) return x->hdr[i].value;
+  return NULL;
+}
+
+void hx_set_handler(hx *x, const hx_handler *h, void *data) {
+  x->h = h;
+  x->hdata = data;
+}
+
+int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_length) {
+  if (x->responded || x->ended) return -1;
+  x->responded = 1;
+  return x->ops->respond(x, status, h, n, content_length);
+}
+
+int hx_write(hx *x, uint8_t *buf, size_t len) {
+  if (!x->responded || x->ended) {
+    free(buf);
+    return -1;
+  }
+  if (len == 0) {
+    free(buf);
+    return 0;
+  }
+  return x->ops->write(x, buf, len);
+}
+
+int hx_write_copy(hx *x, const void *data, size_t len) {
+  uint8_t *b = malloc(len ? len : 1);
+  if (!b) return -1;
+  memcpy(b, data, len);
+  return hx_write(x, b, len);
+}
+
+int hx_end(hx *x, const hx_header *trailers, size_t n) {
+  if (x->ended) return -1;
+  if (!x->responded) hx_respond(x, 200, NULL, 0, 0);
+  x->ended = 1;
+  return x->ops->end(x, trailers, n);
+}
+
+int hx_simple(hx *x, int status, const char *content_type, const char *body,
+              const hx_header *extra, size_t nextra) {
+  hx_header h[8];
+  size_t n = 0;
+  if (content_type) h[n++] = (hx_header){"content-type", content_type};
+  for (size_t i = 0; i < nextra && n < 8; i++) h[n++] = extra[i];
+  size_t bl = body ? strlen(body) : 0;
+  if (hx_respond(x, status, h, n, (int64_t)bl) != 0) return -1;
+  if (bl) hx_write_copy(x, body, bl);
+  return hx_end(x, NULL, 0);
+}
+
+void hx_pause_body(hx *x, int paused) {
+  if (!x->ended) x->ops->pause_body(x, paused);
+}
+
+size_t hx_outq(const hx *x) { return x->ops->outq(x); }
+
+int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_t vlen) {
+  if (x->nhdr >= HX_MAX_HEADERS) return -1;
+  char *nm = malloc(nlen + 1), *v = malloc(vlen + 1);
+  if (!nm || !v) {
+    free(nm);
+    free(v);
+    return -1;
+  }
+  for (size_t i = 0; i < nlen; i++) {
+    char c = name[i];
+    nm[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+  }
+  nm[nlen] = 0;
+  memcpy(v, value, vlen);
+  v[vlen] = 0;
+  x->hdr[x->nhdr++] = (hx_header){nm, v};
+  return 0;
+}
+
+void hx_free_request(hx *x) {
+  for (size_t i = 0; i < x->nhdr; i++) {
+    free((char *)x->hdr[i].name);
+    free((char *)x->hdr[i].value);
+  }
+  x->nhdr = 0;
+  free(x->method);
+  free(x->path);
+  free(x->query);
+  x->method = x->path = x->query = NULL;
+}

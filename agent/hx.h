@@ -1,0 +1,89 @@
+/* hx — one HTTP exchange (request + response), whatever the HTTP version.
+ *
+ * The transports (http1.c, h2.c) create an hx when a request's headers are
+ * complete and hand it to router_dispatch().  The handler then installs its
+ * callbacks (hx_set_handler) and answers with hx_respond / hx_write / hx_end.
+ *
+ * Lifetime: the transport owns the hx.  After hx_end() the handler gets no
+ * more callbacks and must forget the hx.  If the peer goes away (connection
+ * closed, RST_STREAM) before hx_end(), on_abort runs once and the hx is freed
+ * when it returns.  Transports never call a handler callback from inside an
+ * hx_* call made by that handler (no re-entrancy).
+ *
+ * Backpressure: hx_outq() counts bytes written by the handler and not yet
+ * accepted by the kernel; on_drain runs when it falls under HX_OUTQ_LOW
+ * after having been higher.  hx_pause_body(1) stops delivery of request
+ * body bytes (and reading: the socket / the HTTP/2 stream window).
+ */
+#ifndef CONCH_HX_H
+#define CONCH_HX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct hx hx;
+
+typedef struct hx_header {
+  const char *name; /* lower case */
+  const char *value;
+} hx_header;
+
+typedef struct hx_handler {
+  void (*on_body)(hx *x, const uint8_t *data, size_t len);
+  void (*on_body_end)(hx *x);
+  void (*on_abort)(hx *x);
+  void (*on_drain)(hx *x);
+} hx_handler;
+
+#define HX_OUTQ_LOW (1u * 1024 * 1024)
+
+/* Transport side of an hx (a vtable; see http1.c, h2.c). */
+typedef struct hx_ops {
+  int (*respond)(hx *x, int status, const hx_header *h, size_t n, int64_t content_length);
+  int (*write)(hx *x, uint8_t *buf, size_t len); /* takes ownership of malloc'd buf */
+  int (*end)(hx *x, const hx_header *trailers, size_t n);
+  void (*pause_body)(hx *x, int paused);
+  size_t (*outq)(const hx *x);
+} hx_ops;
+
+#define HX_MAX_HEADERS 128
+
+struct hx {
+  const hx_ops *ops;
+  void *tp; /* transport's per-exchange state */
+  /* request, valid until the hx is freed */
+  char *method;
+  char *path;   /* path without the query string */
+  char *query;  /* after '?', or NULL */
+  hx_header hdr[HX_MAX_HEADERS];
+  size_t nhdr;
+  int http2;
+  int64_t content_length; /* -1 unknown */
+  /* handler */
+  const hx_handler *h;
+  void *hdata;
+  int responded, ended;
+};
+
+const char *hx_get(const hx *x, const char *lname);
+void hx_set_handler(hx *x, const hx_handler *h, void *data);
+
+/* content_length: the exact body length, or -1 to stream (HTTP/1.1 chunked). */
+int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_length);
+/* Queue body bytes: buf must be malloc'd; ownership passes to the transport
+ * (freed even on error).  Returns 0 or -1 (exchange already gone). */
+int hx_write(hx *x, uint8_t *buf, size_t len);
+int hx_write_copy(hx *x, const void *data, size_t len);
+/* Finish the response; trailers only reach HTTP/2 peers. */
+int hx_end(hx *x, const hx_header *trailers, size_t n);
+/* Whole small response in one call. */
+int hx_simple(hx *x, int status, const char *content_type, const char *body,
+              const hx_header *extra, size_t nextra);
+void hx_pause_body(hx *x, int paused);
+size_t hx_outq(const hx *x);
+
+/* Used by transports: fill the request part. Returns 0 or -1 (too many). */
+int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_t vlen);
+void hx_free_request(hx *x);
+
+#endif

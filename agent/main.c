@@ -1,0 +1,167 @@
+/* main — conch-init's entry: PID 1 (init/) or standalone `serve`.
+ *
+ *   conch-init                      as PID 1: the whole boot (boot.md)
+ *   conch-init serve [options]      standalone: serve the API, no mounts
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "agent/router.h"
+#include "agent/server.h"
+
+static const char usage[] =
+    "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
+    "       conch-init serve [options]  (standalone: serve the agent API)\n"
+    "\n"
+    "options for serve:\n"
+    "  --listen HOST:PORT      API address (default 127.0.0.1:4064)\n"
+    "  --token TOKEN           agent token (else $CONCH_INIT_TOKEN)\n"
+    "  --token-file FILE       read the agent token from FILE\n"
+    "  --init-listen SPEC      also accept init messages on unix:PATH or vsock:PORT\n"
+    "  --log-level LEVEL       debug, info (default), warn, error\n"
+    "  -h, --help              this text\n"
+    "  -V, --version           print the version\n";
+
+static int main_set_level(const char *s) {
+  static const char *const names[] = {"debug", "info", "warn", "error"};
+  for (int i = 0; i < 4; i++)
+    if (strcmp(s, names[i]) == 0) {
+      log_set_level((log_level)i);
+      return 0;
+    }
+  return -1;
+}
+
+/* Token text: trailing whitespace (a file's newline) is not part of it. */
+static int main_set_token(const char *t, size_t len, const char *from) {
+  while (len && (t[len - 1] == '\n' || t[len - 1] == '\r' || t[len - 1] == ' ' || t[len - 1] == '\t'))
+    len--;
+  while (len && (*t == ' ' || *t == '\t')) t++, len--;
+  if (len == 0) {
+    fprintf(stderr, "conch-init: empty token from %s\n", from);
+    return -1;
+  }
+  if (len > CONCH_TOKEN_MAX) {
+    fprintf(stderr, "conch-init: token from %s is longer than %d bytes\n", from, CONCH_TOKEN_MAX);
+    return -1;
+  }
+  daemon_set_token(t, len);
+  return 0;
+}
+
+static int main_token_file(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "conch-init: cannot read token file %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  char buf[CONCH_TOKEN_MAX + 64];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  return main_set_token(buf, n, path);
+}
+
+/* Process-wide settings every mode shares. */
+static void main_common_setup(void) {
+  signal(SIGPIPE, SIG_IGN);
+  umask(022);
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  const char *lvl = getenv("CONCH_LOG_LEVEL");
+  if (lvl) main_set_level(lvl);
+  conch.loop = uv_default_loop();
+}
+
+static void main_register_services(void) {
+}
+
+static uv_signal_t main_sigterm, main_sigint;
+
+static void main_on_stop(uv_signal_t *s, int signum) {
+  (void)s;
+  LOG_INFO("stopping signal=%d", signum);
+  uv_stop(conch.loop);
+}
+
+static int main_serve(int argc, char **argv) {
+  const char *listen = "127.0.0.1:4064", *token = NULL, *token_file = NULL, *init_listen = NULL;
+  static const struct option opts[] = {
+      {"listen", required_argument, NULL, 'l'},  {"token", required_argument, NULL, 't'},
+      {"token-file", required_argument, NULL, 'f'}, {"init-listen", required_argument, NULL, 'i'},
+      {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},        {NULL, 0, NULL, 0}};
+  int ch;
+  optind = 1;
+  while ((ch = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+    switch (ch) {
+      case 'l': listen = optarg; break;
+      case 't': token = optarg; break;
+      case 'f': token_file = optarg; break;
+      case 'i': init_listen = optarg; break;
+      case 'L':
+        if (main_set_level(optarg)) {
+          fprintf(stderr, "conch-init: unknown log level %s\n", optarg);
+          return 2;
+        }
+        break;
+      case 'h': fputs(usage, stdout); return 0;
+      case 'V': printf("conch-init %s\n", CONCH_VERSION); return 0;
+      default: fputs(usage, stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "conch-init: unexpected argument %s\n", argv[optind]);
+    return 2;
+  }
+  if (token && main_set_token(token, strlen(token), "--token")) return 2;
+  if (!token && token_file && main_token_file(token_file)) return 2;
+  if (!token && !token_file && getenv("CONCH_INIT_TOKEN") &&
+      main_set_token(getenv("CONCH_INIT_TOKEN"), strlen(getenv("CONCH_INIT_TOKEN")), "CONCH_INIT_TOKEN"))
+    return 2;
+  if (!conch.token_set && !init_listen)
+    LOG_WARN("no token configured: every RPC answers \"agent token is not initialized\"");
+  main_register_services();
+  if (init_listen) {
+    fprintf(stderr, "conch-init: --init-listen is not available in this build\n");
+    return 2;
+  }
+  if (server_listen(listen) != 0) return 1;
+  uv_signal_init(conch.loop, &main_sigterm);
+  uv_signal_init(conch.loop, &main_sigint);
+  uv_signal_start(&main_sigterm, main_on_stop, SIGTERM);
+  uv_signal_start(&main_sigint, main_on_stop, SIGINT);
+  LOG_INFO("conch-init %s standalone pid=%d", CONCH_VERSION, (int)getpid());
+  uv_run(conch.loop, UV_RUN_DEFAULT);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0)) {
+    printf("conch-init %s\n", CONCH_VERSION);
+    return 0;
+  }
+  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  main_common_setup();
+  if (argc >= 2 && strcmp(argv[1], "serve") == 0) return main_serve(argc - 1, argv + 1);
+  if (getpid() == 1) {
+    fprintf(stderr, "conch-init: PID 1 mode is not available in this build\n");
+    for (;;) pause();
+  }
+  fputs(usage, stderr);
+  return 2;
+}

@@ -1,0 +1,72 @@
+/* server — see server.h. */
+#include "agent/server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "agent/conn.h"
+#include "agent/daemon.h"
+#include "agent/log.h"
+
+struct server {
+  uv_tcp_t tcp;
+  int port;
+};
+
+static void server_on_conn(uv_stream_t *s, int status) {
+  if (status < 0) {
+    LOG_WARN("accept failed err=%s", uv_strerror(status));
+    return;
+  }
+  conn_accept(s);
+}
+
+static int server_parse(const char *addr, struct sockaddr_storage *ss) {
+  char host[128];
+  const char *colon = strrchr(addr, ':');
+  if (!colon) return UV_EINVAL;
+  size_t hl = (size_t)(colon - addr);
+  if (hl >= sizeof host) return UV_EINVAL;
+  memcpy(host, addr, hl);
+  host[hl] = 0;
+  char *end;
+  long port = strtol(colon + 1, &end, 10);
+  if (*end || port < 0 || port > 65535 || colon[1] == 0) return UV_EINVAL;
+  if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+    host[hl - 1] = 0;
+    return uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)ss);
+  }
+  return uv_ip4_addr(hl ? host : "0.0.0.0", (int)port, (struct sockaddr_in *)ss);
+}
+
+int server_listen(const char *addr) {
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss);
+  int r = server_parse(addr, &ss);
+  if (r) {
+    LOG_ERROR("invalid listen address addr=%s", addr);
+    return r;
+  }
+  struct server *s = calloc(1, sizeof *s);
+  if (!s) return UV_ENOMEM;
+  uv_tcp_init(conch.loop, &s->tcp);
+  if ((r = uv_tcp_bind(&s->tcp, (struct sockaddr *)&ss, 0)) != 0 ||
+      (r = uv_listen((uv_stream_t *)&s->tcp, 1024, server_on_conn)) != 0) {
+    LOG_ERROR("listen failed addr=%s err=%s", addr, uv_strerror(r));
+    uv_close((uv_handle_t *)&s->tcp, (uv_close_cb)free);
+    return r;
+  }
+  struct sockaddr_storage bound;
+  int bl = sizeof bound;
+  uv_tcp_getsockname(&s->tcp, (struct sockaddr *)&bound, &bl);
+  s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                              : ((struct sockaddr_in *)&bound)->sin_port);
+  conch.server = s;
+  conch.api_serving = 1;
+  LOG_INFO("serving agent API addr=%s port=%d", addr, s->port);
+  return 0;
+}
+
+int server_port(void) { return conch.server ? conch.server->port : 0; }

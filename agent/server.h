@@ -1,0 +1,12 @@
+/* server — the API listener(s) on the loop. */
+#ifndef CONCH_SERVER_H
+#define CONCH_SERVER_H
+
+/* Listen for the API on addr: "HOST:PORT", "[V6]:PORT" or ":PORT" (all
+ * IPv4 addresses).  Serves from the next loop turn; sets conch.api_serving.
+ * Returns 0 or a negative libuv/errno code (logged). */
+int server_listen(const char *addr);
+/* The port actually bound by the last server_listen (for ":0"). */
+int server_port(void);
+
+#endif

@@ -1,0 +1,465 @@
+/* json.c — strict RFC 8259 parser (see json.h). */
+#include "proto/json.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct jp {
+  const unsigned char *s, *p, *end;
+  char *err;
+  size_t errlen;
+  int failed;
+} jp;
+
+static void jp_fail(jp *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void jp_fail(jp *j, const char *fmt, ...) {
+  if (j->failed) return;
+  j->failed = 1;
+  if (!j->err || j->errlen == 0) return;
+  char msg[160];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  snprintf(j->err, j->errlen, "%s at offset %zu", msg, (size_t)(j->p - j->s));
+}
+
+static void jp_ws(jp *j) {
+  while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+}
+
+/* Length of the valid UTF-8 sequence at p (1..4), or 0 if invalid. */
+static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
+  unsigned c = p[0];
+  size_t avail = (size_t)(end - p);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) {
+    if (avail < 2 || (p[1] & 0xC0) != 0x80) return 0;
+    return 2;
+  }
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (avail < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+    if (c == 0xE0 && p[1] < 0xA0) return 0;  /* overlong */
+    if (c == 0xED && p[1] >= 0xA0) return 0; /* surrogate */
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (avail < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
+      return 0;
+    if (c == 0xF0 && p[1] < 0x90) return 0;  /* overlong */
+    if (c == 0xF4 && p[1] >= 0x90) return 0; /* > U+10FFFF */
+    return 4;
+  }
+  return 0;
+}
+
+static int hex4(const unsigned char *p, unsigned *out) {
+  unsigned v = 0;
+  for (int i = 0; i < 4; i++) {
+    unsigned c = p[i], d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    else return -1;
+    v = v << 4 | d;
+  }
+  *out = v;
+  return 0;
+}
+
+static size_t put_utf8(unsigned char *o, unsigned cp) {
+  if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
+  if (cp < 0x800) {
+    o[0] = (unsigned char)(0xC0 | cp >> 6);
+    o[1] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    o[0] = (unsigned char)(0xE0 | cp >> 12);
+    o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+    o[2] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  o[0] = (unsigned char)(0xF0 | cp >> 18);
+  o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+  o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+  o[3] = (unsigned char)(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+/* At an opening quote.  Decodes into a malloc'd NUL-terminated buffer. */
+static char *jp_string(jp *j, size_t *lenp) {
+  j->p++; /* '"' */
+  /* First pass: find the closing quote and validate, to size the buffer. */
+  const unsigned char *q = j->p;
+  while (q < j->end && *q != '"') {
+    if (*q == '\\') q += (q + 1 < j->end) ? 2 : 1;
+    else q++;
+  }
+  if (q >= j->end) {
+    jp_fail(j, "unterminated string");
+    return NULL;
+  }
+  /* Decoded output is never longer than the raw text (\uXXXX = 6 bytes → ≤ 3;
+   * a pair = 12 bytes → 4). */
+  unsigned char *out = malloc((size_t)(q - j->p) + 1);
+  if (!out) {
+    jp_fail(j, "out of memory");
+    return NULL;
+  }
+  unsigned char *o = out;
+  while (j->p < j->end) {
+    unsigned c = *j->p;
+    if (c == '"') {
+      j->p++;
+      *o = 0;
+      *lenp = (size_t)(o - out);
+      return (char *)out;
+    }
+    if (c < 0x20) {
+      jp_fail(j, "control character in string");
+      break;
+    }
+    if (c == '\\') {
+      if (j->end - j->p < 2) {
+        jp_fail(j, "unterminated string");
+        break;
+      }
+      unsigned e = j->p[1];
+      switch (e) {
+      case '"': *o++ = '"'; j->p += 2; continue;
+      case '\\': *o++ = '\\'; j->p += 2; continue;
+      case '/': *o++ = '/'; j->p += 2; continue;
+      case 'b': *o++ = '\b'; j->p += 2; continue;
+      case 'f': *o++ = '\f'; j->p += 2; continue;
+      case 'n': *o++ = '\n'; j->p += 2; continue;
+      case 'r': *o++ = '\r'; j->p += 2; continue;
+      case 't': *o++ = '\t'; j->p += 2; continue;
+      case 'u': break;
+      default:
+        jp_fail(j, "invalid escape in string");
+        goto fail;
+      }
+      unsigned cp;
+      if (j->end - j->p < 6 || hex4(j->p + 2, &cp) < 0) {
+        jp_fail(j, "invalid \\u escape");
+        break;
+      }
+      if (cp >= 0xDC00 && cp <= 0xDFFF) {
+        jp_fail(j, "lone low surrogate in \\u escape");
+        break;
+      }
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        unsigned lo;
+        if (j->end - j->p < 12 || j->p[6] != '\\' || j->p[7] != 'u' || hex4(j->p + 8, &lo) < 0 ||
+            lo < 0xDC00 || lo > 0xDFFF) {
+          jp_fail(j, "lone high surrogate in \\u escape");
+          break;
+        }
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        j->p += 12;
+      } else {
+        j->p += 6;
+      }
+      o += put_utf8(o, cp);
+      continue;
+    }
+    size_t k = utf8_seq(j->p, j->end);
+    if (k == 0) {
+      jp_fail(j, "invalid UTF-8 in string");
+      break;
+    }
+    memcpy(o, j->p, k);
+    o += k;
+    j->p += k;
+  }
+fail:
+  if (!j->failed) jp_fail(j, "unterminated string");
+  free(out);
+  return NULL;
+}
+
+static int is_digit(unsigned c) { return c >= '0' && c <= '9'; }
+
+static int jp_number(jp *j, json_value *v) {
+  const unsigned char *start = j->p;
+  if (j->p < j->end && *j->p == '-') j->p++;
+  if (j->p >= j->end || !is_digit(*j->p)) {
+    jp_fail(j, "invalid number");
+    return -1;
+  }
+  if (*j->p == '0') {
+    j->p++;
+    if (j->p < j->end && is_digit(*j->p)) {
+      jp_fail(j, "leading zero in number");
+      return -1;
+    }
+  } else {
+    while (j->p < j->end && is_digit(*j->p)) j->p++;
+  }
+  if (j->p < j->end && *j->p == '.') {
+    j->p++;
+    if (j->p >= j->end || !is_digit(*j->p)) {
+      jp_fail(j, "invalid number: digit expected after '.'");
+      return -1;
+    }
+    while (j->p < j->end && is_digit(*j->p)) j->p++;
+  }
+  if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
+    j->p++;
+    if (j->p < j->end && (*j->p == '+' || *j->p == '-')) j->p++;
+    if (j->p >= j->end || !is_digit(*j->p)) {
+      jp_fail(j, "invalid number: digit expected in exponent");
+      return -1;
+    }
+    while (j->p < j->end && is_digit(*j->p)) j->p++;
+  }
+  size_t n = (size_t)(j->p - start);
+  v->str = malloc(n + 1);
+  if (!v->str) {
+    jp_fail(j, "out of memory");
+    return -1;
+  }
+  memcpy(v->str, start, n);
+  v->str[n] = 0;
+  v->len = n;
+  v->type = JSON_NUMBER;
+  return 0;
+}
+
+static void value_clear(json_value *v);
+
+static int jp_value(jp *j, json_value *v, int depth);
+
+/* Grow arrays of items (and keys) to hold at least need members. */
+static int grow(jp *j, json_value *v, size_t *cap, int with_keys) {
+  if (v->n < *cap) return 0;
+  size_t nc = *cap ? *cap * 2 : 4;
+  json_value *ni = realloc(v->items, nc * sizeof *ni);
+  if (!ni) goto oom;
+  v->items = ni;
+  if (with_keys) {
+    char **nk = realloc(v->keys, nc * sizeof *nk);
+    if (!nk) goto oom;
+    v->keys = nk;
+    size_t *nl = realloc(v->key_lens, nc * sizeof *nl);
+    if (!nl) goto oom;
+    v->key_lens = nl;
+  }
+  *cap = nc;
+  return 0;
+oom:
+  jp_fail(j, "out of memory");
+  return -1;
+}
+
+static int jp_array(jp *j, json_value *v, int depth) {
+  v->type = JSON_ARRAY;
+  j->p++; /* '[' */
+  size_t cap = 0;
+  jp_ws(j);
+  if (j->p < j->end && *j->p == ']') {
+    j->p++;
+    return 0;
+  }
+  for (;;) {
+    if (grow(j, v, &cap, 0) < 0) return -1;
+    json_value *it = &v->items[v->n];
+    memset(it, 0, sizeof *it);
+    if (jp_value(j, it, depth) < 0) {
+      value_clear(it);
+      return -1;
+    }
+    v->n++;
+    jp_ws(j);
+    if (j->p >= j->end) {
+      jp_fail(j, "unterminated array");
+      return -1;
+    }
+    if (*j->p == ',') {
+      j->p++;
+      continue;
+    }
+    if (*j->p == ']') {
+      j->p++;
+      return 0;
+    }
+    jp_fail(j, "expected ',' or ']' in array");
+    return -1;
+  }
+}
+
+static int jp_object(jp *j, json_value *v, int depth) {
+  v->type = JSON_OBJECT;
+  j->p++; /* '{' */
+  size_t cap = 0;
+  jp_ws(j);
+  if (j->p < j->end && *j->p == '}') {
+    j->p++;
+    return 0;
+  }
+  for (;;) {
+    jp_ws(j);
+    if (j->p >= j->end) {
+      jp_fail(j, "unterminated object");
+      return -1;
+    }
+    if (*j->p != '"') {
+      jp_fail(j, "expected string key in object");
+      return -1;
+    }
+    if (grow(j, v, &cap, 1) < 0) return -1;
+    size_t klen = 0;
+    char *key = jp_string(j, &klen);
+    if (!key) return -1;
+    jp_ws(j);
+    if (j->p >= j->end || *j->p != ':') {
+      free(key);
+      jp_fail(j, j->p >= j->end ? "unterminated object" : "expected ':' after object key");
+      return -1;
+    }
+    j->p++;
+    json_value *it = &v->items[v->n];
+    memset(it, 0, sizeof *it);
+    if (jp_value(j, it, depth) < 0) {
+      free(key);
+      value_clear(it);
+      return -1;
+    }
+    v->keys[v->n] = key;
+    v->key_lens[v->n] = klen;
+    v->n++;
+    jp_ws(j);
+    if (j->p >= j->end) {
+      jp_fail(j, "unterminated object");
+      return -1;
+    }
+    if (*j->p == ',') {
+      j->p++;
+      continue;
+    }
+    if (*j->p == '}') {
+      j->p++;
+      return 0;
+    }
+    jp_fail(j, "expected ',' or '}' in object");
+    return -1;
+  }
+}
+
+static int jp_lit(jp *j, const char *lit, size_t n) {
+  if ((size_t)(j->end - j->p) < n || memcmp(j->p, lit, n) != 0) {
+    jp_fail(j, "invalid literal");
+    return -1;
+  }
+  j->p += n;
+  return 0;
+}
+
+static int jp_value(jp *j, json_value *v, int depth) {
+  jp_ws(j);
+  if (j->p >= j->end) {
+    jp_fail(j, "unexpected end of input");
+    return -1;
+  }
+  switch (*j->p) {
+  case '{':
+  case '[':
+    if (depth >= JSON_MAX_DEPTH) {
+      jp_fail(j, "nesting deeper than %d", JSON_MAX_DEPTH);
+      return -1;
+    }
+    return *j->p == '{' ? jp_object(j, v, depth + 1) : jp_array(j, v, depth + 1);
+  case '"':
+    v->type = JSON_STRING;
+    v->str = jp_string(j, &v->len);
+    return v->str ? 0 : -1;
+  case 't':
+    v->type = JSON_TRUE;
+    return jp_lit(j, "true", 4);
+  case 'f':
+    v->type = JSON_FALSE;
+    return jp_lit(j, "false", 5);
+  case 'n':
+    v->type = JSON_NULL;
+    return jp_lit(j, "null", 4);
+  default:
+    if (*j->p == '-' || is_digit(*j->p)) return jp_number(j, v);
+    jp_fail(j, "unexpected character");
+    return -1;
+  }
+}
+
+static void value_clear(json_value *v) {
+  if (v->type == JSON_ARRAY || v->type == JSON_OBJECT) {
+    for (size_t i = 0; i < v->n; i++) {
+      value_clear(&v->items[i]);
+      if (v->keys) free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+    free(v->key_lens);
+  }
+  free(v->str);
+  memset(v, 0, sizeof *v);
+}
+
+json_value *json_parse(const char *s, size_t n, char *err, size_t errlen) {
+  if (err && errlen) err[0] = 0;
+  jp j = {(const unsigned char *)s, (const unsigned char *)s, (const unsigned char *)s + n, err,
+          errlen, 0};
+  json_value *v = calloc(1, sizeof *v);
+  if (!v) {
+    if (err && errlen) snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  if (!s || n == 0) {
+    jp_fail(&j, "empty input");
+    free(v);
+    return NULL;
+  }
+  if (jp_value(&j, v, 0) < 0) {
+    json_free(v);
+    return NULL;
+  }
+  jp_ws(&j);
+  if (j.p != j.end) {
+    jp_fail(&j, "trailing data after JSON value");
+    json_free(v);
+    return NULL;
+  }
+  return v;
+}
+
+void json_free(json_value *v) {
+  if (!v) return;
+  value_clear(v);
+  free(v);
+}
+
+const json_value *json_get_n(const json_value *obj, const char *key, size_t keylen) {
+  if (!obj || obj->type != JSON_OBJECT) return NULL;
+  for (size_t i = 0; i < obj->n; i++)
+    if (obj->key_lens[i] == keylen && memcmp(obj->keys[i], key, keylen) == 0) return &obj->items[i];
+  return NULL;
+}
+
+const json_value *json_get(const json_value *obj, const char *key) {
+  return json_get_n(obj, key, strlen(key));
+}
+
+const char *json_type_name(json_type t) {
+  switch (t) {
+  case JSON_NULL: return "null";
+  case JSON_FALSE: return "false";
+  case JSON_TRUE: return "true";
+  case JSON_NUMBER: return "number";
+  case JSON_STRING: return "string";
+  case JSON_ARRAY: return "array";
+  case JSON_OBJECT: return "object";
+  }
+  return "?";
+}

@@ -1,0 +1,45 @@
+/* json — a strict RFC 8259 JSON parser into a small DOM.
+ *
+ * json_parse() accepts exactly one JSON value (surrounding whitespace
+ * allowed, nothing else), nesting depth <= JSON_MAX_DEPTH, valid UTF-8 only
+ * (no overlongs, no surrogates, nothing above U+10FFFF), no raw control
+ * characters inside strings, the exact RFC number grammar.  \uXXXX escapes
+ * (incl. surrogate pairs) decode to UTF-8; lone surrogates are an error.
+ * Objects keep their members in document order, duplicates included
+ * (json_get returns the first).  Everything is malloc'd; json_free frees it.
+ */
+#ifndef CONCH_JSON_H
+#define CONCH_JSON_H
+
+#include <stddef.h>
+
+#define JSON_MAX_DEPTH 64
+
+typedef enum json_type { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUMBER, JSON_STRING,
+                         JSON_ARRAY, JSON_OBJECT } json_type;
+typedef struct json_value json_value;
+struct json_value {
+  json_type type;
+  char *str;  size_t len;   /* STRING: decoded bytes, NUL-terminated (may contain \0 from \u0000);
+                               NUMBER: the literal text as written */
+  size_t n;                 /* ARRAY / OBJECT: number of members */
+  json_value *items;        /* ARRAY: n values; OBJECT: n values, in document order */
+  char **keys; size_t *key_lens;   /* OBJECT: n decoded keys (NUL-terminated) */
+};
+
+/* Parse exactly one JSON value; whitespace around it allowed, anything else
+ * after it (a second value, garbage) is an error. Depth bound 64. Input
+ * must be valid UTF-8; \uXXXX escapes incl. surrogate pairs decode to UTF-8;
+ * lone surrogates are an error. Returns NULL and a reason in err on error
+ * (err may be NULL when errlen is 0). */
+json_value *json_parse(const char *s, size_t n, char *err, size_t errlen);
+void json_free(json_value *v);
+/* First member with this key (NULL if none / not an object). */
+const json_value *json_get(const json_value *obj, const char *key);
+/* Same with an explicit key length (keys may contain NUL bytes). */
+const json_value *json_get_n(const json_value *obj, const char *key, size_t keylen);
+
+/* Name of a type ("null", "false", "true", "number", "string", "array", "object"). */
+const char *json_type_name(json_type t);
+
+#endif

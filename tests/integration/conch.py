@@ -1,0 +1,115 @@
+"""A small test client for the conch-init agent API (Connect protocol).
+
+HTTP/1.1 via http.client, HTTP/2 via python3-h2 (h2conn.py).  JSON codec
+helpers and envelope framing; enough to see what libraries hide.
+"""
+import base64
+import http.client
+import json
+import struct
+import subprocess
+import urllib.parse
+
+CURL = "curl"
+
+
+def envelope(payload: bytes, flags: int = 0) -> bytes:
+    return struct.pack(">BI", flags, len(payload)) + payload
+
+
+def parse_envelopes(data: bytes):
+    """[(flags, payload)], raises on a truncated envelope."""
+    out, off = [], 0
+    while off < len(data):
+        if len(data) - off < 5:
+            raise ValueError("truncated envelope header")
+        flags, n = struct.unpack(">BI", data[off:off + 5])
+        if len(data) - off - 5 < n:
+            raise ValueError("truncated envelope body")
+        out.append((flags, data[off + 5:off + 5 + n]))
+        off += 5 + n
+    return out
+
+
+def b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def unb64(s: str) -> bytes:
+    return base64.b64decode(s)
+
+
+class Client:
+    def __init__(self, url, token):
+        u = urllib.parse.urlparse(url)
+        self.host, self.port = u.hostname, u.port
+        self.url, self.token = url, token
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def headers(self, extra=None, token=True, ctype="application/json", version=True):
+        h = {}
+        if ctype:
+            h["Content-Type"] = ctype
+        if version:
+            h["Connect-Protocol-Version"] = "1"
+        if token and self.token:
+            h["conch-init-token"] = self.token
+        if extra:
+            h.update(extra)
+        return h
+
+    def unary(self, path, body, headers=None, conn=None, **kw):
+        """POST a unary Connect JSON call → (status, json-or-bytes, headers)."""
+        data = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()
+        c = conn or self.conn()
+        c.request("POST", path, body=data, headers=self.headers(headers, **kw))
+        r = c.getresponse()
+        raw = r.read()
+        if conn is None:
+            c.close()
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw
+        return r.status, parsed, dict((k.lower(), v) for k, v in r.getheaders())
+
+    def stream(self, path, msgs, headers=None, json_codec=True, conn=None, chunked=False, raw=False):
+        """Connect streaming call over HTTP/1.1.  msgs: list of dicts (JSON) or
+        bytes (already-encoded payloads).  Returns (status, [messages], end)."""
+        ctype = "application/connect+json" if json_codec else "application/connect+proto"
+        body = b""
+        for m in msgs:
+            p = m if isinstance(m, (bytes, bytearray)) else json.dumps(m).encode()
+            body += envelope(p)
+        c = conn or self.conn()
+        h = self.headers(headers, ctype=ctype)
+        if chunked:
+            def gen():
+                yield body
+            c.request("POST", path, body=gen(), headers=h, encode_chunked=True)
+        else:
+            c.request("POST", path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        if conn is None:
+            c.close()
+        if raw:
+            return r.status, data, dict((k.lower(), v) for k, v in r.getheaders())
+        if r.status != 200:
+            return r.status, data, None
+        envs = parse_envelopes(data)
+        msgs_out, end = [], None
+        for flags, p in envs:
+            if flags & 2:
+                end = json.loads(p)
+            else:
+                msgs_out.append(json.loads(p) if json_codec else p)
+        return r.status, msgs_out, end
+
+
+def curl(*args, input=None, check=False, timeout=120):
+    """Run curl; returns CompletedProcess with bytes stdout."""
+    return subprocess.run([CURL, "-sS", *args], input=input, capture_output=True,
+                          timeout=timeout, check=check)

@@ -1,0 +1,105 @@
+"""Shared fixtures: a conch-init server per test session, real clients.
+
+The binary is $CONCH_INIT_BIN or build/asan/conch-init (ASan+UBSan).  The
+server's stderr is kept in build/test-logs/; a sanitizer report in it fails
+the session.
+"""
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("CONCH_INIT_BIN", os.path.join(ROOT, "build", "asan", "conch-init"))
+LOGDIR = os.path.join(ROOT, "build", "test-logs")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Server:
+    def __init__(self, token=None, extra_args=(), env=None, name="server"):
+        self.token = token if token is not None else secrets.token_hex(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        os.makedirs(LOGDIR, exist_ok=True)
+        self.log_path = os.path.join(LOGDIR, f"{name}-{self.port}.log")
+        self.log = open(self.log_path, "wb")
+        args = [BIN, "serve", "--listen", f"127.0.0.1:{self.port}", *extra_args]
+        if self.token:
+            args += ["--token", self.token]
+        e = dict(os.environ)
+        e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        e.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+        if env:
+            e.update(env)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"conch-init exited early: {open(self.log_path).read()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("conch-init did not come up")
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        text = open(self.log_path, errors="replace").read()
+        return text
+
+
+def sanitizer_report(text):
+    for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+        if marker in text:
+            return text[text.index(marker) - 200 if text.index(marker) > 200 else 0:][:6000]
+    return None
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server()
+    yield s
+    text = s.stop()
+    rep = sanitizer_report(text)
+    assert rep is None, f"sanitizer report in server log:\n{rep}"
+
+
+@pytest.fixture()
+def fresh_server():
+    """A private server for tests that may disturb others."""
+    s = Server(name="fresh")
+    yield s
+    text = s.stop()
+    rep = sanitizer_report(text)
+    assert rep is None, f"sanitizer report in server log:\n{rep}"
+
+
+@pytest.fixture()
+def tmpdir_abs(tmp_path):
+    return str(tmp_path)
