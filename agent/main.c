@@ -17,6 +17,8 @@
 #include "agent/log.h"
 #include "agent/router.h"
 #include "agent/server.h"
+#include "init/reaper.h"
+#include "proc/service.h"
 
 static const char usage[] =
     "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
@@ -85,6 +87,14 @@ static void main_common_setup(void) {
 }
 
 static void main_register_services(void) {
+  size_t n;
+  const rpc_method *m;
+  if (reaper_init(conch.loop) != 0 || proc_init(conch.loop) != 0) {
+    LOG_ERROR("cannot start the process service");
+    exit(1);
+  }
+  m = proc_service_methods(&n);
+  router_register(m, n);
 }
 
 static uv_signal_t main_sigterm, main_sigint;
