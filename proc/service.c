@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -440,6 +441,9 @@ int proc_init(uv_loop_t *loop) {
   conch.procs = t;
 
   umask(022);
+  /* Standalone (not PID 1): become the reaper of our descendants' orphans,
+   * as PID 1 is, so they never linger as zombies of someone else. */
+  if (getpid() != 1) prctl(PR_SET_CHILD_SUBREAPER, 1);
   struct sigaction sa;
   if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
     sa.sa_handler = SIG_IGN;

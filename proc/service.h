@@ -6,7 +6,10 @@
  *                              it), ignore SIGPIPE if it is still SIG_DFL
  *                              (stdin pipes to exited children), and make
  *                              sure fds 0–2 are open (/dev/null) so child
- *                              pipes never land on them.  reaper_init() must
+ *                              pipes never land on them; when not PID 1,
+ *                              make the daemon a child subreaper (orphans of
+ *                              its processes come to the one reaper, as
+ *                              under PID 1).  reaper_init() must
  *                              have run (or run before the first spawn).
  *   proc_service_methods(&n)   the four rpc_method entries for the router.
  *
