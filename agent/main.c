@@ -17,6 +17,7 @@
 #include "agent/log.h"
 #include "agent/router.h"
 #include "agent/server.h"
+#include "fs/service.h"
 #include "init/reaper.h"
 #include "proc/service.h"
 
@@ -88,7 +89,8 @@ static void main_common_setup(void) {
 
 static void main_register_services(void) {
   size_t n;
-  const rpc_method *m;
+  const rpc_method *m = fs_service_methods(&n);
+  router_register(m, n);
   if (reaper_init(conch.loop) != 0 || proc_init(conch.loop) != 0) {
     LOG_ERROR("cannot start the process service");
     exit(1);
