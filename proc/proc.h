@@ -10,9 +10,10 @@
  *   ENDED    end event delivered; a background record stays findable by
  *            Connect for PROC_RETAIN_MS, then leaves the table
  *
- * Outputs (stdout/stderr pipes, or the PTY master) are uv_pipe_t streams
- * read into one per-record buffer (32 KiB, PTY 16 KiB): one read → one data
- * event.  rpc_send() serialises the message at once, so the buffer is
+ * Outputs (stdout/stderr pipes, or the PTY master) are nonblocking fds
+ * watched by uv_poll_t and read by our own loop (≤ 16 reads per wakeup)
+ * into one per-record buffer (32 KiB, PTY 16 KiB): one read → one data
+ * event.  EOF = read() 0, or EIO on a PTY master.  rpc_send() serialises the message at once, so the buffer is
  * reused.
  *
  * Subscribers (struct proc_sub): the foreground starter is lossless — when
@@ -26,9 +27,11 @@
  *
  * End: the end event is sent once the main process was reaped AND every
  * output is done: at EOF, or "quiet" — after the exit, a check every
- * PROC_EXIT_GRACE_MS finds nothing buffered in it (FIONREAD 0, so all the
- * main process wrote before exiting has been read), or PROC_EXIT_LINGER_MS
- * passed and at least the bytes buffered at exit time were read.  So a
+ * PROC_EXIT_GRACE_MS finds nothing buffered in it and nothing read since the
+ * previous check (FIONREAD 0, so all the main process wrote before exiting
+ * has been read; a PTY needs two such checks, as bytes in its flip buffer
+ * are not counted), or PROC_EXIT_LINGER_MS passed and at least the bytes
+ * buffered at exit time were read.  So a
  * backgrounded grandchild that keeps the pipe open (`sh -c 'srv &'`) delays
  * the end by ~100 ms, not forever (the reference waits for EOF).  After the
  * end such an output keeps being read and discarded until EOF, so the
@@ -76,13 +79,16 @@ struct proc_sub {
 };
 
 struct proc_out {
-  uv_pipe_t h;
+  uv_poll_t h;
+  int fd;
   struct proc *p;
   int kind;        /* enum proc_out_kind */
   int open;        /* handle initialised and not yet closing */
   int reading;
   int done;        /* EOF, error or quiet: no more data events */
   uint64_t read_since_exit;
+  uint64_t read_at_tick;
+  int silent_ticks;
   int64_t pending_at_exit;
 };
 

@@ -121,6 +121,8 @@ static void proc_out_close(struct proc_out *o) {
   o->done = 1;
   o->reading = 0;
   uv_close((uv_handle_t *)&o->h, proc_on_close);
+  close(o->fd); /* safe: uv_close() already took it out of epoll */
+  o->fd = -1;
 }
 
 static void proc_out_read_start(struct proc_out *o);
@@ -131,7 +133,7 @@ void proc_pause(struct proc *p, int paused) {
     struct proc_out *o = &p->out[i];
     if (!o->open) continue;
     if (paused && !o->done) {
-      if (o->reading) uv_read_stop((uv_stream_t *)&o->h);
+      if (o->reading) uv_poll_stop(&o->h);
       o->reading = 0;
     } else {
       proc_out_read_start(o);
@@ -139,52 +141,53 @@ void proc_pause(struct proc *p, int paused) {
   }
 }
 
-static void proc_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+/* Reads per readiness callback before yielding to the rest of the loop. */
+#define PROC_READS_PER_WAKE 16
+
+/* Our own read loop rather than uv_read_start(): libuv's stream layer takes
+ * POLLHUP after a short read as EOF, which is right for a pipe but loses
+ * data on a PTY master (the slave closed while bytes are still queued in
+ * the tty layer).  Here EOF is a read() of 0, or EIO from a PTY master. */
+static void proc_on_readable(uv_poll_t *h, int status, int events) {
   struct proc_out *o = (struct proc_out *)h;
   struct proc *p = o->p;
   size_t cap = p->has_pty ? PROC_PTY_READ_MAX : PROC_READ_MAX;
-  buf->base = p->buf;
-  buf->len = p->buf ? cap : 0;
-}
-
-static void proc_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-  struct proc_out *o = (struct proc_out *)st;
-  struct proc *p = o->p;
-  if (nread > 0) {
-    if (p->state == PROC_EXITED) o->read_since_exit += (uint64_t)nread;
-    if (!o->done) proc_fanout_data(p, o->kind, buf->base, (size_t)nread);
+  for (int i = 0; i < PROC_READS_PER_WAKE && o->open; i++) {
+    ssize_t n = read(o->fd, p->buf, cap);
+    if (n > 0) {
+      if (p->state == PROC_EXITED) o->read_since_exit += (uint64_t)n;
+      if (!o->done) proc_fanout_data(p, o->kind, p->buf, (size_t)n);
+      if (!o->reading) return; /* paused by flow control */
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n < 0 && errno != EIO)
+      LOG_DEBUG("process output read error pid=%d errno=%d", (int)p->pid, errno);
+    proc_out_close(o);
+    proc_check_end(p);
     return;
   }
-  if (nread == 0) return; /* EAGAIN */
-  /* UV_EOF, or UV_EIO from a PTY master whose slave side is all closed */
-  if (nread != UV_EOF && nread != UV_EIO)
-    LOG_DEBUG("process output read error pid=%d err=%s", (int)p->pid, uv_strerror((int)nread));
-  proc_out_close(o);
-  proc_check_end(p);
 }
 
 static void proc_out_read_start(struct proc_out *o) {
   if (!o->open || o->reading) return;
-  if (uv_read_start((uv_stream_t *)&o->h, proc_alloc, proc_on_read) == 0) o->reading = 1;
+  if (uv_poll_start(&o->h, UV_READABLE, proc_on_readable) == 0) o->reading = 1;
 }
 
 static int proc_out_open(struct proc *p, int idx, int fd, int kind) {
   struct proc_out *o = &p->out[idx];
   o->p = p;
   o->kind = kind;
-  if (uv_pipe_init(p->t->loop, &o->h, 0) != 0) {
+  o->fd = fd;
+  if (uv_poll_init(p->t->loop, &o->h, fd) != 0) {
     close(fd);
+    o->fd = -1;
     o->done = 1;
     return -1;
   }
   o->h.data = p;
   p->handles++;
-  if (uv_pipe_open(&o->h, fd) != 0) {
-    close(fd);
-    o->open = 1;
-    proc_out_close(o);
-    return -1;
-  }
   o->open = 1;
   proc_out_read_start(o);
   return 0;
@@ -241,10 +244,8 @@ static void proc_check_end(struct proc *p) {
 }
 
 static int64_t proc_fd_pending(struct proc_out *o) {
-  uv_os_fd_t fd;
   int n = 0;
-  if (uv_fileno((uv_handle_t *)&o->h, &fd) != 0) return 0;
-  if (ioctl(fd, FIONREAD, &n) != 0) return 0;
+  if (o->fd < 0 || ioctl(o->fd, FIONREAD, &n) != 0) return 0;
   return n;
 }
 
@@ -256,9 +257,18 @@ static void proc_on_grace(uv_timer_t *h) {
     if (o->done || !o->open) continue;
     if (p->paused) continue; /* the client reads slowly: keep every byte */
     int64_t pending = proc_fd_pending(o);
-    if (pending == 0 ||
+    /* Silent = nothing buffered and nothing read since the last tick.  A
+     * PTY needs two such ticks: its master's FIONREAD does not count bytes
+     * still in the tty flip buffer (moved by a kernel worker after reads). */
+    if (pending == 0 && o->read_since_exit == o->read_at_tick)
+      o->silent_ticks++;
+    else
+      o->silent_ticks = 0;
+    o->read_at_tick = o->read_since_exit;
+    if (o->silent_ticks >= (o->kind == PROC_OUT_PTY ? 2 : 1) ||
         (since >= PROC_EXIT_LINGER_MS && o->read_since_exit >= (uint64_t)o->pending_at_exit)) {
       o->done = 1; /* quiet: from now on read and discard until EOF */
+      LOG_DEBUG("output quiet pid=%d kind=%d pending=%lld read=%llu since=%llu", (int)p->pid, o->kind, (long long)pending, (unsigned long long)o->read_since_exit, (unsigned long long)since);
       proc_out_read_start(o);
     }
   }
