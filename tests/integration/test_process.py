@@ -699,7 +699,12 @@ def test_vanished_foreground_client_kills_group(client):
 
 def test_foreground_flow_control(client, server):
     """A slow client slows the child; nothing dropped; server memory bounded."""
-    total = 64 << 20
+    total = 256 << 20
+
+    def rss_kib():
+        return int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{server.proc.pid}/status").read()).group(1))
+
+    rss0 = rss_kib()
     s = Stream(client, SP, pb.StartProcessRequest(cmd="head", args=["-c", str(total), "/dev/zero"]), proto=True)
     pid = s.next()[1]
     got = 0
@@ -708,7 +713,7 @@ def test_foreground_flow_control(client, server):
         got += len(e[2])
     time.sleep(2)  # stop reading: the child must block on its full pipe
     assert proc_state(pid) == "S", proc_state(pid)
-    rss = int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{server.proc.pid}/status").read()).group(1))
+    rss = rss_kib()
     assert not gone(pid)
     while True:
         e = s.next()
@@ -719,7 +724,8 @@ def test_foreground_flow_control(client, server):
         else:
             assert e == ("end", 0, True, "exited", "")
     assert got == total
-    assert rss < 400 * 1024, rss  # KiB: well below the 64 MiB produced (ASan build)
+    # the agent holds a few MiB for this stream, not the 256 MiB produced
+    assert rss - rss0 < 48 * 1024, (rss0, rss)
     s.close()
 
 
