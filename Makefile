@@ -23,8 +23,7 @@ PROTOC_C  ?= protoc-c
 BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
               libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
 TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
-              nghttp2-client nghttp2-server iproute2 erofs-utils util-linux nodejs npm rpm \
-              e2fsprogs
+              nghttp2-client nghttp2-server iproute2 erofs-utils util-linux rpm e2fsprogs bc
 PKG_DEPS   := rpm
 
 SRC_DIRS  := init agent proto fs proc
@@ -60,12 +59,14 @@ deps: $(DEPS_STAMP)
 
 test-deps: $(DEPS_STAMP)
 	@missing=$$(for p in $(TEST_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies: $$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
 	  else echo "missing test dependencies: $$missing"; exit 1; fi; \
 	fi
-	@if [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
+	@if [ -f tests/node/package.json ] && [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
 	  cd tests/node && npm install --no-audit --no-fund --loglevel=error; fi
 
 # ---------------------------------------------------------------- build
