@@ -43,6 +43,7 @@ fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) 
   l->w.cancel = &l->cancel;
   l->w.json = fs_call_is_json(c);
   l->w.max_bytes = RPC_MAX_MESSAGE;
+  l->w.max_visits = FS_WALK_MAX_VISITS;
   return l;
 }
 
