@@ -54,18 +54,18 @@ static void dl_read_more(fs_download *d);
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
 static void dl_free(fs_download *d) {
+  if (d->fd >= 0) close(d->fd);
   free(d->buf);
   free(d->path);
   fs_status_clear(&d->st);
   free(d);
 }
 
+/* The fd is closed only once the poll handle is closed. */
 static void dl_on_poll_closed(uv_handle_t *h) { dl_free(h->data); }
 
 /* Release everything (the call must already be finished or canceled). */
 static void dl_destroy(fs_download *d) {
-  if (d->fd >= 0) close(d->fd);
-  d->fd = -1;
   if (d->poll_init) {
     uv_close((uv_handle_t *)&d->poll, dl_on_poll_closed);
     return;

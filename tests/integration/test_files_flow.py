@@ -218,3 +218,41 @@ def test_search_deadline_and_loop_stays_responsive(server, tmp_path):
     for _ in range(4):
         st, body, _ = c.unary(LIST, {"path": str(tmp_path)})
         assert st == 200
+
+
+def make_wide_dir(root, n, name_len=240):
+    """n files whose names are mostly \\x01 bytes: 1 byte each in protobuf,
+    6 ("\\u0001") in JSON."""
+    os.makedirs(root, exist_ok=True)
+    for i in range(n):
+        name = "\x01" * name_len + "%06d" % i
+        open(os.path.join(root, name), "wb").close()
+
+
+def test_list_json_response_over_cap(server, tmp_path):
+    """Small as protobuf, over 16 MiB as JSON: proto succeeds, JSON gets
+    resource_exhausted (never a truncated or hung answer)."""
+    pb = pytest.importorskip("agent_pb2")
+    root = str(tmp_path / "wide")
+    make_wide_dir(root, 6000)
+    c = Client(server.url, server.token)
+    st, body, hdr = c.unary(LIST, pb.ListFilesRequest(path=root).SerializeToString(),
+                            ctype="application/proto")
+    assert st == 200 and isinstance(body, bytes), body
+    r = pb.ListFilesResponse.FromString(body)
+    assert len(r.entries) == 6000
+    st, body, _ = c.unary(LIST, {"path": root})
+    assert (st, body) == (429, {"code": "resource_exhausted",
+                                "message": "file list exceeds maximum message size 16777216 bytes"})
+
+
+def test_list_proto_response_over_cap(server, tmp_path):
+    pb = pytest.importorskip("agent_pb2")
+    root = str(tmp_path / "wider")
+    make_wide_dir(root, 30000)
+    c = Client(server.url, server.token)
+    st, body, _ = c.unary(LIST, pb.ListFilesRequest(path=root).SerializeToString(),
+                          ctype="application/proto")
+    assert st == 429
+    assert body == {"code": "resource_exhausted",
+                    "message": "file list exceeds maximum message size 16777216 bytes"}
