@@ -40,6 +40,13 @@ dev_CFLAGS    := -O2 -g
 asan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 static_CFLAGS := -O2 -DCONCH_STATIC
 
+# quiet by default; make V=1 shows the commands
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
 .PHONY: all dev asan static run check unit integration install rpm clean deps test-deps bench
 all: dev
 
@@ -80,26 +87,30 @@ $(1)_OBJS := $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRCS)) build/$(1)/obj/gen/a
 
 build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h | $(DEPS_STAMP)
 	@mkdir -p $$(dir $$@)
-	$(CC) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+	@$(if $(Q),echo "  CC [$(1)] $$<")
+	$(Q)$(CC) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 
 build/$(1)/obj/gen/agent.pb-c.o: build/$(1)/gen/proto/agent.pb-c.c
 	@mkdir -p $$(dir $$@)
-	$(CC) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+	$(Q)$(CC) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 
 build/$(1)/libconch.a: $$($(1)_OBJS)
 	@rm -f $$@
-	ar rcs $$@ $$^
+	$(Q)ar rcs $$@ $$^
 
 -include $$(patsubst %.o,%.d,$$($(1)_OBJS))
 endef
 $(foreach v,dev asan static,$(eval $(call VARIANT,$(v))))
 
 build/dev/conch-init: build/dev/obj/agent/main.o build/dev/libconch.a
-	$(CC) $(dev_CFLAGS) $^ $(LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(dev_CFLAGS) $^ $(LIBS) -o $@
 build/asan/conch-init: build/asan/obj/agent/main.o build/asan/libconch.a
-	$(CC) $(asan_CFLAGS) $^ $(LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(asan_CFLAGS) $^ $(LIBS) -o $@
 build/static/conch-init: build/static/obj/agent/main.o build/static/libconch.a
-	$(CC) -static $(static_CFLAGS) $^ $(STATIC_LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) -static $(static_CFLAGS) $^ $(STATIC_LIBS) -o $@
 	strip $@
 
 dev: build/dev/conch-init
@@ -110,7 +121,8 @@ static: build/static/conch-init
 UNIT_BINS := $(patsubst tests/unit/%.c,build/asan/tests/%,$(UNIT_SRCS))
 build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h
 	@mkdir -p $(dir $@)
-	$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
 
 unit: $(UNIT_BINS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
