@@ -163,13 +163,13 @@ static void call_maybe_free(rpc_call *c) {
 
 /* ---------------------------------------------------------------- output */
 
-static void start_stream(rpc_call *c) {
+static void start_stream(rpc_call *c, hx *x) {
   if (c->started) return;
   c->started = 1;
   hx_header h[2] = {{"content-type", ct_for(c)}, {NULL, NULL}};
   size_t n = 1;
   if (c->w == W_GRPC || c->w == W_GRPC_WEB) h[n++] = (hx_header){"grpc-accept-encoding", "gzip"};
-  hx_respond(c->x, 200, h, n, -1);
+  hx_respond(x, 200, h, n, -1);
 }
 
 /* Write the final answer and let go of the exchange. */
@@ -203,7 +203,7 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
     return;
   }
   if (c->w == W_CONNECT_STREAM) {
-    start_stream(c);
+    start_stream(c, x);
     char *body = code == RPC_OK ? strdup("{}") : error_json(code, msg, 1);
     size_t bl = body ? strlen(body) : 0;
     uint8_t *env = malloc(5 + bl);
@@ -236,7 +236,7 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
       hx_end(x, tr, ntr);
     }
   } else {
-    start_stream(c);
+    start_stream(c, x);
     sbuf b = {0};
     sb_str(&b, "grpc-status: ");
     sb_str(&b, st);
@@ -320,7 +320,7 @@ int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
   buf[2] = (uint8_t)(len >> 16);
   buf[3] = (uint8_t)(len >> 8);
   buf[4] = (uint8_t)len;
-  start_stream(c);
+  start_stream(c, c->x);
   return hx_write(c->x, buf, hdr + len);
 }
 

@@ -17,6 +17,7 @@
 #include "agent/log.h"
 #include "agent/router.h"
 #include "agent/server.h"
+#include "fs/service.h"
 
 static const char usage[] =
     "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
@@ -85,6 +86,9 @@ static void main_common_setup(void) {
 }
 
 static void main_register_services(void) {
+  size_t n;
+  const rpc_method *m = fs_service_methods(&n);
+  router_register(m, n);
 }
 
 static uv_signal_t main_sigterm, main_sigint;

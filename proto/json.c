@@ -31,10 +31,8 @@ static void jp_ws(jp *j) {
   while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
 }
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 if invalid. */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
+size_t json_utf8_seq(const unsigned char *p, size_t avail) {
   unsigned c = p[0];
-  size_t avail = (size_t)(end - p);
   if (c < 0x80) return 1;
   if (c >= 0xC2 && c <= 0xDF) {
     if (avail < 2 || (p[1] & 0xC0) != 0x80) return 0;
@@ -54,6 +52,20 @@ static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
     return 4;
   }
   return 0;
+}
+
+int json_utf8_valid(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s, *end = p + n;
+  while (p < end) {
+    if (*p < 0x80) {
+      p++;
+      continue;
+    }
+    size_t k = json_utf8_seq(p, (size_t)(end - p));
+    if (k == 0) return 0;
+    p += k;
+  }
+  return 1;
 }
 
 static int hex4(const unsigned char *p, unsigned *out) {
@@ -112,6 +124,14 @@ static char *jp_string(jp *j, size_t *lenp) {
   }
   unsigned char *o = out;
   while (j->p < j->end) {
+    /* fast path: a run of plain printable ASCII */
+    const unsigned char *r = j->p;
+    while (r < q && *r >= 0x20 && *r < 0x80 && *r != '"' && *r != '\\') r++;
+    if (r != j->p) {
+      memcpy(o, j->p, (size_t)(r - j->p));
+      o += r - j->p;
+      j->p = r;
+    }
     unsigned c = *j->p;
     if (c == '"') {
       j->p++;
@@ -167,7 +187,7 @@ static char *jp_string(jp *j, size_t *lenp) {
       o += put_utf8(o, cp);
       continue;
     }
-    size_t k = utf8_seq(j->p, j->end);
+    size_t k = c < 0x80 ? 1 : json_utf8_seq(j->p, (size_t)(j->end - j->p));
     if (k == 0) {
       jp_fail(j, "invalid UTF-8 in string");
       break;

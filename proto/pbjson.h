@@ -7,6 +7,12 @@
  * Input: lowerCamelCase or original names, unknown fields ignored, int64 as
  * string or number, standard or URL-safe base64 with or without padding
  * (anything else rejected), null = default, strict UTF-8.
+ *
+ * Implementation: pbjson.c (encoder, UTF-8 walk), pbjson_decode.c (decoder,
+ * on top of the strict parser in proto/json.h), pbjson_b64.c (base64 on
+ * libb64).  json_name is derived from the field name as protoc does
+ * (protobuf-c descriptors do not carry it; a custom json_name option is
+ * therefore not honoured on output).
  */
 #ifndef CONCH_PBJSON_H
 #define CONCH_PBJSON_H
@@ -14,13 +20,19 @@
 #include <stddef.h>
 #include <protobuf-c/protobuf-c.h>
 
-/* Encode.  Returns a malloc'd, NUL-terminated buffer (length in *len) or NULL on ENOMEM. */
+/* Encode.  Returns a malloc'd, NUL-terminated buffer (length in *len) or NULL on ENOMEM.
+ * The buffer is sized exactly in a first pass (no regrowth).  JSON cannot
+ * carry invalid UTF-8: such bytes in string fields come out as U+FFFD (run
+ * pbjson_check_utf8 first where that matters). */
 char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
 
 /* Decode a complete JSON document into a new message of type desc (free it
  * with protobuf_c_message_free_unpacked(m, NULL)).  On failure returns NULL
- * and writes a human-readable reason into err (e.g. "invalid base64 in field
- * \"content\"").  Empty input is an error. */
+ * and writes a human-readable reason into err, naming the field by its path
+ * (e.g. "invalid value for field \"content\": invalid base64",
+ * "duplicate field \"cmd\"", "invalid value for field \"entries[1].size\": …").
+ * Empty input is an error.  Every failure is the caller's invalid_argument
+ * except "out of memory". */
 ProtobufCMessage *pbjson_decode(const ProtobufCMessageDescriptor *desc, const char *json,
                                 size_t len, char *err, size_t errlen);
 /* The same; *had_nul (if not NULL) is set to 1 when some string field held a

@@ -1,0 +1,327 @@
+/* fs/download — GetFileStream (api.md §7).
+ *
+ * Validate; open + fstat in the thread pool (missing → not_found
+ * "file not found: <p>", directory → invalid_argument
+ * "path is a directory: <p>", else the OS error "open file <p>: …").
+ *
+ * Regular files and block devices: each pool read fills a 1 MiB chunk (or
+ * stops at EOF), so a file of 1 MiB + 4 bytes gives exactly 2 chunks and an
+ * empty file none.  The next read is queued as soon as a chunk is sent
+ * (overlapping disk and network) unless the call's queue holds
+ * RPC_OUTQ_HIGH bytes; then it waits for the drain callback.
+ *
+ * Special files (FIFOs, character devices) stream until EOF: the fd is
+ * non-blocking and watched with uv_poll; each readiness gives one read
+ * (≤ 1 MiB) → one chunk.  A FIFO without a writer yet simply waits for
+ * one.  Devices that cannot be polled (/dev/zero) are read in the pool.
+ *
+ * Only the first chunk carries filepath.  on_cancel stops everything; the
+ * fd is closed and the state freed once no pool work or handle is active.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "fs/handlers.h"
+#include "proto/agent.pb-c.h"
+
+typedef struct fs_download {
+  rpc_call *call; /* NULL once ended (finished or canceled) */
+  char *path;
+  int fd;
+  int pollable;   /* special file watched with uv_poll */
+  int poll_init, polling;
+  uv_poll_t poll;
+  uv_work_t req;
+  int busy;       /* pool work queued/running */
+  int sending;    /* inside rpc_send: on_cancel must not free */
+  int first_read; /* the open work also did the first read */
+  unsigned char *buf;
+  size_t n;       /* bytes in buf from the last read */
+  int eof;
+  int sent;       /* chunks sent */
+  uint64_t bytes;
+  fs_status st;
+} fs_download;
+
+static void dl_read_more(fs_download *d);
+static void dl_on_poll(uv_poll_t *h, int status, int events);
+
+static void dl_on_poll_closed(uv_handle_t *h) {
+  fs_download *d = h->data;
+  free(d->buf);
+  free(d->path);
+  fs_status_clear(&d->st);
+  free(d);
+}
+
+/* Release everything (the call must already be finished or canceled). */
+static void dl_destroy(fs_download *d) {
+  if (d->fd >= 0) close(d->fd);
+  d->fd = -1;
+  if (d->poll_init) {
+    uv_close((uv_handle_t *)&d->poll, dl_on_poll_closed);
+    return;
+  }
+  dl_on_poll_closed((uv_handle_t *)&d->poll);
+}
+
+/* End the call (from the loop, call alive) and release. */
+static void dl_finish(fs_download *d, rpc_code code, const char *msg) {
+  rpc_call *c = d->call;
+  d->call = NULL;
+  if (d->polling) uv_poll_stop(&d->poll);
+  d->polling = 0;
+  rpc_set_user(c, NULL);
+  if (code == RPC_OK)
+    LOG_DEBUG("download done path=%s bytes=%llu chunks=%d", d->path,
+              (unsigned long long)d->bytes, d->sent);
+  rpc_finish(c, code, msg);
+  if (!d->busy) dl_destroy(d);
+}
+
+/* Read until buf is full or EOF (blocking fd; pool thread). */
+static void dl_fill(fs_download *d) {
+  d->n = 0;
+  while (d->n < FS_CHUNK_MAX) {
+    ssize_t r = read(d->fd, d->buf + d->n, FS_CHUNK_MAX - d->n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fs_status_os(&d->st, "read file", d->path, errno);
+      return;
+    }
+    if (r == 0) {
+      d->eof = 1;
+      return;
+    }
+    d->n += (size_t)r;
+  }
+}
+
+static void dl_open_work(uv_work_t *req) {
+  fs_download *d = req->data;
+  int fd = open(d->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT || e == ENOTDIR)
+      fs_status_set(&d->st, RPC_NOT_FOUND, "file not found: %s", d->path);
+    else
+      fs_status_os(&d->st, "open file", d->path, e);
+    return;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    fs_status_os(&d->st, "stat file", d->path, errno);
+    close(fd);
+    return;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    fs_status_set(&d->st, RPC_INVALID_ARGUMENT, "path is a directory: %s", d->path);
+    close(fd);
+    return;
+  }
+  d->fd = fd;
+  if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    d->first_read = 1;
+    dl_fill(d);
+  } else {
+    d->pollable = 1; /* decided on the loop: uv_poll or pool reads */
+  }
+}
+
+static void dl_read_work(uv_work_t *req) { dl_fill(req->data); }
+
+/* Send what is in buf; 0 ok, -1 the call is gone (on_cancel follows). */
+static int dl_send(fs_download *d) {
+  Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
+  ch.filepath = d->sent == 0 ? d->path : "";
+  ch.content.data = d->buf;
+  ch.content.len = d->n;
+  d->sending = 1;
+  int r = rpc_send(d->call, &ch.base);
+  d->sending = 0;
+  if (r != 0 || !d->call) return -1;
+  d->sent++;
+  d->bytes += d->n;
+  d->n = 0;
+  return 0;
+}
+
+static void dl_on_drain(rpc_call *c) {
+  fs_download *d = rpc_user(c);
+  if (!d || !d->call) return;
+  if (d->pollable) {
+    if (!d->polling && d->poll_init) {
+      d->polling = 1;
+      uv_poll_start(&d->poll, UV_READABLE, dl_on_poll);
+    }
+    return;
+  }
+  dl_read_more(d);
+}
+
+/* After a chunk went out: go on, or wait for the queue to drain. */
+static void dl_next(fs_download *d) {
+  if (rpc_outq_bytes(d->call) >= RPC_OUTQ_HIGH) {
+    if (d->polling) {
+      uv_poll_stop(&d->poll);
+      d->polling = 0;
+    }
+    rpc_on_drain(d->call, dl_on_drain);
+    return;
+  }
+  if (!d->pollable) dl_read_more(d);
+}
+
+static void dl_after_read(uv_work_t *req, int status) {
+  fs_download *d = req->data;
+  d->busy = 0;
+  if (!d->call) { /* canceled meanwhile */
+    dl_destroy(d);
+    return;
+  }
+  if (status != 0) {
+    dl_finish(d, RPC_INTERNAL, "file read was canceled");
+    return;
+  }
+  if (d->st.code != RPC_OK) {
+    dl_finish(d, d->st.code, d->st.msg);
+    return;
+  }
+  if (d->n > 0 && dl_send(d) < 0) {
+    if (!d->call) dl_destroy(d); /* on_cancel ran inside rpc_send */
+    return;                      /* else on_cancel follows */
+  }
+  if (d->eof) {
+    dl_finish(d, RPC_OK, NULL);
+    return;
+  }
+  dl_next(d);
+}
+
+static void dl_read_more(fs_download *d) {
+  d->busy = 1;
+  int r = uv_queue_work(conch.loop, &d->req, dl_read_work, dl_after_read);
+  if (r != 0) {
+    d->busy = 0;
+    dl_finish(d, RPC_INTERNAL, "queue file read failed");
+  }
+}
+
+/* Poll mode: one non-blocking read per readiness. */
+static void dl_on_poll(uv_poll_t *h, int status, int events) {
+  fs_download *d = h->data;
+  if (!d->call) return;
+  if (status < 0) {
+    fs_status_os(&d->st, "read file", d->path, -status);
+    dl_finish(d, d->st.code, d->st.msg);
+    return;
+  }
+  ssize_t r;
+  do r = read(d->fd, d->buf, FS_CHUNK_MAX);
+  while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    fs_status_os(&d->st, "read file", d->path, errno);
+    dl_finish(d, d->st.code, d->st.msg);
+    return;
+  }
+  if (r == 0) {
+    dl_finish(d, RPC_OK, NULL);
+    return;
+  }
+  d->n = (size_t)r;
+  if (dl_send(d) < 0) {
+    if (d->polling) uv_poll_stop(&d->poll);
+    d->polling = 0;
+    if (!d->call) dl_destroy(d);
+    return;
+  }
+  dl_next(d);
+}
+
+static void dl_after_open(uv_work_t *req, int status) {
+  fs_download *d = req->data;
+  d->busy = 0;
+  if (!d->call) {
+    dl_destroy(d);
+    return;
+  }
+  if (status != 0 || d->st.code != RPC_OK) {
+    if (status != 0) fs_status_set(&d->st, RPC_INTERNAL, "file open was canceled");
+    dl_finish(d, d->st.code, d->st.msg);
+    return;
+  }
+  if (d->pollable) {
+    if (uv_poll_init(conch.loop, &d->poll, d->fd) == 0) {
+      d->poll_init = 1;
+      d->poll.data = d;
+      d->polling = 1;
+      uv_poll_start(&d->poll, UV_READABLE, dl_on_poll);
+      return;
+    }
+    /* Not pollable (e.g. /dev/zero): blocking reads in the pool. */
+    d->pollable = 0;
+    int fl = fcntl(d->fd, F_GETFL);
+    if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_NONBLOCK);
+    dl_read_more(d);
+    return;
+  }
+  dl_after_read(req, 0); /* the open work already read the first chunk */
+}
+
+void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
+  const Pb__GetFileRequest *req = (const Pb__GetFileRequest *)msg;
+  char err[160];
+  if (fs_check_call_path(c, req->filepath, "stream file retrieval", err, sizeof err) < 0) {
+    rpc_finish(c, RPC_INVALID_ARGUMENT, err);
+    return;
+  }
+  fs_download *d = calloc(1, sizeof *d);
+  if (d) {
+    d->fd = -1;
+    d->path = strdup(req->filepath);
+    d->buf = malloc(FS_CHUNK_MAX);
+  }
+  if (!d || !d->path || !d->buf) {
+    if (d) {
+      free(d->path);
+      free(d->buf);
+    }
+    free(d);
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  d->call = c;
+  d->req.data = d;
+  d->busy = 1;
+  rpc_set_user(c, d);
+  int r = uv_queue_work(conch.loop, &d->req, dl_open_work, dl_after_open);
+  if (r != 0) {
+    d->busy = 0;
+    dl_finish(d, RPC_INTERNAL, "queue file open failed");
+  }
+}
+
+void fs_download_on_cancel(rpc_call *c, rpc_code why) {
+  fs_download *d = rpc_user(c);
+  if (!d) return;
+  LOG_DEBUG("download canceled path=%s why=%s sent=%d", d->path, rpc_code_name(why), d->sent);
+  d->call = NULL;
+  if (d->polling) uv_poll_stop(&d->poll);
+  d->polling = 0;
+  if (d->busy) {
+    uv_cancel((uv_req_t *)&d->req); /* the after-work callback destroys */
+    return;
+  }
+  if (d->sending) return; /* dl_send's caller destroys */
+  dl_destroy(d);
+}

@@ -1,0 +1,55 @@
+/* fs/handlers — internal to fs/: the FileService RPC callbacks (one file
+ * each: upload.c, download.c, list.c, search.c) and the helpers they share
+ * (service.c, listing.c).  The public face is fs/service.h.
+ */
+#ifndef CONCH_FS_HANDLERS_H
+#define CONCH_FS_HANDLERS_H
+
+#include <stddef.h>
+
+#include "agent/rpc.h"
+#include "fs/walk.h"
+
+/* Largest accepted FileChunk content, and the GetFileStream chunk size. */
+#define FS_CHUNK_MAX (1024u * 1024u)
+
+/* PostFileStream */
+void fs_upload_on_request(rpc_call *c, const ProtobufCMessage *req);
+void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg);
+void fs_upload_on_input_end(rpc_call *c);
+void fs_upload_on_cancel(rpc_call *c, rpc_code why);
+/* GetFileStream */
+void fs_download_on_request(rpc_call *c, const ProtobufCMessage *req);
+void fs_download_on_cancel(rpc_call *c, rpc_code why);
+/* ListFiles */
+void fs_list_on_request(rpc_call *c, const ProtobufCMessage *req);
+/* SearchFiles */
+void fs_search_on_request(rpc_call *c, const ProtobufCMessage *req);
+/* ListFiles and SearchFiles */
+void fs_listing_on_cancel(rpc_call *c, rpc_code why);
+
+/* Validate a request path (api.md §7) taking rpc_input_had_nul() into
+ * account: a NUL anywhere in the just-delivered message is reported as a
+ * NUL in the path (the only string field of its message, except for
+ * SearchFiles, see search.c).  0 ok; -1 with the text in err. */
+int fs_check_call_path(rpc_call *c, const char *p, const char *op, char *err, size_t errlen);
+
+/* 1 when the call speaks JSON (the response size bound is estimated for
+ * JSON then). */
+int fs_call_is_json(const rpc_call *c);
+
+/* Finish a call with an fs_status (message NULL when out of memory). */
+void fs_finish_status(rpc_call *c, const fs_status *st);
+
+/* ListFiles/SearchFiles: run `w` (root/depth/filter set, root and filter
+ * state owned by `owned`, freed with free_owned) in the thread pool and
+ * answer with a response of type `resp` (ListFilesResponse or
+ * SearchFilesResponse: repeated FileEntry entries = 1).  Finishes the call
+ * itself on any failure. */
+typedef struct fs_listing fs_listing;
+fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp);
+fs_walk *fs_listing_walk(fs_listing *l);
+void fs_listing_own(fs_listing *l, void *owned, void (*free_owned)(void *));
+void fs_listing_start(fs_listing *l);
+
+#endif

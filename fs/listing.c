@@ -1,0 +1,161 @@
+/* fs/listing — run a ListFiles/SearchFiles walk in the thread pool and
+ * answer the unary call; see handlers.h.
+ *
+ * Lifetime: the job is the call's user pointer.  on_cancel marks it
+ * (call = NULL, cancel flag for the walk, uv_cancel when not started yet);
+ * the after-work callback then only frees.  If rpc_send fails, on_cancel
+ * follows and frees the idle job.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "fs/handlers.h"
+#include "proto/agent.pb-c.h"
+
+struct fs_listing {
+  uv_work_t req;
+  rpc_call *call; /* NULL once the call ended from outside */
+  int busy;       /* work queued or running */
+  atomic_int cancel;
+  const ProtobufCMessageDescriptor *resp;
+  fs_walk w;
+  void *owned;
+  void (*free_owned)(void *);
+};
+
+static void listing_free(fs_listing *l) {
+  fs_walk_free(&l->w);
+  if (l->free_owned) l->free_owned(l->owned);
+  free(l);
+}
+
+fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) {
+  fs_listing *l = calloc(1, sizeof *l);
+  if (!l) return NULL;
+  l->call = c;
+  l->resp = resp;
+  atomic_init(&l->cancel, 0);
+  l->w.cancel = &l->cancel;
+  l->w.json = fs_call_is_json(c);
+  l->w.max_bytes = RPC_MAX_MESSAGE;
+  return l;
+}
+
+fs_walk *fs_listing_walk(fs_listing *l) { return &l->w; }
+
+void fs_listing_own(fs_listing *l, void *owned, void (*free_owned)(void *)) {
+  l->owned = owned;
+  l->free_owned = free_owned;
+}
+
+static void listing_work(uv_work_t *req) {
+  fs_listing *l = req->data;
+  fs_walk_run(&l->w);
+}
+
+/* Send the entries as a ListFilesResponse / SearchFilesResponse (both are
+ * `repeated FileEntry entries = 1`).  Returns rpc_send's result, or -2 when
+ * out of memory. */
+static int listing_send(fs_listing *l) {
+  rpc_call *c = l->call;
+  fs_walk *w = &l->w;
+  Pb__FileEntry *ev = w->n ? calloc(w->n, sizeof *ev) : NULL;
+  Pb__FileEntry **ep = w->n ? calloc(w->n, sizeof *ep) : NULL;
+  if (w->n && (!ev || !ep)) {
+    free(ev);
+    free(ep);
+    return -2;
+  }
+  for (size_t i = 0; i < w->n; i++) {
+    const fs_entry *e = &w->entries[i];
+    pb__file_entry__init(&ev[i]);
+    ev[i].name = (char *)e->name;
+    ev[i].path = e->path;
+    ev[i].type = e->is_dir ? "directory" : "file";
+    ev[i].size = e->size;
+    ev[i].permissions = (char *)e->perms;
+    ev[i].modified_time = (char *)e->mtime;
+    ev[i].is_directory = e->is_dir ? 1 : 0;
+    ep[i] = &ev[i];
+  }
+  int r;
+  if (l->resp == &pb__search_files_response__descriptor) {
+    Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
+    m.n_entries = w->n;
+    m.entries = ep;
+    r = rpc_send(c, &m.base);
+  } else {
+    Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
+    m.n_entries = w->n;
+    m.entries = ep;
+    r = rpc_send(c, &m.base);
+  }
+  free(ev);
+  free(ep);
+  return r;
+}
+
+static void listing_after(uv_work_t *req, int status) {
+  fs_listing *l = req->data;
+  if (!l->call) { /* canceled meanwhile */
+    listing_free(l);
+    return;
+  }
+  rpc_call *c = l->call;
+  if (status != 0 || l->w.st.code != RPC_OK) {
+    l->busy = 0;
+    rpc_set_user(c, NULL);
+    if (status != 0)
+      rpc_finish(c, RPC_INTERNAL, "file listing was canceled");
+    else
+      fs_finish_status(c, &l->w.st);
+    listing_free(l);
+    return;
+  }
+  LOG_DEBUG("file listing done root=%s entries=%zu", l->w.root, l->w.n);
+  /* busy stays set while sending: an on_cancel run from inside rpc_send
+   * then only marks the job. */
+  int r = listing_send(l);
+  l->busy = 0;
+  if (r == 0 || r == -2) {
+    rpc_set_user(c, NULL);
+    if (r == 0)
+      rpc_finish(c, RPC_OK, NULL);
+    else
+      rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    listing_free(l);
+  } else if (!l->call) {
+    listing_free(l); /* on_cancel already ran */
+  }
+  /* else on_cancel follows and frees the idle job */
+}
+
+void fs_listing_start(fs_listing *l) {
+  rpc_call *c = l->call;
+  l->req.data = l;
+  l->busy = 1;
+  rpc_set_user(c, l);
+  int r = uv_queue_work(conch.loop, &l->req, listing_work, listing_after);
+  if (r != 0) {
+    l->busy = 0;
+    rpc_set_user(c, NULL);
+    rpc_finishf(c, RPC_INTERNAL, "queue file listing: %s", uv_strerror(r));
+    listing_free(l);
+  }
+}
+
+void fs_listing_on_cancel(rpc_call *c, rpc_code why) {
+  fs_listing *l = rpc_user(c);
+  if (!l) return;
+  l->call = NULL;
+  atomic_store(&l->cancel, 1);
+  if (l->busy) {
+    uv_cancel((uv_req_t *)&l->req); /* fails harmlessly once running */
+    return;                        /* the after-work callback frees */
+  }
+  listing_free(l);
+}

@@ -1,0 +1,70 @@
+/* fs/service — FileService method table and shared call helpers; see
+ * service.h and handlers.h. */
+#include "fs/service.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "fs/handlers.h"
+#include "fs/path.h"
+#include "proto/agent.pb-c.h"
+
+static const rpc_method fs_methods[] = {
+    {
+        .path = "/pb.FileService/PostFileStream",
+        .kind = RPC_CLIENT_STREAM,
+        .input = &pb__file_chunk__descriptor,
+        .output = &pb__post_files_response__descriptor,
+        .on_request = fs_upload_on_request,
+        .on_message = fs_upload_on_message,
+        .on_input_end = fs_upload_on_input_end,
+        .on_cancel = fs_upload_on_cancel,
+    },
+    {
+        .path = "/pb.FileService/GetFileStream",
+        .kind = RPC_SERVER_STREAM,
+        .input = &pb__get_file_request__descriptor,
+        .output = &pb__file_chunk__descriptor,
+        .on_request = fs_download_on_request,
+        .on_cancel = fs_download_on_cancel,
+    },
+    {
+        .path = "/pb.FileService/ListFiles",
+        .kind = RPC_UNARY,
+        .input = &pb__list_files_request__descriptor,
+        .output = &pb__list_files_response__descriptor,
+        .on_request = fs_list_on_request,
+        .on_cancel = fs_listing_on_cancel,
+    },
+    {
+        .path = "/pb.FileService/SearchFiles",
+        .kind = RPC_UNARY,
+        .input = &pb__search_files_request__descriptor,
+        .output = &pb__search_files_response__descriptor,
+        .on_request = fs_search_on_request,
+        .on_cancel = fs_listing_on_cancel,
+    },
+};
+
+const rpc_method *fs_service_methods(size_t *n) {
+  *n = sizeof fs_methods / sizeof *fs_methods;
+  return fs_methods;
+}
+
+int fs_check_call_path(rpc_call *c, const char *p, const char *op, char *err, size_t errlen) {
+  if (!p) p = "";
+  if (rpc_input_had_nul(c)) {
+    snprintf(err, errlen, "filepath contains a NUL byte for %s", op);
+    return -1;
+  }
+  return fs_path_check(p, strlen(p), op, err, errlen);
+}
+
+int fs_call_is_json(const rpc_call *c) {
+  const char *p = rpc_protocol_name(c);
+  return p && strstr(p, "json") != NULL;
+}
+
+void fs_finish_status(rpc_call *c, const fs_status *st) {
+  rpc_finish(c, st->code, st->msg);
+}

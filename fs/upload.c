@@ -1,0 +1,421 @@
+/* fs/upload — PostFileStream (api.md §7): one file per client stream.
+ *
+ * Per chunk: content > 1 MiB → resource_exhausted.  First chunk: validate
+ * filepath, then (pool) mkdir -p its directory (0755) and create
+ * ".conch-upload-<random>" O_EXCL beside the target.  Later chunks: empty
+ * or identical filepath, else "filepath changed during stream upload";
+ * empty content is skipped.  End of input: (pool) fdatasync, give the temp
+ * file the target's mode (and owner) when the target exists or 0644, then
+ * rename it onto the target.  Response {uploadedCount:1, entries:[{name,
+ * path, type:"file"}]}.  On any error or cancel the temp file is removed
+ * (in the pool), the target is untouched and no message is sent.
+ *
+ * Memory stays bounded: while a pool write is in flight the call's input
+ * is paused; chunks that still arrive are queued up to UP_QUEUE_MAX bytes.
+ * A target that is an existing directory fails at the first chunk with
+ * invalid_argument "path is a directory: <p>".
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "fs/handlers.h"
+#include "fs/path.h"
+#include "proto/agent.pb-c.h"
+
+#define UP_QUEUE_MAX (4u * 1024 * 1024)
+#define UP_TEMP_PREFIX ".conch-upload-"
+
+typedef struct up_chunk {
+  struct up_chunk *next;
+  size_t len;
+  unsigned char data[];
+} up_chunk;
+
+typedef enum up_op { UP_OPEN, UP_WRITE, UP_COMMIT, UP_CLEANUP } up_op;
+
+typedef struct fs_upload {
+  rpc_call *call; /* NULL once the call ended (finished or canceled) */
+  char *target;
+  char *tmp; /* temp file path while it exists */
+  int fd;
+  int started, input_end;
+  int busy; /* pool work queued/running */
+  up_op op;
+  up_chunk *cur; /* chunk written by the running op */
+  up_chunk *q_head, *q_tail;
+  size_t q_bytes;
+  uint64_t bytes;
+  fs_status st;
+  uv_work_t req;
+} fs_upload;
+
+static void up_free(fs_upload *u) {
+  free(u->cur);
+  for (up_chunk *k = u->q_head, *n; k; k = n) {
+    n = k->next;
+    free(k);
+  }
+  free(u->target);
+  free(u->tmp);
+  fs_status_clear(&u->st);
+  free(u);
+}
+
+/* ---- pool side ---------------------------------------------------- */
+
+static void up_remove_temp(fs_upload *u) {
+  if (u->fd >= 0) close(u->fd);
+  u->fd = -1;
+  if (u->tmp) unlink(u->tmp);
+  free(u->tmp);
+  u->tmp = NULL;
+}
+
+static int up_mkdir_p(fs_upload *u, const char *dir) {
+  size_t len = strlen(dir);
+  char *p = strdup(dir);
+  if (!p) {
+    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return -1;
+  }
+  for (size_t i = 1; i <= len; i++) {
+    if (i < len && p[i] != '/') continue;
+    p[i] = 0;
+    if (mkdir(p, 0755) != 0) {
+      int e = errno;
+      struct stat st;
+      if (e != EEXIST || stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        if (e == EEXIST) e = ENOTDIR;
+        fs_status_os(&u->st, "create directory", dir, e);
+        free(p);
+        return -1;
+      }
+    }
+    if (i < len) p[i] = '/';
+  }
+  free(p);
+  return 0;
+}
+
+static void up_random_hex(fs_upload *u, char out[17]) {
+  uint64_t r = 0;
+#ifdef GRND_INSECURE
+  if (getrandom(&r, sizeof r, GRND_INSECURE) != (ssize_t)sizeof r)
+#endif
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      r ^= (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^
+           (uint64_t)(uintptr_t)u ^ ((uint64_t)getpid() << 32);
+    }
+  snprintf(out, 17, "%016llx", (unsigned long long)r);
+}
+
+static int up_write_cur(fs_upload *u) {
+  const unsigned char *p = u->cur->data;
+  size_t left = u->cur->len;
+  while (left) {
+    ssize_t w = write(u->fd, p, left);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fs_status_os(&u->st, "write file", u->target, errno);
+      return -1;
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  u->bytes += u->cur->len;
+  return 0;
+}
+
+static void up_do_open(fs_upload *u) {
+  size_t dl = fs_path_dir_len(u->target);
+  char *dir = strndup(u->target, dl);
+  if (!dir) {
+    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  if (dl > 1 && up_mkdir_p(u, dir) < 0) goto out;
+  struct stat st;
+  if (stat(u->target, &st) == 0 && S_ISDIR(st.st_mode)) {
+    fs_status_set(&u->st, RPC_INVALID_ARGUMENT, "path is a directory: %s", u->target);
+    goto out;
+  }
+  size_t tl = dl + 1 + strlen(UP_TEMP_PREFIX) + 16 + 1;
+  u->tmp = malloc(tl);
+  if (!u->tmp) {
+    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    goto out;
+  }
+  for (int tries = 0;; tries++) {
+    char hex[17];
+    up_random_hex(u, hex);
+    snprintf(u->tmp, tl, "%s/%s%s", dl > 1 ? dir : "", UP_TEMP_PREFIX, hex);
+    u->fd = open(u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0600);
+    if (u->fd >= 0) break;
+    if (errno != EEXIST || tries >= 16) {
+      fs_status_os(&u->st, "create file", u->target, errno);
+      free(u->tmp);
+      u->tmp = NULL;
+      goto out;
+    }
+  }
+  if (u->cur && up_write_cur(u) < 0) up_remove_temp(u);
+out:
+  free(dir);
+}
+
+static void up_do_commit(fs_upload *u) {
+  if (fdatasync(u->fd) != 0) {
+    fs_status_os(&u->st, "sync file", u->target, errno);
+    goto fail;
+  }
+  struct stat st;
+  if (stat(u->target, &st) == 0) {
+    /* DECISION (api.md): an existing target keeps its mode — and owner. */
+    if (fchmod(u->fd, st.st_mode & 07777) != 0) {
+      fs_status_os(&u->st, "chmod file", u->target, errno);
+      goto fail;
+    }
+    if (fchown(u->fd, st.st_uid, st.st_gid) != 0) { /* best effort */
+    }
+  } else if (fchmod(u->fd, 0644) != 0) {
+    fs_status_os(&u->st, "chmod file", u->target, errno);
+    goto fail;
+  }
+  int fd = u->fd;
+  u->fd = -1;
+  if (close(fd) != 0) {
+    fs_status_os(&u->st, "write file", u->target, errno);
+    goto fail;
+  }
+  if (rename(u->tmp, u->target) != 0) {
+    fs_status_os(&u->st, "rename file", u->target, errno);
+    goto fail;
+  }
+  free(u->tmp);
+  u->tmp = NULL;
+  return;
+fail:
+  up_remove_temp(u);
+}
+
+static void up_work(uv_work_t *req) {
+  fs_upload *u = req->data;
+  switch (u->op) {
+    case UP_OPEN:
+      up_do_open(u);
+      break;
+    case UP_WRITE:
+      if (up_write_cur(u) < 0) up_remove_temp(u);
+      break;
+    case UP_COMMIT:
+      up_do_commit(u);
+      break;
+    case UP_CLEANUP:
+      up_remove_temp(u);
+      break;
+  }
+}
+
+/* ---- loop side ---------------------------------------------------- */
+
+static void up_after(uv_work_t *req, int status);
+
+static int up_queue(fs_upload *u, up_op op) {
+  u->op = op;
+  u->busy = 1;
+  u->req.data = u;
+  int r = uv_queue_work(conch.loop, &u->req, up_work, up_after);
+  if (r != 0) u->busy = 0;
+  return r;
+}
+
+/* The call is gone: remove the temp file (in the pool) and free. */
+static void up_dispose(fs_upload *u) {
+  if (u->busy) return; /* up_after comes back here */
+  if (u->fd >= 0 || u->tmp) {
+    if (up_queue(u, UP_CLEANUP) == 0) return;
+    up_remove_temp(u); /* cannot queue: do it here */
+  }
+  up_free(u);
+}
+
+static void up_fail(fs_upload *u, rpc_code code, const char *msg) {
+  rpc_call *c = u->call;
+  u->call = NULL;
+  rpc_set_user(c, NULL);
+  LOG_INFO("upload failed path=%s code=%s msg=%s", u->target ? u->target : "-",
+           rpc_code_name(code), msg ? msg : "");
+  rpc_finish(c, code, msg);
+  up_dispose(u);
+}
+
+static void up_succeed(fs_upload *u) {
+  rpc_call *c = u->call;
+  u->call = NULL;
+  rpc_set_user(c, NULL);
+  Pb__WriteInfo wi = PB__WRITE_INFO__INIT;
+  wi.name = (char *)fs_path_base(u->target);
+  wi.path = u->target;
+  wi.type = "file";
+  Pb__WriteInfo *wip = &wi;
+  Pb__PostFilesResponse resp = PB__POST_FILES_RESPONSE__INIT;
+  resp.uploaded_count = 1;
+  resp.n_entries = 1;
+  resp.entries = &wip;
+  LOG_INFO("upload done path=%s bytes=%llu", u->target, (unsigned long long)u->bytes);
+  if (rpc_send(c, &resp.base) == 0) rpc_finish(c, RPC_OK, NULL);
+  /* else the layer cancels the call; the user pointer is already cleared */
+  up_free(u);
+}
+
+/* Start the next pool op if idle: a queued chunk, else the commit once the
+ * input ended; otherwise let input flow again. */
+static void up_kick(fs_upload *u) {
+  if (u->busy || !u->call) return;
+  int r = 0;
+  if (u->q_head) {
+    up_chunk *k = u->q_head;
+    u->q_head = k->next;
+    if (!u->q_head) u->q_tail = NULL;
+    u->q_bytes -= k->len;
+    u->cur = k;
+    rpc_pause_input(u->call, 1);
+    r = up_queue(u, UP_WRITE);
+  } else if (u->input_end) {
+    r = up_queue(u, UP_COMMIT);
+  } else {
+    rpc_pause_input(u->call, 0);
+    return;
+  }
+  if (r != 0) up_fail(u, RPC_INTERNAL, "queue file write failed");
+}
+
+static void up_after(uv_work_t *req, int status) {
+  fs_upload *u = req->data;
+  up_op op = u->op;
+  u->busy = 0;
+  free(u->cur);
+  u->cur = NULL;
+  if (!u->call) { /* ended meanwhile: clean up */
+    up_dispose(u);
+    return;
+  }
+  if (status != 0) {
+    up_fail(u, RPC_INTERNAL, "file upload was canceled");
+    return;
+  }
+  if (u->st.code != RPC_OK) {
+    rpc_code code = u->st.code;
+    char *msg = u->st.msg;
+    u->st.msg = NULL;
+    up_fail(u, code, msg);
+    free(msg);
+    return;
+  }
+  if (op == UP_COMMIT) {
+    up_succeed(u);
+    return;
+  }
+  up_kick(u);
+}
+
+static up_chunk *up_copy(const ProtobufCBinaryData *b) {
+  up_chunk *k = malloc(sizeof *k + b->len);
+  if (!k) return NULL;
+  k->next = NULL;
+  k->len = b->len;
+  if (b->len) memcpy(k->data, b->data, b->len);
+  return k;
+}
+
+void fs_upload_on_request(rpc_call *c, const ProtobufCMessage *req) {
+  fs_upload *u = calloc(1, sizeof *u);
+  if (!u) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  u->call = c;
+  u->fd = -1;
+  rpc_set_user(c, u);
+}
+
+void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg) {
+  fs_upload *u = rpc_user(c);
+  if (!u || !u->call) return;
+  const Pb__FileChunk *ch = (const Pb__FileChunk *)msg;
+  const char *fp = ch->filepath ? ch->filepath : "";
+  char err[160];
+  if (ch->content.len > FS_CHUNK_MAX) {
+    up_fail(u, RPC_RESOURCE_EXHAUSTED, "file chunk exceeds maximum size 1048576 bytes");
+    return;
+  }
+  if (!u->started) {
+    if (fs_check_call_path(c, fp, "stream upload", err, sizeof err) < 0) {
+      up_fail(u, RPC_INVALID_ARGUMENT, err);
+      return;
+    }
+    u->started = 1;
+    if (!(u->target = strdup(fp)) ||
+        (ch->content.len && !(u->cur = up_copy(&ch->content)))) {
+      up_fail(u, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+    rpc_pause_input(c, 1);
+    if (up_queue(u, UP_OPEN) != 0) up_fail(u, RPC_INTERNAL, "queue file upload failed");
+    return;
+  }
+  if (rpc_input_had_nul(c) || (fp[0] && strcmp(fp, u->target) != 0)) {
+    up_fail(u, RPC_INVALID_ARGUMENT, "filepath changed during stream upload");
+    return;
+  }
+  if (ch->content.len == 0) return;
+  if (u->q_bytes + ch->content.len > UP_QUEUE_MAX) {
+    up_fail(u, RPC_RESOURCE_EXHAUSTED, "upload queue full");
+    return;
+  }
+  up_chunk *k = up_copy(&ch->content);
+  if (!k) {
+    up_fail(u, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  if (u->q_tail)
+    u->q_tail->next = k;
+  else
+    u->q_head = k;
+  u->q_tail = k;
+  u->q_bytes += k->len;
+  up_kick(u);
+}
+
+void fs_upload_on_input_end(rpc_call *c) {
+  fs_upload *u = rpc_user(c);
+  if (!u || !u->call) return;
+  if (!u->started) {
+    up_fail(u, RPC_INVALID_ARGUMENT, "no file chunks provided");
+    return;
+  }
+  u->input_end = 1;
+  up_kick(u);
+}
+
+void fs_upload_on_cancel(rpc_call *c, rpc_code why) {
+  fs_upload *u = rpc_user(c);
+  if (!u) return;
+  LOG_INFO("upload canceled path=%s why=%s", u->target ? u->target : "-", rpc_code_name(why));
+  u->call = NULL;
+  if (u->busy) uv_cancel((uv_req_t *)&u->req); /* up_after then disposes */
+  up_dispose(u);
+}

@@ -1,0 +1,523 @@
+/* pbjson.c — proto3 canonical JSON: descriptor helpers, the encoder and the
+ * UTF-8 walk of unpacked messages (decoder: pbjson_decode.c; base64:
+ * pbjson_b64.c). */
+#include "proto/pbjson.h"
+#include "proto/pbjson_int.h"
+#include "proto/json.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ descriptor helpers */
+
+size_t pbj_json_name(const char *name, char *out, size_t cap) {
+  size_t n = 0;
+  int up = 0;
+  for (const char *c = name; *c; c++) {
+    if (*c == '_') {
+      up = 1;
+      continue;
+    }
+    char ch = *c;
+    if (up && ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
+    up = 0;
+    if (n + 1 < cap) out[n] = ch;
+    n++;
+  }
+  if (cap) out[n < cap ? n : cap - 1] = 0;
+  return n;
+}
+
+int pbj_json_name_eq(const char *name, const char *key, size_t klen) {
+  size_t i = 0;
+  int up = 0;
+  for (const char *c = name; *c; c++) {
+    if (*c == '_') {
+      up = 1;
+      continue;
+    }
+    char ch = *c;
+    if (up && ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
+    up = 0;
+    if (i >= klen || key[i] != ch) return 0;
+    i++;
+  }
+  return i == klen;
+}
+
+/* protoc's MapEntryName: "exclude_patterns" → "ExcludePatternsEntry". */
+static int map_entry_name_eq(const char *field, const char *entry) {
+  int up = 1;
+  size_t i = 0;
+  for (const char *c = field; *c; c++) {
+    if (*c == '_') {
+      up = 1;
+      continue;
+    }
+    char ch = *c;
+    if (up && ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
+    up = 0;
+    if (entry[i] != ch) return 0;
+    i++;
+  }
+  return strcmp(entry + i, "Entry") == 0;
+}
+
+int pbj_is_map(const ProtobufCMessageDescriptor *parent, const ProtobufCFieldDescriptor *f) {
+  if (f->label != PROTOBUF_C_LABEL_REPEATED || f->type != PROTOBUF_C_TYPE_MESSAGE) return 0;
+  const ProtobufCMessageDescriptor *e = f->descriptor;
+  if (!e || e->n_fields != 2 || e->fields[0].id != 1 || e->fields[1].id != 2) return 0;
+  if (strcmp(e->fields[0].name, "key") != 0 || strcmp(e->fields[1].name, "value") != 0) return 0;
+  if (e->fields[0].label == PROTOBUF_C_LABEL_REPEATED || e->fields[1].label == PROTOBUF_C_LABEL_REPEATED)
+    return 0;
+  switch (e->fields[0].type) {
+  case PROTOBUF_C_TYPE_FLOAT: case PROTOBUF_C_TYPE_DOUBLE: case PROTOBUF_C_TYPE_BYTES:
+  case PROTOBUF_C_TYPE_MESSAGE: case PROTOBUF_C_TYPE_ENUM:
+    return 0;
+  default:
+    break;
+  }
+  /* The entry type is nested in the parent and named after the field. */
+  size_t pl = strlen(parent->name);
+  if (strncmp(e->name, parent->name, pl) != 0 || e->name[pl] != '.') return 0;
+  return map_entry_name_eq(f->name, e->short_name) && strcmp(e->name + pl + 1, e->short_name) == 0;
+}
+
+size_t pbj_elt_size(ProtobufCType t) {
+  switch (t) {
+  case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
+  case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
+    return 4;
+  case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
+  case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
+    return 8;
+  case PROTOBUF_C_TYPE_FLOAT: return sizeof(float);
+  case PROTOBUF_C_TYPE_DOUBLE: return sizeof(double);
+  case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
+  case PROTOBUF_C_TYPE_ENUM: return sizeof(int);
+  case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
+  case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
+  case PROTOBUF_C_TYPE_MESSAGE: return sizeof(ProtobufCMessage *);
+  }
+  return 0;
+}
+
+int pbj_oneof_selected(const ProtobufCMessage *m, const ProtobufCFieldDescriptor *f) {
+  uint32_t c;
+  memcpy(&c, PBJ_QUANT(m, f), sizeof c);
+  return c == f->id;
+}
+
+static size_t path_append(pbj_path *p, const char *s, size_t n) {
+  size_t old = p->len;
+  if (p->len + n + 1 > sizeof p->s) {
+    /* Keep the path readable when it does not fit: mark it cut. */
+    if (p->len + 4 <= sizeof p->s && (p->len < 3 || memcmp(p->s + p->len - 3, "...", 3) != 0)) {
+      memcpy(p->s + p->len, "...", 3);
+      p->len += 3;
+      p->s[p->len] = 0;
+    }
+    return old;
+  }
+  memcpy(p->s + p->len, s, n);
+  p->len += n;
+  p->s[p->len] = 0;
+  return old;
+}
+
+size_t pbj_path_field(pbj_path *p, const char *name) {
+  size_t old = p->len;
+  if (p->len) path_append(p, ".", 1);
+  path_append(p, name, strlen(name));
+  return old;
+}
+
+size_t pbj_path_index(pbj_path *p, size_t i) {
+  char b[32];
+  int n = snprintf(b, sizeof b, "[%zu]", i);
+  return path_append(p, b, (size_t)n);
+}
+
+size_t pbj_path_key(pbj_path *p, const char *key, size_t klen) {
+  char b[40];
+  size_t n = 0;
+  b[n++] = '[';
+  for (size_t i = 0; i < klen && n < 34; i++) {
+    unsigned char c = (unsigned char)key[i];
+    b[n++] = (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') ? (char)c : '?';
+  }
+  if (klen > 32) {
+    memcpy(b + n, "...", 3);
+    n += 3;
+  }
+  b[n++] = ']';
+  return path_append(p, b, n);
+}
+
+void pbj_path_pop(pbj_path *p, size_t len) {
+  p->len = len;
+  p->s[len] = 0;
+}
+
+/* ------------------------------------------------------------ encoder */
+
+/* Output sink.  The encoder runs twice over the message: first with buf ==
+ * NULL to measure, then into one buffer of exactly that size. */
+typedef struct wbuf {
+  char *buf;
+  size_t len;
+} wbuf;
+
+static inline void w_mem(wbuf *w, const void *s, size_t n) {
+  if (w->buf) memcpy(w->buf + w->len, s, n);
+  w->len += n;
+}
+static inline void w_ch(wbuf *w, char c) {
+  if (w->buf) w->buf[w->len] = c;
+  w->len++;
+}
+static void w_cstr(wbuf *w, const char *s) { w_mem(w, s, strlen(s)); }
+
+/* A JSON string: '"', '\\' and control characters escaped, everything else
+ * (incl. non-ASCII) as is.  Invalid UTF-8 cannot be represented in JSON and
+ * is replaced by U+FFFD per invalid byte. */
+static void w_string(wbuf *w, const char *str, size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  const unsigned char *s = (const unsigned char *)str, *end = s + n, *run = s;
+  w_ch(w, '"');
+  while (s < end) {
+    unsigned c = *s;
+    if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+      s++;
+      continue;
+    }
+    if (c >= 0x80) {
+      size_t k = json_utf8_seq(s, (size_t)(end - s));
+      if (k) {
+        s += k;
+        continue;
+      }
+    }
+    w_mem(w, run, (size_t)(s - run));
+    switch (c) {
+    case '"': w_mem(w, "\\\"", 2); break;
+    case '\\': w_mem(w, "\\\\", 2); break;
+    case '\n': w_mem(w, "\\n", 2); break;
+    case '\r': w_mem(w, "\\r", 2); break;
+    case '\t': w_mem(w, "\\t", 2); break;
+    case '\b': w_mem(w, "\\b", 2); break;
+    case '\f': w_mem(w, "\\f", 2); break;
+    default:
+      if (c < 0x20) {
+        char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+        w_mem(w, u, 6);
+      } else {
+        w_mem(w, "\xef\xbf\xbd", 3); /* invalid UTF-8 byte */
+      }
+    }
+    s++;
+    run = s;
+  }
+  w_mem(w, run, (size_t)(s - run));
+  w_ch(w, '"');
+}
+
+static void w_bytes(wbuf *w, const ProtobufCBinaryData *b) {
+  w_ch(w, '"');
+  if (b->len && b->data) {
+    if (w->buf) pbjson_b64_encode(b->data, b->len, w->buf + w->len);
+    w->len += pbjson_b64_encoded_len(b->len);
+  }
+  w_ch(w, '"');
+}
+
+static void w_double(wbuf *w, double d, int is_float) {
+  if (isnan(d)) {
+    w_cstr(w, "\"NaN\"");
+    return;
+  }
+  if (isinf(d)) {
+    w_cstr(w, d > 0 ? "\"Infinity\"" : "\"-Infinity\"");
+    return;
+  }
+  /* Shortest %g that reads back as the same value. */
+  char b[48];
+  for (int prec = is_float ? 6 : 15; prec <= 17; prec++) {
+    snprintf(b, sizeof b, "%.*g", prec, d);
+    double r = strtod(b, NULL);
+    if (is_float ? (float)r == (float)d : r == d) break;
+  }
+  w_cstr(w, b);
+}
+
+static void enc_msg(wbuf *w, const ProtobufCMessage *m);
+
+/* One value of field f's type stored at p (for strings/messages p points to
+ * the pointer). */
+static void enc_value(wbuf *w, const ProtobufCFieldDescriptor *f, const void *p) {
+  char b[32];
+  switch (f->type) {
+  case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
+    snprintf(b, sizeof b, "%" PRId32, *(const int32_t *)p);
+    w_cstr(w, b);
+    break;
+  case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
+    snprintf(b, sizeof b, "%" PRIu32, *(const uint32_t *)p);
+    w_cstr(w, b);
+    break;
+  case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
+    snprintf(b, sizeof b, "\"%" PRId64 "\"", *(const int64_t *)p);
+    w_cstr(w, b);
+    break;
+  case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
+    snprintf(b, sizeof b, "\"%" PRIu64 "\"", *(const uint64_t *)p);
+    w_cstr(w, b);
+    break;
+  case PROTOBUF_C_TYPE_FLOAT:
+    w_double(w, *(const float *)p, 1);
+    break;
+  case PROTOBUF_C_TYPE_DOUBLE:
+    w_double(w, *(const double *)p, 0);
+    break;
+  case PROTOBUF_C_TYPE_BOOL:
+    w_cstr(w, *(const protobuf_c_boolean *)p ? "true" : "false");
+    break;
+  case PROTOBUF_C_TYPE_ENUM: {
+    int v = *(const int *)p;
+    const ProtobufCEnumValue *ev =
+        f->descriptor ? protobuf_c_enum_descriptor_get_value(f->descriptor, v) : NULL;
+    if (ev) {
+      w_string(w, ev->name, strlen(ev->name));
+    } else {
+      snprintf(b, sizeof b, "%d", v);
+      w_cstr(w, b);
+    }
+    break;
+  }
+  case PROTOBUF_C_TYPE_STRING: {
+    const char *s = *(char *const *)p;
+    w_string(w, s ? s : "", s ? strlen(s) : 0);
+    break;
+  }
+  case PROTOBUF_C_TYPE_BYTES:
+    w_bytes(w, p);
+    break;
+  case PROTOBUF_C_TYPE_MESSAGE:
+    enc_msg(w, *(ProtobufCMessage *const *)p);
+    break;
+  }
+}
+
+/* A map key: always a JSON string. */
+static void enc_map_key(wbuf *w, const ProtobufCFieldDescriptor *kf, const void *p) {
+  if (kf->type == PROTOBUF_C_TYPE_STRING) {
+    enc_value(w, kf, p);
+    return;
+  }
+  char b[32];
+  switch (kf->type) {
+  case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
+    snprintf(b, sizeof b, "\"%" PRId32 "\"", *(const int32_t *)p);
+    break;
+  case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
+    snprintf(b, sizeof b, "\"%" PRIu32 "\"", *(const uint32_t *)p);
+    break;
+  case PROTOBUF_C_TYPE_BOOL:
+    snprintf(b, sizeof b, "\"%s\"", *(const protobuf_c_boolean *)p ? "true" : "false");
+    break;
+  default: /* 64-bit integers are already strings */
+    enc_value(w, kf, p);
+    return;
+  }
+  w_cstr(w, b);
+}
+
+static int zeroish(const ProtobufCFieldDescriptor *f, const void *p) {
+  switch (f->type) {
+  case PROTOBUF_C_TYPE_BOOL: return *(const protobuf_c_boolean *)p == 0;
+  case PROTOBUF_C_TYPE_ENUM: return *(const int *)p == 0;
+  case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
+  case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
+    return *(const uint32_t *)p == 0;
+  case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
+  case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
+    return *(const uint64_t *)p == 0;
+  case PROTOBUF_C_TYPE_FLOAT: return *(const float *)p == 0;
+  case PROTOBUF_C_TYPE_DOUBLE: return *(const double *)p == 0;
+  case PROTOBUF_C_TYPE_STRING: {
+    const char *s = *(char *const *)p;
+    return s == NULL || s[0] == 0;
+  }
+  case PROTOBUF_C_TYPE_BYTES: return ((const ProtobufCBinaryData *)p)->len == 0;
+  case PROTOBUF_C_TYPE_MESSAGE: return *(ProtobufCMessage *const *)p == NULL;
+  }
+  return 1;
+}
+
+/* Whether field f of m appears in the output (mirrors what protobuf-c packs,
+ * except that a selected oneof member is always emitted). */
+static int field_present(const ProtobufCMessage *m, const ProtobufCFieldDescriptor *f) {
+  const void *p = PBJ_MEMBER(m, f);
+  if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) return pbj_oneof_selected(m, f);
+  switch (f->label) {
+  case PROTOBUF_C_LABEL_REPEATED:
+    return *(const size_t *)PBJ_QUANT(m, f) > 0 && *(void *const *)p != NULL;
+  case PROTOBUF_C_LABEL_REQUIRED:
+    return 1;
+  case PROTOBUF_C_LABEL_OPTIONAL:
+    if (f->type == PROTOBUF_C_TYPE_MESSAGE || f->type == PROTOBUF_C_TYPE_STRING) {
+      const void *ptr = *(void *const *)p;
+      return ptr != NULL && ptr != f->default_value;
+    }
+    return *(const protobuf_c_boolean *)PBJ_QUANT(m, f) != 0;
+  case PROTOBUF_C_LABEL_NONE:
+    return !zeroish(f, p);
+  }
+  return 0;
+}
+
+static void enc_name(wbuf *w, const char *name) {
+  w_ch(w, '"');
+  int up = 0;
+  for (const char *c = name; *c; c++) {
+    if (*c == '_') {
+      up = 1;
+      continue;
+    }
+    w_ch(w, up && *c >= 'a' && *c <= 'z' ? (char)(*c - 'a' + 'A') : *c);
+    up = 0;
+  }
+  w_mem(w, "\":", 2);
+}
+
+static void enc_msg(wbuf *w, const ProtobufCMessage *m) {
+  w_ch(w, '{');
+  if (!m) {
+    w_ch(w, '}');
+    return;
+  }
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  int first = 1;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (!field_present(m, f)) continue;
+    if (!first) w_ch(w, ',');
+    first = 0;
+    enc_name(w, f->name);
+    const void *p = PBJ_MEMBER(m, f);
+    if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+      enc_value(w, f, p);
+      continue;
+    }
+    size_t n = *(const size_t *)PBJ_QUANT(m, f);
+    const char *arr = *(const char *const *)p;
+    if (pbj_is_map(d, f)) {
+      const ProtobufCMessageDescriptor *ed = f->descriptor;
+      const ProtobufCFieldDescriptor *kf = &ed->fields[0], *vf = &ed->fields[1];
+      int efirst = 1;
+      w_ch(w, '{');
+      for (size_t j = 0; j < n; j++) {
+        const ProtobufCMessage *e = ((ProtobufCMessage *const *)arr)[j];
+        if (!e) continue;
+        if (!efirst) w_ch(w, ',');
+        efirst = 0;
+        enc_map_key(w, kf, PBJ_MEMBER(e, kf));
+        w_ch(w, ':');
+        enc_value(w, vf, PBJ_MEMBER(e, vf));
+      }
+      w_ch(w, '}');
+      continue;
+    }
+    size_t sz = pbj_elt_size(f->type);
+    w_ch(w, '[');
+    for (size_t j = 0; j < n; j++) {
+      if (j) w_ch(w, ',');
+      enc_value(w, f, arr + j * sz);
+    }
+    w_ch(w, ']');
+  }
+  w_ch(w, '}');
+}
+
+char *pbjson_encode(const ProtobufCMessage *msg, size_t *len) {
+  wbuf w = {NULL, 0};
+  enc_msg(&w, msg);
+  size_t n = w.len;
+  char *out = malloc(n + 1);
+  if (!out) return NULL;
+  w.buf = out;
+  w.len = 0;
+  enc_msg(&w, msg);
+  out[w.len] = 0;
+  if (len) *len = w.len;
+  return out;
+}
+
+/* ------------------------------------------------------------ UTF-8 walk */
+
+static int chk_msg(const ProtobufCMessage *m, pbj_path *path, char *err, size_t errlen);
+
+static int chk_value(const ProtobufCFieldDescriptor *f, const void *p, pbj_path *path, char *err,
+                     size_t errlen) {
+  if (f->type == PROTOBUF_C_TYPE_STRING) {
+    const char *s = *(char *const *)p;
+    if (s && !json_utf8_valid(s, strlen(s))) {
+      if (err && errlen) snprintf(err, errlen, "invalid UTF-8 in string field \"%s\"", path->s);
+      return -1;
+    }
+    return 0;
+  }
+  if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+    const ProtobufCMessage *sm = *(ProtobufCMessage *const *)p;
+    return sm ? chk_msg(sm, path, err, errlen) : 0;
+  }
+  return 0;
+}
+
+static int chk_msg(const ProtobufCMessage *m, pbj_path *path, char *err, size_t errlen) {
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && !pbj_oneof_selected(m, f)) continue;
+    const void *p = PBJ_MEMBER(m, f);
+    size_t mark = pbj_path_field(path, f->name);
+    if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+      if (chk_value(f, p, path, err, errlen) < 0) return -1;
+    } else {
+      size_t n = *(const size_t *)PBJ_QUANT(m, f);
+      const char *arr = *(const char *const *)p;
+      size_t sz = pbj_elt_size(f->type);
+      int map = pbj_is_map(d, f);
+      for (size_t j = 0; arr && j < n; j++) {
+        size_t mk = pbj_path_index(path, j);
+        if (map) {
+          /* name map entries by their key when it is printable */
+          const ProtobufCMessage *e = ((ProtobufCMessage *const *)arr)[j];
+          const ProtobufCFieldDescriptor *kf =
+              &((const ProtobufCMessageDescriptor *)f->descriptor)->fields[0];
+          if (e && kf->type == PROTOBUF_C_TYPE_STRING) {
+            const char *k = *(char *const *)PBJ_MEMBER(e, kf);
+            if (k && json_utf8_valid(k, strlen(k))) {
+              pbj_path_pop(path, mk);
+              pbj_path_key(path, k, strlen(k));
+            }
+          }
+        }
+        if (chk_value(f, arr + j * sz, path, err, errlen) < 0) return -1;
+        pbj_path_pop(path, mk);
+      }
+    }
+    pbj_path_pop(path, mark);
+  }
+  return 0;
+}
+
+int pbjson_check_utf8(const ProtobufCMessage *msg, char *err, size_t errlen) {
+  if (!msg) return 0;
+  pbj_path path = {{0}, 0};
+  return chk_msg(msg, &path, err, errlen);
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# FileService benchmarks (issue 2).  Not part of `make check`.
+#
+#   * GetFileStream / PostFileStream of a 1 GiB file on tmpfs, HTTP/1.1 and
+#     h2c, against `nghttpd --no-tls` serving the same file to curl in the
+#     same run (the baseline; machines are noisy, so only ratios count);
+#   * unary ListFiles rate with h2load against nghttpd serving a small file;
+#   * idle RSS of conch-init.
+#
+# Usage: tests/bench/files.sh [SIZE_MIB]   (default 1024)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${CONCH_INIT_BIN:-build/dev/conch-init}
+SIZE_MIB=${1:-1024}
+REPS=${REPS:-3}
+for t in nghttpd h2load curl; do command -v $t >/dev/null || { echo "missing $t (apt-get install nghttp2-server nghttp2-client curl)"; exit 1; }; done
+
+W=$(mktemp -d /tmp/conch-bench.XXXXXX)
+mount -t tmpfs -o size=$((SIZE_MIB * 3 + 256))m tmpfs "$W"
+cleanup() { kill "${NGPID:-}" "${CIPID:-}" 2>/dev/null || true; wait 2>/dev/null || true; umount "$W" 2>/dev/null || true; rmdir "$W" 2>/dev/null || true; }
+trap cleanup EXIT
+head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$W/big"
+echo '{"status":"OK"}' > "$W/small"
+mkdir -p "$W/dir" && for i in $(seq 10); do echo $i > "$W/dir/f$i"; done
+
+port() { /usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+NGP=$(port); CIP=$(port); TOK=benchtoken
+nghttpd --no-tls -d "$W" "$NGP" >/dev/null 2>&1 & NGPID=$!
+"$BIN" serve --listen 127.0.0.1:$CIP --token $TOK --log-level warn & CIPID=$!
+sleep 0.5
+
+# best-of-N wall time of a command, in seconds
+best() { local b=999999; for _ in $(seq $REPS); do local s e; s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N); b=$(echo "$e - $s" | bc -l | awk -v b=$b '{print ($1<b)?$1:b}'); done; echo $b; }
+
+# envelope of a proto GetFileRequest{filepath=$1}
+/usr/bin/python3 - "$W" <<'PY'
+import struct, sys, os
+w = sys.argv[1]
+def s(field, b): return bytes([field << 3 | 2]) + enc(len(b)) + b
+def enc(n):
+    o = b""
+    while True:
+        c = n & 0x7f; n >>= 7
+        if n: o += bytes([c | 0x80])
+        else: return o + bytes([c])
+def env(p, f=0): return struct.pack(">BI", f, len(p)) + p
+open(f"{w}/get.env", "wb").write(env(s(1, f"{w}/big".encode())))
+# PostFileStream body: 1 MiB chunks, path in the first
+with open(f"{w}/big", "rb") as src, open(f"{w}/post.env", "wb") as out:
+    first = True
+    while True:
+        b = src.read(1 << 20)
+        if not b: break
+        msg = (s(1, f"{w}/uploaded".encode()) if first else b"") + s(2, b)
+        out.write(env(msg)); first = False
+open(f"{w}/list.json", "w").write('{"path":"%s/dir","depth":1}' % w)
+PY
+
+H=(-H "conch-init-token: $TOK")
+get_h1()  { curl -s -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream; }
+get_h2()  { curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream; }
+post_h1() { curl -s -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
+post_h2() { curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
+ng_h2()   { curl -s --http2-prior-knowledge -o /dev/null http://127.0.0.1:$NGP/big; }
+
+# sanity: the download is the file, framed
+curl -s "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream | head -c 5 | od -An -tx1 | grep -q '^ 00' || { echo "GetFileStream sanity check failed"; exit 1; }
+post_h1; cmp -s "$W/big" "$W/uploaded" || { echo "PostFileStream sanity check failed"; exit 1; }
+
+RSS_IDLE=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
+base=$(best ng_h2)
+r() { echo "$base / $1" | bc -l | awk '{printf "%.2f", $1}'; }
+mbps() { echo "$SIZE_MIB / $1" | bc -l | awk '{printf "%.0f", $1}'; }
+g1=$(best get_h1); g2=$(best get_h2); p1=$(best post_h1); p2=$(best post_h2)
+RSS_AFTER=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
+
+printf '%-38s %10s %10s %8s\n' "benchmark (${SIZE_MIB} MiB, best of $REPS)" "seconds" "MiB/s" "ratio"
+printf '%-38s %10.3f %10s %8s\n' "nghttpd → curl h2c (baseline)" "$base" "$(mbps $base)" "1.00"
+printf '%-38s %10.3f %10s %8s\n' "GetFileStream HTTP/1.1" "$g1" "$(mbps $g1)" "$(r $g1)"
+printf '%-38s %10.3f %10s %8s\n' "GetFileStream h2c" "$g2" "$(mbps $g2)" "$(r $g2)"
+printf '%-38s %10.3f %10s %8s\n' "PostFileStream HTTP/1.1" "$p1" "$(mbps $p1)" "$(r $p1)"
+printf '%-38s %10.3f %10s %8s\n' "PostFileStream h2c" "$p2" "$(mbps $p2)" "$(r $p2)"
+
+# unary rate: h2load, 10 clients x 10 streams
+N=${N:-50000}
+ngr=$(h2load -n $N -c 10 -m 10 http://127.0.0.1:$NGP/small 2>/dev/null | awk '/^finished in/{gsub(",","");print $4}')
+cir=$(h2load -n $N -c 10 -m 10 -d "$W/list.json" -H 'content-type: application/json' -H 'connect-protocol-version: 1' -H "conch-init-token: $TOK" http://127.0.0.1:$CIP/pb.FileService/ListFiles 2>/dev/null | awk '/^finished in/{gsub(",","");print $4}')
+ok=$(h2load -n 100 -c 1 -d "$W/list.json" -H 'content-type: application/json' -H 'connect-protocol-version: 1' -H "conch-init-token: $TOK" http://127.0.0.1:$CIP/pb.FileService/ListFiles 2>/dev/null | awk '/^status codes/{print $3}')
+printf '%-38s %10s %10s %8s\n' "unary rate (h2load -c10 -m10)" "req/s" "" ""
+printf '%-38s %10s %10s %8s\n' "nghttpd small file (baseline)" "$ngr" "" "1.00"
+printf '%-38s %10s %10s %8s\n' "ListFiles (10 entries, JSON)" "$cir" "" "$(echo "$cir / $ngr" | bc -l | awk '{printf "%.2f", $1}')"
+[ "$ok" = "100" ] || echo "WARNING: ListFiles sanity via h2load: $ok/100 answered 2xx"
+echo "conch-init RSS: idle ${RSS_IDLE} KiB, after the transfers ${RSS_AFTER} KiB"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# All benchmarks; each prints ratios against a baseline measured in the same run.
+set -u
+cd "$(dirname "$0")"
+status=0
+for b in files.sh process.sh boot.sh; do
+  [ -x "$b" ] || continue
+  echo "== $b"; ./"$b" || status=1
+done
+exit $status
