@@ -65,7 +65,7 @@ test-deps: $(DEPS_STAMP)
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
 	  else echo "missing test dependencies: $$missing"; exit 1; fi; \
 	fi
-	@if [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
+	@if [ -f tests/node/package.json ] && [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
 	  cd tests/node && npm install --no-audit --no-fund --loglevel=error; fi
 
 # ---------------------------------------------------------------- build
