@@ -26,6 +26,18 @@ FS = "/pb.FileService/"
 MiB = 1024 * 1024
 
 
+@pytest.fixture(scope="module")
+def server():
+    """This module's own conch-init (overrides the session one): hostile or
+    crash-prone traffic here must not take other suites down with it, and a
+    sanitizer report is charged to this module."""
+    s = Server(name=__name__.rsplit(".", 1)[-1])
+    yield s
+    text = s.stop()
+    rep = sanitizer_report(text)
+    assert rep is None, f"sanitizer report in server log:\n{rep}"
+
+
 def h2client(server, **kw):
     return H2Client("127.0.0.1", server.port, **kw)
 
