@@ -18,6 +18,8 @@
 #include "agent/router.h"
 #include "agent/server.h"
 #include "fs/service.h"
+#include "init/reaper.h"
+#include "proc/service.h"
 
 static const char usage[] =
     "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
@@ -88,6 +90,12 @@ static void main_common_setup(void) {
 static void main_register_services(void) {
   size_t n;
   const rpc_method *m = fs_service_methods(&n);
+  router_register(m, n);
+  if (reaper_init(conch.loop) != 0 || proc_init(conch.loop) != 0) {
+    LOG_ERROR("cannot start the process service");
+    exit(1);
+  }
+  m = proc_service_methods(&n);
   router_register(m, n);
 }
 
