@@ -14,15 +14,8 @@
 #include "init/entrypoint.h"
 #include "init/initproto.h"
 #include "init/reaper.h"
-
-#if __has_include("agent/server.h")
 #include "agent/server.h"
-#define PID1_HAVE_SERVER 1
-#endif
-#if __has_include("proc/service.h")
 #include "proc/service.h"
-#define PID1_HAVE_PROC 1
-#endif
 
 #define PID1_API_ADDR "0.0.0.0:4064"
 #define PID1_PMEM_WAIT_MS 500
@@ -57,16 +50,10 @@ static void on_first_message(void *arg) {
                                                       : (b->cmd.have_sandbox_id ? b->cmd.sandbox_id : ""));
     if (pid < 0) LOG_ERROR("rootfs entrypoint not started: %s", strerror((int)-pid));
   }
-#ifdef PID1_HAVE_SERVER
   int rc = server_listen(PID1_API_ADDR);
   if (rc != 0)
     LOG_ERROR("API listen on %s failed: %s; init messages keep answering not_ready", PID1_API_ADDR,
-              strerror(-rc));
-#else
-  /* TODO(lead): agent/server.h is not on this branch yet; with it the API
-   * listener starts here (compiled in automatically by __has_include). */
-  LOG_ERROR("API server not built in; init messages keep answering not_ready");
-#endif
+              uv_strerror(rc));
 }
 
 /* The init listeners: conch.init_listen or vsock:4065. */
@@ -135,12 +122,7 @@ int init_pid1_main(int argc, char **argv) {
   if (reaper_init(conch.loop) != 0) LOG_ERROR("reaper_init failed");
   uv_signal_init(conch.loop, &p1.sigusr1); /* ref'd: keeps the loop alive forever */
   uv_signal_start(&p1.sigusr1, on_sigusr1, SIGUSR1);
-#ifdef PID1_HAVE_PROC
-  proc_init(conch.loop);
-#else
-  /* TODO(lead): proc/service.h is not on this branch yet; proc_init(conch.loop)
-   * is compiled in here automatically once it exists. */
-#endif
+  if (proc_init(conch.loop) != 0) LOG_ERROR("proc_init failed: ProcessService unavailable");
   LOG_INFO("conch-init %s starting as PID 1", CONCH_VERSION);
   boot_early(&p1.boot, argc, argv); /* steps 2–8 */
   if (boot_need_pmem_wait(&p1.boot)) { /* step 9: wait ≤ 500 ms without sleeping */
