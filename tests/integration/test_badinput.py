@@ -251,7 +251,7 @@ def test_slow_headers_are_cut_off_while_others_are_served(server):
     # an h2 HEADERS frame without END_HEADERS: a CONTINUATION that never comes
     settings = struct.pack(">I", 0)[1:] + bytes([4, 0]) + struct.pack(">I", 0)
     block = b"\x83\x86\x84"  # :method POST, :scheme http, :path /  (HPACK static table)
-    headers = struct.pack(">I", len(block))[1:] + bytes([1, 0x04]) + struct.pack(">I", 1) + block
+    headers = struct.pack(">I", len(block))[1:] + bytes([1, 0x00]) + struct.pack(">I", 1) + block
     conn("h2-open-header-block", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings + headers)
 
     closed_at = {}
