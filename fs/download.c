@@ -53,23 +53,24 @@ typedef struct fs_download {
 static void dl_read_more(fs_download *d);
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
-static void dl_on_poll_closed(uv_handle_t *h) {
-  fs_download *d = h->data;
+static void dl_free(fs_download *d) {
+  if (d->fd >= 0) close(d->fd);
   free(d->buf);
   free(d->path);
   fs_status_clear(&d->st);
   free(d);
 }
 
+/* The fd is closed only once the poll handle is closed. */
+static void dl_on_poll_closed(uv_handle_t *h) { dl_free(h->data); }
+
 /* Release everything (the call must already be finished or canceled). */
 static void dl_destroy(fs_download *d) {
-  if (d->fd >= 0) close(d->fd);
-  d->fd = -1;
   if (d->poll_init) {
     uv_close((uv_handle_t *)&d->poll, dl_on_poll_closed);
     return;
   }
-  dl_on_poll_closed((uv_handle_t *)&d->poll);
+  dl_free(d);
 }
 
 /* End the call (from the loop, call alive) and release. */
@@ -139,7 +140,8 @@ static void dl_open_work(uv_work_t *req) {
 
 static void dl_read_work(uv_work_t *req) { dl_fill(req->data); }
 
-/* Send what is in buf; 0 ok, -1 the call is gone (on_cancel follows). */
+/* Send what is in buf; 0 ok, -1 failed: d->call NULL when on_cancel ran
+ * meanwhile, else the call is still ours (out of memory). */
 static int dl_send(fs_download *d) {
   Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
   ch.filepath = d->sent == 0 ? d->path : "";
@@ -197,8 +199,11 @@ static void dl_after_read(uv_work_t *req, int status) {
     return;
   }
   if (d->n > 0 && dl_send(d) < 0) {
-    if (!d->call) dl_destroy(d); /* on_cancel ran inside rpc_send */
-    return;                      /* else on_cancel follows */
+    if (!d->call)
+      dl_destroy(d); /* on_cancel ran inside rpc_send */
+    else
+      dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
+    return;
   }
   if (d->eof) {
     dl_finish(d, RPC_OK, NULL);
@@ -240,9 +245,10 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
   }
   d->n = (size_t)r;
   if (dl_send(d) < 0) {
-    if (d->polling) uv_poll_stop(&d->poll);
-    d->polling = 0;
-    if (!d->call) dl_destroy(d);
+    if (!d->call)
+      dl_destroy(d);
+    else
+      dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
     return;
   }
   dl_next(d);

@@ -12,6 +12,8 @@
 
 /* Largest accepted FileChunk content, and the GetFileStream chunk size. */
 #define FS_CHUNK_MAX (1024u * 1024u)
+/* Most entries a ListFiles/SearchFiles walk examines (fs/walk.h). */
+#define FS_WALK_MAX_VISITS 1000000u
 
 /* PostFileStream */
 void fs_upload_on_request(rpc_call *c, const ProtobufCMessage *req);

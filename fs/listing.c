@@ -3,8 +3,9 @@
  *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
  * (call = NULL, cancel flag for the walk, uv_cancel when not started yet);
- * the after-work callback then only frees.  If rpc_send fails, on_cancel
- * follows and frees the idle job.
+ * the after-work callback then only frees.  rpc_send failing while the
+ * call is still ours means the encoded response is too large (JSON is
+ * bigger than the protobuf size the walk bounds): resource_exhausted.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -42,6 +43,7 @@ fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) 
   l->w.cancel = &l->cancel;
   l->w.json = fs_call_is_json(c);
   l->w.max_bytes = RPC_MAX_MESSAGE;
+  l->w.max_visits = FS_WALK_MAX_VISITS;
   return l;
 }
 
@@ -121,17 +123,20 @@ static void listing_after(uv_work_t *req, int status) {
    * then only marks the job. */
   int r = listing_send(l);
   l->busy = 0;
-  if (r == 0 || r == -2) {
-    rpc_set_user(c, NULL);
-    if (r == 0)
-      rpc_finish(c, RPC_OK, NULL);
-    else
-      rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  if (!l->call) { /* on_cancel ran inside rpc_send */
     listing_free(l);
-  } else if (!l->call) {
-    listing_free(l); /* on_cancel already ran */
+    return;
   }
-  /* else on_cancel follows and frees the idle job */
+  rpc_set_user(c, NULL);
+  if (r == 0)
+    rpc_finish(c, RPC_OK, NULL);
+  else if (r == -2)
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  else /* the encoded response is over the cap (JSON is larger than the
+        * protobuf size the walk bounds) or memory ran out */
+    rpc_finishf(c, RPC_RESOURCE_EXHAUSTED, "file list exceeds maximum message size %u bytes",
+                RPC_MAX_MESSAGE);
+  listing_free(l);
 }
 
 void fs_listing_start(fs_listing *l) {

@@ -50,7 +50,9 @@ typedef struct fs_upload {
   char *tmp; /* temp file path while it exists */
   int fd;
   int started, input_end;
-  int busy; /* pool work queued/running */
+  int busy;    /* pool work queued/running */
+  int sending; /* inside rpc_send */
+  int failing; /* an error is recorded in st; ending the call */
   up_op op;
   up_chunk *cur; /* chunk written by the running op */
   up_chunk *q_head, *q_tail;
@@ -252,20 +254,39 @@ static void up_dispose(fs_upload *u) {
   up_free(u);
 }
 
-static void up_fail(fs_upload *u, rpc_code code, const char *msg) {
+/* Error path: remove the temp file (pool) first, then end the call with
+ * the recorded status, so a client that sees the error finds nothing left. */
+static void up_fail_continue(fs_upload *u) {
+  if (!u->call) {
+    up_dispose(u);
+    return;
+  }
+  if (u->busy) return; /* up_after comes back here */
+  rpc_pause_input(u->call, 1);
+  if (u->fd >= 0 || u->tmp) {
+    if (up_queue(u, UP_CLEANUP) == 0) return;
+    up_remove_temp(u); /* cannot queue: do it here */
+  }
   rpc_call *c = u->call;
   u->call = NULL;
   rpc_set_user(c, NULL);
   LOG_INFO("upload failed path=%s code=%s msg=%s", u->target ? u->target : "-",
-           rpc_code_name(code), msg ? msg : "");
-  rpc_finish(c, code, msg);
-  up_dispose(u);
+           rpc_code_name(u->st.code), u->st.msg ? u->st.msg : "");
+  rpc_finish(c, u->st.code, u->st.msg);
+  up_free(u);
+}
+
+/* Record the error (the first one wins) and end the call. */
+static void up_fail(fs_upload *u, rpc_code code, const char *msg) {
+  if (!u->failing) {
+    u->failing = 1;
+    fs_status_set(&u->st, code, "%s", msg ? msg : "");
+  }
+  up_fail_continue(u);
 }
 
 static void up_succeed(fs_upload *u) {
   rpc_call *c = u->call;
-  u->call = NULL;
-  rpc_set_user(c, NULL);
   Pb__WriteInfo wi = PB__WRITE_INFO__INIT;
   wi.name = (char *)fs_path_base(u->target);
   wi.path = u->target;
@@ -276,8 +297,16 @@ static void up_succeed(fs_upload *u) {
   resp.n_entries = 1;
   resp.entries = &wip;
   LOG_INFO("upload done path=%s bytes=%llu", u->target, (unsigned long long)u->bytes);
-  if (rpc_send(c, &resp.base) == 0) rpc_finish(c, RPC_OK, NULL);
-  /* else the layer cancels the call; the user pointer is already cleared */
+  u->sending = 1; /* an on_cancel from inside rpc_send only marks */
+  int r = rpc_send(c, &resp.base);
+  u->sending = 0;
+  if (u->call) {
+    rpc_set_user(c, NULL);
+    if (r == 0)
+      rpc_finish(c, RPC_OK, NULL);
+    else
+      rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  }
   up_free(u);
 }
 
@@ -313,16 +342,17 @@ static void up_after(uv_work_t *req, int status) {
     up_dispose(u);
     return;
   }
+  if (u->failing) {
+    up_fail_continue(u);
+    return;
+  }
   if (status != 0) {
     up_fail(u, RPC_INTERNAL, "file upload was canceled");
     return;
   }
-  if (u->st.code != RPC_OK) {
-    rpc_code code = u->st.code;
-    char *msg = u->st.msg;
-    u->st.msg = NULL;
-    up_fail(u, code, msg);
-    free(msg);
+  if (u->st.code != RPC_OK) { /* the work body already removed the temp file */
+    u->failing = 1;
+    up_fail_continue(u);
     return;
   }
   if (op == UP_COMMIT) {
@@ -354,7 +384,7 @@ void fs_upload_on_request(rpc_call *c, const ProtobufCMessage *req) {
 
 void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg) {
   fs_upload *u = rpc_user(c);
-  if (!u || !u->call) return;
+  if (!u || !u->call || u->failing) return;
   const Pb__FileChunk *ch = (const Pb__FileChunk *)msg;
   const char *fp = ch->filepath ? ch->filepath : "";
   char err[160];
@@ -402,7 +432,7 @@ void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg) {
 
 void fs_upload_on_input_end(rpc_call *c) {
   fs_upload *u = rpc_user(c);
-  if (!u || !u->call) return;
+  if (!u || !u->call || u->failing) return;
   if (!u->started) {
     up_fail(u, RPC_INVALID_ARGUMENT, "no file chunks provided");
     return;
@@ -416,6 +446,7 @@ void fs_upload_on_cancel(rpc_call *c, rpc_code why) {
   if (!u) return;
   LOG_INFO("upload canceled path=%s why=%s", u->target ? u->target : "-", rpc_code_name(why));
   u->call = NULL;
+  if (u->sending) return; /* up_succeed frees */
   if (u->busy) uv_cancel((uv_req_t *)&u->req); /* up_after then disposes */
   up_dispose(u);
 }

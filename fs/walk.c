@@ -166,16 +166,18 @@ static int name_cmp(const void *a, const void *b) {
 }
 
 /* Read the names of directory wk->lp (without "." and ".."), sorted.
- * Returns 0 (names in *out, count *n; free each and the array), 1 when the
- * directory vanished (skip it), -1 on error (status set). */
+ * Returns 0 (names in *out, count *n; free each and the array), 1 when a
+ * subdirectory cannot be read (skip it), -1 on error (status set).  Only
+ * the root's read errors are errors: below it, an unreadable directory
+ * (EACCES as for /proc/1/fdinfo, vanished, replaced…) is listed but not
+ * entered, and a read error part-way keeps the names read so far. */
 static int walk_read_names(walker *wk, char ***out, size_t *n, int is_root) {
   *out = NULL;
   *n = 0;
   DIR *d = opendir(wk->lp.s);
   if (!d) {
-    int e = errno;
-    if (!is_root && (e == ENOENT || e == ENOTDIR)) return 1;
-    fs_status_os(&wk->w->st, "read directory", wk->lp.s, e);
+    if (!is_root) return 1;
+    fs_status_os(&wk->w->st, "read directory", wk->lp.s, errno);
     return -1;
   }
   char **v = NULL;
@@ -184,7 +186,7 @@ static int walk_read_names(walker *wk, char ***out, size_t *n, int is_root) {
     errno = 0;
     struct dirent *de = readdir(d);
     if (!de) {
-      if (errno) {
+      if (errno && is_root) {
         fs_status_os(&wk->w->st, "read directory", wk->lp.s, errno);
         goto fail;
       }
@@ -232,6 +234,12 @@ static int walk_dir(walker *wk, int level, int is_root) {
   for (size_t i = 0; i < n && rc == 0; i++) {
     if (walk_cancelled(w)) {
       fs_status_set(&w->st, RPC_CANCELED, "canceled");
+      rc = -1;
+      break;
+    }
+    if (w->max_visits && ++w->visits > w->max_visits) {
+      fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "file walk exceeds %zu entries",
+                    w->max_visits);
       rc = -1;
       break;
     }

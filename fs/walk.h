@@ -11,15 +11,19 @@
  * (link/child).  A directory whose (dev, ino) is already on the current
  * descent chain is reported but not entered (symlink cycles).  A broken
  * symlink is reported with its own lstat data (type file, "L…" mode).
- * Entries that vanish during the walk are skipped; a subdirectory that
- * vanished or stopped being a directory is not entered; any other failure
- * to read a directory fails the walk with the OS error
- * ("read directory <p>: …").
+ * Entries that vanish during the walk are skipped.  Failing to read the
+ * root directory fails the walk with the OS error ("read directory <p>:
+ * …"); a subdirectory that cannot be read (permission, vanished…) is still
+ * listed but not entered, so a search of "/" is not spoiled by one
+ * /proc/<pid>/fdinfo.
  *
  * Bounds: the walk stops with resource_exhausted
  * "file list exceeds maximum message size 16777216 bytes" once the encoded
  * response (protobuf or JSON, estimated from above) would exceed max_bytes,
- * and with RPC_CANCELED as soon as *cancel becomes non-zero.
+ * with resource_exhausted "file walk exceeds <N> entries" once more than
+ * max_visits entries were examined (symlinks such as /proc/<pid>/fd/<n>
+ * can make the logical tree of "/" practically endless even with the
+ * cycle guard), and with RPC_CANCELED as soon as *cancel becomes non-zero.
  */
 #ifndef CONCH_FS_WALK_H
 #define CONCH_FS_WALK_H
@@ -56,10 +60,12 @@ typedef struct fs_walk {
   const atomic_int *cancel; /* may be NULL */
   int json;              /* size bound estimated for JSON (else protobuf) */
   size_t max_bytes;
+  size_t max_visits;     /* 0 = unlimited */
   /* out */
   fs_entry *entries;
   size_t n, cap;
-  size_t bytes; /* estimated encoded size of the response so far */
+  size_t bytes;  /* estimated encoded size of the response so far */
+  size_t visits; /* entries examined */
   fs_status st;
 } fs_walk;
 

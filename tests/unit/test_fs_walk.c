@@ -1,6 +1,8 @@
 /* Unit tests: fs/walk — ListFiles/SearchFiles walk on a temp tree. */
 #include "tests/unit/test.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -167,6 +169,29 @@ TEST(slash_root) {
   fs_walk_free(&w);
 }
 
+/* Below the root an unreadable directory is listed, not entered, and does
+ * not fail the walk (as root, /proc/1/fdinfo may be the only such place). */
+TEST(unreadable_subdir) {
+  DIR *d = opendir("/proc/1/fdinfo");
+  if (d) {
+    closedir(d);
+    return; /* readable here: nothing to check */
+  }
+  if (errno != EACCES) return;
+  fs_walk w;
+  ASSERT_EQ(run_walk(&w, "/proc/1", 2), RPC_OK);
+  int seen = 0;
+  for (size_t i = 0; i < w.n; i++) {
+    ASSERT(strncmp(w.entries[i].path, "/proc/1/fdinfo/", 15) != 0);
+    if (strcmp(w.entries[i].path, "/proc/1/fdinfo") == 0) seen = 1;
+  }
+  ASSERT(seen);
+  fs_walk_free(&w);
+  ASSERT_EQ(run_walk(&w, "/proc/1/fdinfo", 1), RPC_PERMISSION_DENIED);
+  ASSERT_STR_EQ(w.st.msg, "read directory /proc/1/fdinfo: permission denied");
+  fs_walk_free(&w);
+}
+
 static int py_filter(void *arg, const char *rel, size_t rellen, const char *base, size_t bl,
                      int is_dir) {
   const char *pat = arg;
@@ -212,6 +237,24 @@ TEST(size_bound) {
   ASSERT_EQ(fs_walk_run(&w), RPC_RESOURCE_EXHAUSTED);
   ASSERT_STR_EQ(w.st.msg, "file list exceeds maximum message size 200 bytes");
   ASSERT(w.bytes <= 200);
+  fs_walk_free(&w);
+}
+
+TEST(visit_bound) {
+  fs_walk w;
+  memset(&w, 0, sizeof w);
+  w.root = root;
+  w.max_visits = 5;
+  ASSERT_EQ(fs_walk_run(&w), RPC_RESOURCE_EXHAUSTED);
+  ASSERT_STR_EQ(w.st.msg, "file walk exceeds 5 entries");
+  ASSERT_EQ(w.n, 5);
+  fs_walk_free(&w);
+  memset(&w, 0, sizeof w);
+  w.root = root;
+  w.max_visits = 16; /* the whole tree has exactly 16 entries */
+  ASSERT_EQ(fs_walk_run(&w), RPC_OK);
+  ASSERT_EQ(w.n, 16);
+  ASSERT_EQ(w.visits, 16);
   fs_walk_free(&w);
 }
 
@@ -270,9 +313,11 @@ int main(void) {
   RUN(entry_fields);
   RUN(file_root_and_missing);
   RUN(slash_root);
+  RUN(unreadable_subdir);
   RUN(filter_search);
   RUN(cancel);
   RUN(size_bound);
+  RUN(visit_bound);
   RUN(wire_size);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
