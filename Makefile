@@ -23,8 +23,7 @@ PROTOC_C  ?= protoc-c
 BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
               libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
 TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
-              nghttp2-client nghttp2-server iproute2 erofs-utils util-linux nodejs npm rpm \
-              e2fsprogs
+              nghttp2-client nghttp2-server iproute2 erofs-utils util-linux rpm e2fsprogs bc
 PKG_DEPS   := rpm
 
 SRC_DIRS  := init agent proto fs proc
@@ -40,6 +39,13 @@ STATIC_LIBS := -Wl,-Bstatic -lnghttp2 -luv_a -lprotobuf-c -lb64 -lhttp_parser -l
 dev_CFLAGS    := -O2 -g
 asan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 static_CFLAGS := -O2 -DCONCH_STATIC
+
+# quiet by default; make V=1 shows the commands
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
 
 .PHONY: all dev asan static run check unit integration install rpm clean deps test-deps bench
 all: dev
@@ -60,12 +66,14 @@ deps: $(DEPS_STAMP)
 
 test-deps: $(DEPS_STAMP)
 	@missing=$$(for p in $(TEST_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies: $$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
 	  else echo "missing test dependencies: $$missing"; exit 1; fi; \
 	fi
-	@if [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
+	@if [ -f tests/node/package.json ] && [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
 	  cd tests/node && npm install --no-audit --no-fund --loglevel=error; fi
 
 # ---------------------------------------------------------------- build
@@ -79,26 +87,30 @@ $(1)_OBJS := $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRCS)) build/$(1)/obj/gen/a
 
 build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h | $(DEPS_STAMP)
 	@mkdir -p $$(dir $$@)
-	$(CC) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+	@$(if $(Q),echo "  CC [$(1)] $$<")
+	$(Q)$(CC) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 
 build/$(1)/obj/gen/agent.pb-c.o: build/$(1)/gen/proto/agent.pb-c.c
 	@mkdir -p $$(dir $$@)
-	$(CC) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+	$(Q)$(CC) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 
 build/$(1)/libconch.a: $$($(1)_OBJS)
 	@rm -f $$@
-	ar rcs $$@ $$^
+	$(Q)ar rcs $$@ $$^
 
 -include $$(patsubst %.o,%.d,$$($(1)_OBJS))
 endef
 $(foreach v,dev asan static,$(eval $(call VARIANT,$(v))))
 
 build/dev/conch-init: build/dev/obj/agent/main.o build/dev/libconch.a
-	$(CC) $(dev_CFLAGS) $^ $(LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(dev_CFLAGS) $^ $(LIBS) -o $@
 build/asan/conch-init: build/asan/obj/agent/main.o build/asan/libconch.a
-	$(CC) $(asan_CFLAGS) $^ $(LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(asan_CFLAGS) $^ $(LIBS) -o $@
 build/static/conch-init: build/static/obj/agent/main.o build/static/libconch.a
-	$(CC) -static $(static_CFLAGS) $^ $(STATIC_LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) -static $(static_CFLAGS) $^ $(STATIC_LIBS) -o $@
 	strip $@
 
 dev: build/dev/conch-init
@@ -109,7 +121,8 @@ static: build/static/conch-init
 UNIT_BINS := $(patsubst tests/unit/%.c,build/asan/tests/%,$(UNIT_SRCS))
 build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h
 	@mkdir -p $(dir $@)
-	$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
 
 unit: $(UNIT_BINS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail

@@ -28,6 +28,8 @@ typedef struct h2s {
   size_t pend_len, pend_cap, pend_unconsumed;
   nghttp2_nv *trailers;
   size_t ntrailers;
+  nghttp2_nv *head; /* response head not yet submitted */
+  size_t nhead;
 } h2s;
 
 typedef struct h2c {
@@ -36,12 +38,14 @@ typedef struct h2c {
   h2s *streams;
   size_t nstreams;
   int dead;
+  size_t undispatched; /* streams whose header block is still open */
 } h2c;
 
 #define H2_WRITE_CHUNK (256u * 1024)
 #define H2_CONN_OUTQ_MAX (2u * 1024 * 1024)
 
 static void h2_deferred(conn *c);
+static void h2_free_nv(nghttp2_nv *nv, size_t n);
 static const hx_ops h2_ops;
 
 /* ---------------------------------------------------------------- streams */
@@ -59,12 +63,14 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   if (sc->streams) sc->streams->prev = st;
   sc->streams = st;
   sc->nstreams++;
-  conn_timer(sc->c, 0);
+  sc->undispatched++;
+  if (sc->undispatched == 1) conn_timer(sc->c, 10000); /* the header block within 10 s */
   return st;
 }
 
 static void h2_stream_free(h2s *st) {
   h2c *sc = st->sess;
+  if (!st->dispatched) sc->undispatched--;
   if (st->prev) st->prev->next = st->next;
   else sc->streams = st->next;
   if (st->next) st->next->prev = st->prev;
@@ -79,10 +85,14 @@ static void h2_stream_free(h2s *st) {
     free(st->trailers[i].value);
   }
   free(st->trailers);
+  h2_free_nv(st->head, st->nhead);
   free(st->pend);
   hx_free_request(&st->x);
   free(st);
-  if (sc->nstreams == 0 && !sc->dead) conn_timer(sc->c, 60000);
+  if (!sc->dead) {
+    if (sc->nstreams == 0) conn_timer(sc->c, 60000);
+    else if (sc->undispatched == 0) conn_timer(sc->c, 0);
+  }
 }
 
 static void h2_abort_stream(h2s *st) {
@@ -130,6 +140,7 @@ static void h2_stream_body_end(h2s *st) {
 
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
+  if (--st->sess->undispatched == 0) conn_timer(st->sess->c, 0);
   const char *cl = hx_get(&st->x, "content-length");
   if (cl) st->x.content_length = strtoll(cl, NULL, 10);
   if (!st->x.method || !st->x.path) {
@@ -209,6 +220,20 @@ static int h2_on_stream_close(nghttp2_session *ng, int32_t id, uint32_t err, voi
   nghttp2_session_set_stream_user_data(ng, id, NULL);
   h2_abort_stream(st);
   h2_stream_free(st);
+  return 0;
+}
+
+/* Our response ended while the client still has its side open (it has not
+ * finished the request body): tell it to stop (RFC 9113 §8.1), so the
+ * stream does not linger. */
+static int h2_on_frame_send(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
+  (void)ud;
+  if ((f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) ||
+      !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
+    return 0;
+  h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
+  if (st && !st->body_ended)
+    nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_NO_ERROR);
   return 0;
 }
 
@@ -336,26 +361,66 @@ static void h2_deferred(conn *c) {
 
 /* ---------------------------------------------------------------- hx ops */
 
+static void h2_free_nv(nghttp2_nv *nv, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    free(nv[i].name);
+    free(nv[i].value);
+  }
+  free(nv);
+}
+
+static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
+  nghttp2_nv *nv = calloc(n ? n : 1, sizeof *nv);
+  if (!nv) return NULL;
+  for (size_t i = 0; i < n; i++) {
+    nv[i].name = (uint8_t *)strdup(kv[2 * i]);
+    nv[i].value = (uint8_t *)strdup(kv[2 * i + 1]);
+    nv[i].namelen = strlen(kv[2 * i]);
+    nv[i].valuelen = strlen(kv[2 * i + 1]);
+    if (!nv[i].name || !nv[i].value) {
+      h2_free_nv(nv, i + 1);
+      return NULL;
+    }
+  }
+  return nv;
+}
+
+/* The response head is held until the first body bytes or the end, so that
+ * a response with no body goes out as one HEADERS frame with END_STREAM
+ * (gRPC's "trailers-only" form). */
+static int h2_submit(h2s *st, int with_body) {
+  h2c *sc = st->sess;
+  if (st->submitted) return 0;
+  st->submitted = 1;
+  nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
+  int r = nghttp2_submit_response(sc->ng, st->id, st->head, st->nhead, with_body ? &prd : NULL);
+  h2_free_nv(st->head, st->nhead);
+  st->head = NULL;
+  st->nhead = 0;
+  conn_defer(sc->c, h2_deferred);
+  return r == 0 ? 0 : -1;
+}
+
 static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t clen) {
   h2s *st = x->tp;
-  h2c *sc = st->sess;
-  nghttp2_nv nv[HX_MAX_HEADERS + 2];
+  const char *kv[2 * (HX_MAX_HEADERS + 2)];
   char sbuf[8], lbuf[24];
   size_t k = 0;
   snprintf(sbuf, sizeof sbuf, "%d", status);
-  nv[k++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)sbuf, 7, strlen(sbuf), NGHTTP2_NV_FLAG_NONE};
-  for (size_t i = 0; i < n && k < HX_MAX_HEADERS; i++)
-    nv[k++] = (nghttp2_nv){(uint8_t *)h[i].name, (uint8_t *)h[i].value, strlen(h[i].name),
-                           strlen(h[i].value), NGHTTP2_NV_FLAG_NONE};
+  kv[2 * k] = ":status";
+  kv[2 * k++ + 1] = sbuf;
+  for (size_t i = 0; i < n && k < HX_MAX_HEADERS; i++) {
+    kv[2 * k] = h[i].name;
+    kv[2 * k++ + 1] = h[i].value;
+  }
   if (clen >= 0) {
     snprintf(lbuf, sizeof lbuf, "%lld", (long long)clen);
-    nv[k++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)lbuf, 14, strlen(lbuf),
-                           NGHTTP2_NV_FLAG_NONE};
+    kv[2 * k] = "content-length";
+    kv[2 * k++ + 1] = lbuf;
   }
-  nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
-  if (nghttp2_submit_response(sc->ng, st->id, nv, k, &prd) != 0) return -1;
-  st->submitted = 1;
-  conn_defer(sc->c, h2_deferred);
+  st->head = h2_copy_nv(kv, k);
+  if (!st->head) return -1;
+  st->nhead = k;
   return 0;
 }
 
@@ -372,6 +437,7 @@ static int h2_write(hx *x, uint8_t *buf, size_t len) {
   st->qtail = b;
   st->outq += len;
   if (st->outq > HX_OUTQ_LOW) st->drain_armed = 1;
+  if (!st->submitted) return h2_submit(st, 1);
   if (st->deferred) {
     st->deferred = 0;
     nghttp2_session_resume_data(st->sess->ng, st->id);
@@ -383,6 +449,9 @@ static int h2_write(hx *x, uint8_t *buf, size_t len) {
 static int h2_end(hx *x, const hx_header *tr, size_t n) {
   h2s *st = x->tp;
   st->out_ended = 1;
+  /* the rest of the request body, if any, is not wanted any more */
+  if (!st->body_ended) st->body_paused = 0;
+  if (!st->submitted && !st->qhead && n == 0) return h2_submit(st, 0);
   if (n) {
     st->trailers = calloc(n, sizeof *st->trailers);
     if (st->trailers) {
@@ -393,12 +462,11 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
       st->ntrailers = n;
     }
   }
+  if (!st->submitted) return h2_submit(st, 1);
   if (st->deferred) {
     st->deferred = 0;
     nghttp2_session_resume_data(st->sess->ng, st->id);
   }
-  /* the rest of the request body, if any, is not wanted any more */
-  if (!st->body_ended) st->body_paused = 0;
   conn_defer(st->sess->c, h2_deferred);
   return 0;
 }
@@ -438,7 +506,11 @@ static void h2_on_written(conn *c) {
 
 static void h2_on_timeout(conn *c) {
   h2c *sc = c->p;
-  if (sc->nstreams) return;
+  if (sc->nstreams && !sc->undispatched) return; /* exchanges are running */
+  LOG_DEBUG("h2 timeout conn=%llu open_header_blocks=%zu", (unsigned long long)c->id,
+            sc->undispatched);
+  nghttp2_session_terminate_session(sc->ng, NGHTTP2_NO_ERROR);
+  h2_flush(sc);
   conn_close(c);
 }
 
@@ -492,6 +564,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame_recv);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data_chunk);
   nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_stream_close);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, h2_on_frame_send);
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
   if (nghttp2_session_server_new2(&sc->ng, cb, sc, opt) != 0) goto fail;

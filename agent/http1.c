@@ -113,9 +113,24 @@ static int h1_count(h1 *s, size_t n) {
   return 0;
 }
 
+/* RFC 9110 token characters: what a field name may hold. */
+static int h1_is_token(const char *p, size_t n) {
+  if (n == 0) return 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)p[i];
+    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) continue;
+    if (!strchr("!#$%&'*+-.^_`|~", ch) || ch == 0) return 0;
+  }
+  return 1;
+}
+
 static int h1_commit_header(h1 *s) {
   if (!s->hname) return 0;
   if (!s->x) return -1;
+  if (!h1_is_token(s->hname, s->hname_len)) {
+    h1_fail(s, 400, "Bad Request: invalid header field name");
+    return -1;
+  }
   int r = hx_add_header(s->x, s->hname, s->hname_len, s->hval ? s->hval : "", s->hval_len);
   free(s->hname);
   free(s->hval);
@@ -467,7 +482,7 @@ static void h1_execute(h1 *s, const uint8_t *d, size_t n) {
       continue;
     }
     if (e != HPE_OK) {
-      if (!s->close_after) {
+      if (!s->close_after && !c->closing) {
         if (e == HPE_CB_header_field || e == HPE_CB_header_value || e == HPE_CB_url ||
             e == HPE_HEADER_OVERFLOW)
           h1_fail(s, 431, "Request Header Fields Too Large");

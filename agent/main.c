@@ -18,6 +18,10 @@
 #include "agent/router.h"
 #include "agent/server.h"
 #include "fs/service.h"
+#include "init/initproto.h"
+#include "init/pid1.h"
+#include "init/reaper.h"
+#include "proc/service.h"
 
 static const char usage[] =
     "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
@@ -28,6 +32,9 @@ static const char usage[] =
     "  --token TOKEN           agent token (else $CONCH_INIT_TOKEN)\n"
     "  --token-file FILE       read the agent token from FILE\n"
     "  --init-listen SPEC      also accept init messages on unix:PATH or vsock:PORT\n"
+    "  --init-apply-network    let init messages configure the network of this\n"
+    "                          network namespace and write --resolv-conf\n"
+    "  --resolv-conf FILE      where such messages write resolv.conf (/etc/resolv.conf)\n"
     "  --log-level LEVEL       debug, info (default), warn, error\n"
     "  -h, --help              this text\n"
     "  -V, --version           print the version\n";
@@ -89,6 +96,12 @@ static void main_register_services(void) {
   size_t n;
   const rpc_method *m = fs_service_methods(&n);
   router_register(m, n);
+  if (reaper_init(conch.loop) != 0 || proc_init(conch.loop) != 0) {
+    LOG_ERROR("cannot start the process service");
+    exit(1);
+  }
+  m = proc_service_methods(&n);
+  router_register(m, n);
 }
 
 static uv_signal_t main_sigterm, main_sigint;
@@ -101,9 +114,12 @@ static void main_on_stop(uv_signal_t *s, int signum) {
 
 static int main_serve(int argc, char **argv) {
   const char *listen = "127.0.0.1:4064", *token = NULL, *token_file = NULL, *init_listen = NULL;
+  const char *resolv = NULL;
+  int apply_network = 0;
   static const struct option opts[] = {
       {"listen", required_argument, NULL, 'l'},  {"token", required_argument, NULL, 't'},
       {"token-file", required_argument, NULL, 'f'}, {"init-listen", required_argument, NULL, 'i'},
+      {"init-apply-network", no_argument, NULL, 'N'}, {"resolv-conf", required_argument, NULL, 'R'},
       {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},        {NULL, 0, NULL, 0}};
   int ch;
@@ -114,6 +130,8 @@ static int main_serve(int argc, char **argv) {
       case 't': token = optarg; break;
       case 'f': token_file = optarg; break;
       case 'i': init_listen = optarg; break;
+      case 'N': apply_network = 1; break;
+      case 'R': resolv = optarg; break;
       case 'L':
         if (main_set_level(optarg)) {
           fprintf(stderr, "conch-init: unknown log level %s\n", optarg);
@@ -137,11 +155,16 @@ static int main_serve(int argc, char **argv) {
   if (!conch.token_set && !init_listen)
     LOG_WARN("no token configured: every RPC answers \"agent token is not initialized\"");
   main_register_services();
-  if (init_listen) {
-    fprintf(stderr, "conch-init: --init-listen is not available in this build\n");
-    return 2;
-  }
   if (server_listen(listen) != 0) return 1;
+  if (init_listen) {
+    initproto_configure(&(initproto_opts){.apply_network = apply_network, .resolv_path = resolv});
+    int r = initproto_listen(init_listen);
+    if (r != 0) {
+      fprintf(stderr, "conch-init: cannot listen for init messages on %s: %s\n", init_listen,
+              strerror(-r));
+      return 1;
+    }
+  }
   uv_signal_init(conch.loop, &main_sigterm);
   uv_signal_init(conch.loop, &main_sigint);
   uv_signal_start(&main_sigterm, main_on_stop, SIGTERM);
@@ -163,8 +186,8 @@ int main(int argc, char **argv) {
   main_common_setup();
   if (argc >= 2 && strcmp(argv[1], "serve") == 0) return main_serve(argc - 1, argv + 1);
   if (getpid() == 1) {
-    fprintf(stderr, "conch-init: PID 1 mode is not available in this build\n");
-    for (;;) pause();
+    main_register_services();
+    return init_pid1_main(argc, argv);
   }
   fputs(usage, stderr);
   return 2;

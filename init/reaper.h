@@ -5,6 +5,13 @@
  * (orphans re-parented to PID 1 or to a subreaper) are logged and forgotten.
  * No other code may call wait*(): fork, then reaper_watch() before returning
  * to the loop — a child that exits in between is reaped only after that.
+ *
+ * reaper_init() reaps once at once (children that exited before the handler
+ * existed): watch children forked before it first.  The signal handle is
+ * unref'd — the reaper alone never keeps the loop alive.  Owners are kept in
+ * a pid-keyed hash table that grows by rehashing up to 2^20 entries; the
+ * owner entry is removed before its callback runs (which may re-watch).
+ * Orphans (pids nobody watches) are logged at debug level and counted.
  */
 #ifndef CONCH_REAPER_H
 #define CONCH_REAPER_H

@@ -16,7 +16,7 @@ REPS=${REPS:-3}
 for t in nghttpd h2load curl; do command -v $t >/dev/null || { echo "missing $t (apt-get install nghttp2-server nghttp2-client curl)"; exit 1; }; done
 
 W=$(mktemp -d /tmp/conch-bench.XXXXXX)
-mount -t tmpfs -o size=$((SIZE_MIB * 3 + 256))m tmpfs "$W"
+mount -t tmpfs -o size=$((SIZE_MIB * 5 + 256))m tmpfs "$W"
 cleanup() { kill "${NGPID:-}" "${CIPID:-}" 2>/dev/null || true; wait 2>/dev/null || true; umount "$W" 2>/dev/null || true; rmdir "$W" 2>/dev/null || true; }
 trap cleanup EXIT
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$W/big"
@@ -59,12 +59,31 @@ PY
 H=(-H "conch-init-token: $TOK")
 get_h1()  { curl -s -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream; }
 get_h2()  { curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream; }
-post_h1() { curl -s -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
-post_h2() { curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
+post_h1() { rm -f "$W/uploaded"; curl -s -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
+post_h2() { rm -f "$W/uploaded"; curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
 ng_h2()   { curl -s --http2-prior-knowledge -o /dev/null http://127.0.0.1:$NGP/big; }
 
 # sanity: the download is the file, framed
-curl -s "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream | head -c 5 | od -An -tx1 | grep -q '^ 00' || { echo "GetFileStream sanity check failed"; exit 1; }
+curl -s -o "$W/got" "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream
+# 1 MiB chunks: 5-byte envelope + FileChunk framing each; ends with the {} trailer
+/usr/bin/python3 - "$W" <<'PY' || { echo "GetFileStream sanity check failed"; exit 1; }
+import struct, sys, hashlib
+w = sys.argv[1]; data = open(f"{w}/got", "rb").read(); off = 0; h = hashlib.sha256(); end = None
+while off < len(data):
+    fl, n = struct.unpack(">BI", data[off:off+5]); p = data[off+5:off+5+n]; off += 5 + n
+    if fl & 2: end = p; continue
+    i = 0
+    while i < len(p):
+        key = p[i]; i += 1; ln = 0; sh = 0
+        while True:
+            b = p[i]; i += 1; ln |= (b & 0x7f) << sh; sh += 7
+            if not b & 0x80: break
+        if key == 0x12: h.update(p[i:i+ln])
+        i += ln
+assert end == b"{}", end
+assert h.digest() == hashlib.sha256(open(f"{w}/big", "rb").read()).digest()
+PY
+rm -f "$W/got"
 post_h1; cmp -s "$W/big" "$W/uploaded" || { echo "PostFileStream sanity check failed"; exit 1; }
 
 RSS_IDLE=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)

@@ -1,0 +1,67 @@
+/* bootutil — passwd fix-up and mountinfo lookup; see bootutil.h. */
+#include "init/bootutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int boot_mountinfo_has(const char *text, size_t n, const char *mountpoint) {
+  size_t i = 0;
+  while (i < n) {
+    size_t e = i;
+    while (e < n && text[e] != '\n') e++;
+    /* field 5 (index 4) is the mount point */
+    size_t f = i;
+    for (int k = 0; k < 4 && f < e; k++) {
+      while (f < e && text[f] != ' ') f++;
+      if (f < e) f++;
+    }
+    char mp[4096];
+    size_t m = 0;
+    while (f < e && text[f] != ' ' && m < sizeof mp - 1) {
+      if (text[f] == '\\' && f + 3 < e && text[f + 1] >= '0' && text[f + 1] <= '3') {
+        mp[m++] = (char)(((text[f + 1] - '0') << 6) | ((text[f + 2] - '0') << 3) | (text[f + 3] - '0'));
+        f += 4;
+      } else {
+        mp[m++] = text[f++];
+      }
+    }
+    mp[m] = 0;
+    if (m && strcmp(mp, mountpoint) == 0) return 1;
+    i = e + 1;
+  }
+  return 0;
+}
+
+int boot_passwd_fix(const char *in, size_t n, char **out, size_t *outn) {
+  size_t ls = 0;
+  while (ls < n) {
+    size_t le = ls;
+    while (le < n && in[le] != '\n') le++;
+    if (le - ls >= 5 && memcmp(in + ls, "root:", 5) == 0) {
+      /* find field 6 (index 5): after the 5th ':' up to the next ':' or EOL */
+      size_t f = ls;
+      int colons = 0;
+      while (f < le && colons < 5) {
+        if (in[f] == ':') colons++;
+        f++;
+      }
+      if (colons < 5) return 0; /* malformed: leave it */
+      size_t fe = f;
+      while (fe < le && in[fe] != ':') fe++;
+      if (fe - f == 5 && memcmp(in + f, "/root", 5) == 0) return 0;
+      size_t nn = n - (fe - f) + 5;
+      char *o = malloc(nn + 1);
+      if (!o) return -1;
+      memcpy(o, in, f);
+      memcpy(o + f, "/root", 5);
+      memcpy(o + f + 5, in + fe, n - fe);
+      o[nn] = 0;
+      *out = o;
+      *outn = nn;
+      return 1;
+    }
+    ls = le + 1;
+  }
+  return 0;
+}
+

@@ -1,0 +1,54 @@
+/* initmsg — the init message of boot.md §3: strict decoding, validation in
+ * the specified order with the exact texts, the resolv.conf it implies, and
+ * the response encoding.  Pure functions (no I/O); initproto.c drives them.
+ *
+ * Decoding mirrors the reference's Go decoder with unknown fields
+ * disallowed: keys are case-sensitive; an unknown key, a wrong JSON type, a
+ * non-integer or out-of-range (int64) number, or a trailing second value is
+ * a decode failure (→ the connection is closed without a response).  JSON
+ * null means "absent" everywhere (Go zero value), including the top level,
+ * list elements and env values (→ "").  DECISION: a duplicate key in any
+ * object is a decode failure (Go silently keeps the last one; an ambiguous
+ * message from the host is a bug we would rather see).
+ */
+#ifndef CONCH_INIT_INITMSG_H
+#define CONCH_INIT_INITMSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define INITMSG_MAX_FRAME 16384
+#define INITMSG_MAX_NAMESERVERS 3
+
+/* The validated content of one message, independent of the JSON text. */
+typedef struct initmsg_plan {
+  char *sandbox_id;  /* trimmed */
+  char *token;       /* trimmed, <= CONCH_TOKEN_MAX bytes */
+  size_t token_len;
+  size_t nenv;
+  char **env_k, **env_v; /* in document order */
+  uint32_t guest_ip, gateway; /* host byte order */
+  unsigned prefix_len;
+  char *resolv;      /* the exact /etc/resolv.conf bytes */
+  size_t resolv_len;
+} initmsg_plan;
+
+/* Decode and validate frame payload buf[0..n).
+ * Returns  0: valid, *plan filled (free with initmsg_plan_free);
+ *          1: invalid, *msg = the terminal text (malloc'd, caller frees);
+ *         -1: decode failure, reason in err (no response is sent);
+ *         -2: out of memory (reason in err; treated like a decode failure). */
+int initmsg_process(const char *buf, size_t n, initmsg_plan *plan, char **msg, char *err,
+                    size_t errlen);
+void initmsg_plan_free(initmsg_plan *plan);
+
+/* Render resolv.conf (boot.md §4 step 6) into a malloc'd buffer. */
+char *initmsg_resolv(const char *const *ns, size_t nns, const char *domain,
+                     const char *const *search, size_t nsearch, const char *const *opts,
+                     size_t nopts, size_t *len);
+
+/* The response JSON: {"version":1,"status":…,"retryable":…[,"message":…]}.
+ * ready != 0 → "ready"; message may be NULL/empty (omitted).  malloc'd. */
+char *initmsg_response(int ready, int retryable, const char *message, size_t *len);
+
+#endif

@@ -1,0 +1,659 @@
+/* initproto — the init protocol server; see initproto.h.
+ *
+ * Everything runs on conch.loop.  The only blocking work (rtnetlink and
+ * the resolv.conf write) runs in the thread pool on a copy of the
+ * validated message; the ready-file check is an async uv_fs_stat.  The
+ * module's state is one static struct (the daemon context has no field for
+ * it).
+ */
+#include "init/initproto.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/vm_sockets.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "agent/senv.h"
+#include "init/initmsg.h"
+#include "init/network.h"
+
+#define IP_RECV_TIMEOUT_MS 2000
+#define IP_SEND_TIMEOUT_MS 2000
+#define IP_READY_WAIT_MS 1500
+#define IP_READY_POLL_MS 10
+#define IP_MAX_LISTENERS 4
+#define IP_ACCEPT_BACKOFF_MS 100
+
+typedef enum conn_phase { PH_HEADER, PH_BODY, PH_WORK, PH_WAIT, PH_SEND, PH_CLOSED } conn_phase;
+
+typedef struct ip_conn {
+  int fd;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  conn_phase phase;
+  uint8_t hdr[4];
+  size_t got;
+  uint32_t len;
+  char *body;
+  char *resp;
+  size_t resp_len, sent;
+  /* thread-pool work: apply or revalidate the network */
+  uv_work_t work;
+  int work_pending;
+  int work_revalidate;
+  network_cfg cfg;
+  char *work_result;
+  initmsg_plan plan;
+  /* readiness wait */
+  uint64_t deadline;
+  uv_fs_t fsreq;
+  int fs_pending;
+  int handles_open;
+} ip_conn;
+
+typedef struct ip_listener {
+  int fd;
+  uv_poll_t poll; /* poll.data = this listener */
+  int polling;
+  char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+} ip_listener;
+
+static struct initproto {
+  initproto_opts opts;
+  char resolv_path[256];
+  char ready_path[256];
+  initproto_state state;
+  char *terminal;            /* the sticky response body */
+  size_t terminal_len;
+  int first_done;
+  int sigusr1;
+  char *sandbox_id;
+  ip_listener *lst[IP_MAX_LISTENERS]; /* malloc'd: freed by their close callback */
+  size_t nlst;
+  ip_conn *active;
+  uv_timer_t *backoff;                /* malloc'd on first use */
+} ip = {.state = INITPROTO_AWAITING_NETWORK};
+
+static void listeners_resume(void);
+static void conn_finish(ip_conn *c);
+
+void initproto_configure(const initproto_opts *o) {
+  ip.opts = *o;
+  snprintf(ip.resolv_path, sizeof ip.resolv_path, "%s", o->resolv_path ? o->resolv_path : "/etc/resolv.conf");
+  snprintf(ip.ready_path, sizeof ip.ready_path, "%s",
+           o->services_ready_path ? o->services_ready_path : "/run/conch/services-ready");
+  ip.opts.resolv_path = ip.resolv_path;
+  ip.opts.services_ready_path = ip.ready_path;
+}
+
+void initproto_services_ready(void) {
+  if (!ip.sigusr1) LOG_INFO("rootfs services reported ready (SIGUSR1)");
+  ip.sigusr1 = 1;
+}
+
+const char *initproto_sandbox_id(void) { return ip.sandbox_id; }
+initproto_state initproto_get_state(void) { return ip.state; }
+
+/* ------------------------------------------------------------ connection */
+
+static void conn_handle_closed(uv_handle_t *h) {
+  ip_conn *c = h->data;
+  if (--c->handles_open > 0) return;
+  if (c->work_pending || c->fs_pending) return; /* freed by their callbacks */
+  free(c->body);
+  free(c->resp);
+  free(c->work_result);
+  initmsg_plan_free(&c->plan);
+  free(c);
+}
+
+static void conn_maybe_free(ip_conn *c) {
+  if (c->phase == PH_CLOSED && c->handles_open == 0 && !c->work_pending && !c->fs_pending) {
+    free(c->body);
+    free(c->resp);
+    free(c->work_result);
+    initmsg_plan_free(&c->plan);
+    free(c);
+  }
+}
+
+/* Close the connection (with or without having answered) and let the next
+ * one in. */
+static void conn_finish(ip_conn *c) {
+  if (c->phase == PH_CLOSED) return;
+  c->phase = PH_CLOSED;
+  uv_close((uv_handle_t *)&c->poll, conn_handle_closed); /* stops polling the fd first */
+  uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
+  close(c->fd);
+  c->fd = -1;
+  if (ip.active == c) ip.active = NULL;
+  listeners_resume();
+}
+
+static void conn_reject(ip_conn *c, const char *why) {
+  LOG_WARN("init message rejected without response: %s", why);
+  conn_finish(c);
+}
+
+static void conn_on_io(uv_poll_t *p, int status, int events);
+
+static void conn_send_timeout(uv_timer_t *t) {
+  ip_conn *c = t->data;
+  LOG_WARN("init response not sent: send timeout after %d ms", IP_SEND_TIMEOUT_MS);
+  conn_finish(c);
+}
+
+static void conn_try_send(ip_conn *c) {
+  while (c->sent < c->resp_len) {
+    ssize_t w = send(c->fd, c->resp + c->sent, c->resp_len - c->sent, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        uv_poll_start(&c->poll, UV_WRITABLE, conn_on_io);
+        return;
+      }
+      LOG_WARN("init response not sent: %s", strerror(errno));
+      conn_finish(c);
+      return;
+    }
+    c->sent += (size_t)w;
+  }
+  conn_finish(c);
+}
+
+/* Queue the response: 4-byte length + body. */
+static void conn_respond(ip_conn *c, const char *body, size_t len) {
+  c->resp = malloc(len + 4);
+  if (!c->resp) {
+    LOG_ERROR("init response not sent: out of memory");
+    conn_finish(c);
+    return;
+  }
+  c->resp[0] = (char)(len >> 24);
+  c->resp[1] = (char)(len >> 16);
+  c->resp[2] = (char)(len >> 8);
+  c->resp[3] = (char)len;
+  memcpy(c->resp + 4, body, len);
+  c->resp_len = len + 4;
+  c->sent = 0;
+  c->phase = PH_SEND;
+  uv_timer_stop(&c->timer);
+  uv_timer_start(&c->timer, conn_send_timeout, IP_SEND_TIMEOUT_MS, 0);
+  conn_try_send(c);
+}
+
+static void respond_simple(ip_conn *c, int ready, int retryable, const char *msg) {
+  size_t len;
+  char *body = initmsg_response(ready, retryable, msg, &len);
+  if (!body) {
+    LOG_ERROR("init response not sent: out of memory");
+    conn_finish(c);
+    return;
+  }
+  conn_respond(c, body, len);
+  free(body);
+}
+
+/* Enter the sticky terminal state with this reason and answer it. */
+static void go_terminal(ip_conn *c, const char *reason) {
+  LOG_ERROR("init message failed (terminal): %s", reason);
+  free(ip.terminal);
+  ip.terminal = initmsg_response(0, 0, reason, &ip.terminal_len);
+  ip.state = INITPROTO_TERMINAL;
+  if (!ip.terminal) {
+    LOG_ERROR("init response not sent: out of memory");
+    conn_finish(c);
+    return;
+  }
+  conn_respond(c, ip.terminal, ip.terminal_len);
+}
+
+/* ---------------------------------------------------------- readiness */
+
+static int ready_now(int file_exists) {
+  if (!conch.api_serving || ip.opts.merge_missing) return 0;
+  if (!ip.opts.services_required) return 1;
+  return ip.sigusr1 || file_exists;
+}
+
+static int needs_file_check(void) {
+  return conch.api_serving && !ip.opts.merge_missing && ip.opts.services_required && !ip.sigusr1;
+}
+
+static void wait_decide(ip_conn *c, int file_exists);
+
+static void wait_fs_cb(uv_fs_t *req) {
+  ip_conn *c = req->data;
+  int exists = req->result == 0;
+  uv_fs_req_cleanup(req);
+  c->fs_pending = 0;
+  if (c->phase != PH_WAIT) {
+    conn_maybe_free(c);
+    return;
+  }
+  wait_decide(c, exists);
+}
+
+static void wait_tick(uv_timer_t *t);
+
+/* Ready → answer ready; deadline passed → not_ready; else keep polling. */
+static void wait_decide(ip_conn *c, int file_exists) {
+  if (ready_now(file_exists)) {
+    if (ip.state != INITPROTO_READY) LOG_INFO("sandbox ready");
+    ip.state = INITPROTO_READY;
+    uv_timer_stop(&c->timer);
+    respond_simple(c, 1, 0, NULL);
+    return;
+  }
+  if (uv_now(conch.loop) >= c->deadline) {
+    uv_timer_stop(&c->timer);
+    respond_simple(c, 0, 1, "sandbox services are not ready");
+    return;
+  }
+  if (!uv_is_active((uv_handle_t *)&c->timer))
+    uv_timer_start(&c->timer, wait_tick, IP_READY_POLL_MS, IP_READY_POLL_MS);
+}
+
+static void wait_check(ip_conn *c) {
+  if (c->fs_pending) return; /* a stat is in flight; its callback decides */
+  if (needs_file_check()) {
+    c->fsreq.data = c;
+    if (uv_fs_stat(conch.loop, &c->fsreq, ip.ready_path, wait_fs_cb) == 0) {
+      c->fs_pending = 1;
+      return;
+    }
+  }
+  wait_decide(c, 0);
+}
+
+static void wait_tick(uv_timer_t *t) { wait_check(t->data); }
+
+static void wait_start(ip_conn *c) {
+  c->phase = PH_WAIT;
+  c->deadline = uv_now(conch.loop) + IP_READY_WAIT_MS;
+  wait_check(c);
+}
+
+/* ------------------------------------------------------------ applying */
+
+static int apply_identity(const initmsg_plan *p) {
+  for (size_t i = 0; i < p->nenv; i++)
+    if (senv_set(p->env_k[i], p->env_v[i]) != 0) return -1;
+  char *sid = strdup(p->sandbox_id);
+  if (!sid) return -1;
+  free(ip.sandbox_id);
+  ip.sandbox_id = sid;
+  snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", sid);
+  daemon_set_token(p->token, p->token_len);
+  return 0;
+}
+
+static void work_run(uv_work_t *w) {
+  ip_conn *c = w->data;
+  c->work_result = c->work_revalidate ? network_revalidate(&c->cfg) : network_apply(&c->cfg);
+}
+
+static void work_done(uv_work_t *w, int status) {
+  ip_conn *c = w->data;
+  c->work_pending = 0;
+  if (c->phase != PH_WORK) { /* closed meanwhile (initproto_close) */
+    conn_maybe_free(c);
+    return;
+  }
+  if (status != 0) {
+    go_terminal(c, "internal error: network work cancelled");
+    return;
+  }
+  if (c->work_result) {
+    go_terminal(c, c->work_result);
+    return;
+  }
+  if (apply_identity(&c->plan) != 0) {
+    go_terminal(c, "invalid sandbox environment: out of memory");
+    return;
+  }
+  if (c->work_revalidate) {
+    LOG_INFO("init message re-applied: network revalidated, token replaced");
+    respond_simple(c, 1, 0, NULL);
+    return;
+  }
+  char ipbuf[16];
+  snprintf(ipbuf, sizeof ipbuf, "%u.%u.%u.%u", c->plan.guest_ip >> 24, (c->plan.guest_ip >> 16) & 255,
+           (c->plan.guest_ip >> 8) & 255, c->plan.guest_ip & 255);
+  LOG_INFO("init message applied guest_ip=%s/%u env=%zu network=%s", ipbuf, c->plan.prefix_len,
+           c->plan.nenv, ip.opts.apply_network ? "applied" : "skipped");
+  ip.state = INITPROTO_NETWORK_APPLIED;
+  if (!ip.first_done) {
+    ip.first_done = 1;
+    if (ip.opts.on_first) ip.opts.on_first(ip.opts.arg);
+  }
+  if (c->phase == PH_WORK) wait_start(c);
+}
+
+static void start_work(ip_conn *c, int revalidate) {
+  c->phase = PH_WORK;
+  c->work_revalidate = revalidate;
+  c->cfg = (network_cfg){
+      .ip = c->plan.guest_ip,
+      .gw = c->plan.gateway,
+      .prefix = c->plan.prefix_len,
+      .resolv = c->plan.resolv,
+      .resolv_len = c->plan.resolv_len,
+      .resolv_path = ip.resolv_path,
+      .do_links = 1,
+  };
+  c->work.data = c;
+  if (!ip.opts.apply_network) { /* standalone default: nothing to touch */
+    c->work_result = NULL;
+    c->work_pending = 1;
+    work_done(&c->work, 0);
+    return;
+  }
+  int rc = uv_queue_work(conch.loop, &c->work, work_run, work_done);
+  if (rc != 0) {
+    go_terminal(c, "internal error: cannot queue network work");
+    return;
+  }
+  c->work_pending = 1;
+}
+
+/* A complete frame arrived. */
+static void conn_on_frame(ip_conn *c) {
+  uv_timer_stop(&c->timer);
+  uv_poll_stop(&c->poll);
+  char err[160];
+  char *bad = NULL;
+  int rc = initmsg_process(c->body, c->len, &c->plan, &bad, err, sizeof err);
+  if (rc < 0) {
+    conn_reject(c, err);
+    return;
+  }
+  if (ip.state == INITPROTO_TERMINAL) {
+    free(bad);
+    LOG_WARN("init message answered with the earlier terminal failure");
+    conn_respond(c, ip.terminal, ip.terminal_len);
+    return;
+  }
+  if (rc == 1) {
+    go_terminal(c, bad);
+    free(bad);
+    return;
+  }
+  switch (ip.state) {
+    case INITPROTO_AWAITING_NETWORK: start_work(c, 0); break;
+    case INITPROTO_NETWORK_APPLIED: wait_start(c); break;
+    case INITPROTO_READY: start_work(c, 1); break;
+    case INITPROTO_TERMINAL: break;
+  }
+}
+
+static void conn_read(ip_conn *c) {
+  for (;;) {
+    char *dst;
+    size_t want;
+    if (c->phase == PH_HEADER) {
+      dst = (char *)c->hdr + c->got;
+      want = 4 - c->got;
+    } else {
+      dst = c->body + c->got;
+      want = c->len - c->got;
+    }
+    ssize_t r = recv(c->fd, dst, want, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      char why[96];
+      snprintf(why, sizeof why, "read error: %s", strerror(errno));
+      conn_reject(c, why);
+      return;
+    }
+    if (r == 0) {
+      char why[96];
+      snprintf(why, sizeof why, "truncated frame (%s: got %zu of %u bytes)",
+               c->phase == PH_HEADER ? "header" : "body", c->got,
+               c->phase == PH_HEADER ? 4u : c->len);
+      conn_reject(c, why);
+      return;
+    }
+    c->got += (size_t)r;
+    if (c->phase == PH_HEADER && c->got == 4) {
+      c->len = (uint32_t)c->hdr[0] << 24 | (uint32_t)c->hdr[1] << 16 | (uint32_t)c->hdr[2] << 8 | c->hdr[3];
+      if (c->len < 1 || c->len > INITMSG_MAX_FRAME) {
+        char why[96];
+        snprintf(why, sizeof why, "frame size %u outside [1, %d]", c->len, INITMSG_MAX_FRAME);
+        conn_reject(c, why);
+        return;
+      }
+      c->body = malloc(c->len);
+      if (!c->body) {
+        conn_reject(c, "out of memory");
+        return;
+      }
+      c->phase = PH_BODY;
+      c->got = 0;
+    } else if (c->phase == PH_BODY && c->got == c->len) {
+      conn_on_frame(c);
+      return;
+    }
+  }
+}
+
+static void conn_on_io(uv_poll_t *p, int status, int events) {
+  ip_conn *c = p->data;
+  if (c->phase == PH_CLOSED) return;
+  if (c->phase == PH_SEND) {
+    if (status < 0) {
+      LOG_WARN("init response not sent: %s", uv_strerror(status));
+      conn_finish(c);
+      return;
+    }
+    conn_try_send(c);
+    return;
+  }
+  if (c->phase == PH_HEADER || c->phase == PH_BODY) {
+    if (status < 0) {
+      conn_reject(c, uv_strerror(status));
+      return;
+    }
+    (void)events;
+    conn_read(c);
+  }
+}
+
+static void conn_recv_timeout(uv_timer_t *t) {
+  ip_conn *c = t->data;
+  char why[96];
+  snprintf(why, sizeof why, "receive timeout after %d ms", IP_RECV_TIMEOUT_MS);
+  conn_reject(c, why);
+}
+
+static void conn_start(int fd) {
+  ip_conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    LOG_ERROR("init connection dropped: out of memory");
+    close(fd);
+    return;
+  }
+  c->fd = fd;
+  c->phase = PH_HEADER;
+  if (uv_poll_init_socket(conch.loop, &c->poll, fd) != 0) {
+    LOG_ERROR("init connection dropped: cannot watch socket");
+    close(fd);
+    free(c);
+    return;
+  }
+  uv_timer_init(conch.loop, &c->timer);
+  c->poll.data = c->timer.data = c;
+  c->handles_open = 2;
+  ip.active = c;
+  uv_timer_start(&c->timer, conn_recv_timeout, IP_RECV_TIMEOUT_MS, 0);
+  uv_poll_start(&c->poll, UV_READABLE, conn_on_io);
+}
+
+/* ------------------------------------------------------------ listeners */
+
+static void listeners_pause(void) {
+  for (size_t i = 0; i < ip.nlst; i++)
+    if (ip.lst[i]->polling) {
+      uv_poll_stop(&ip.lst[i]->poll);
+      ip.lst[i]->polling = 0;
+    }
+}
+
+static void on_accept(uv_poll_t *p, int status, int events);
+
+static void listeners_resume(void) {
+  if (ip.active) return;
+  if (ip.backoff && uv_is_active((uv_handle_t *)ip.backoff)) return;
+  for (size_t i = 0; i < ip.nlst; i++)
+    if (!ip.lst[i]->polling) {
+      uv_poll_start(&ip.lst[i]->poll, UV_READABLE, on_accept);
+      ip.lst[i]->polling = 1;
+    }
+}
+
+static void backoff_done(uv_timer_t *t) {
+  (void)t;
+  listeners_resume();
+}
+
+static void on_accept(uv_poll_t *p, int status, int events) {
+  ip_listener *l = p->data;
+  (void)events;
+  if (ip.active) {
+    listeners_pause();
+    return;
+  }
+  if (status < 0) {
+    LOG_WARN("init listener error: %s", uv_strerror(status));
+    return;
+  }
+  int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return;
+    LOG_WARN("init listener accept failed: %s (pausing %d ms)", strerror(errno), IP_ACCEPT_BACKOFF_MS);
+    listeners_pause();
+    if (!ip.backoff && (ip.backoff = malloc(sizeof *ip.backoff)) != NULL)
+      uv_timer_init(conch.loop, ip.backoff);
+    if (ip.backoff)
+      uv_timer_start(ip.backoff, backoff_done, IP_ACCEPT_BACKOFF_MS, 0);
+    else
+      listeners_resume();
+    return;
+  }
+  listeners_pause();
+  conn_start(fd);
+}
+
+static int listen_unix(const char *path, ip_listener *l) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t pl = strlen(path);
+  if (pl == 0 || pl >= sizeof sa.sun_path) return -ENAMETOOLONG;
+  memcpy(sa.sun_path, path, pl + 1);
+  struct stat st;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return -EEXIST;
+    if (unlink(path) != 0) return -errno;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  snprintf(l->unix_path, sizeof l->unix_path, "%s", path);
+  return fd;
+}
+
+static int listen_vsock(const char *port_s) {
+  char *end;
+  errno = 0;
+  unsigned long port = strtoul(port_s, &end, 10);
+  if (errno || end == port_s || *end || port > 0xffffffffUL || port_s[0] == '-') return -EINVAL;
+  int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = (unsigned)port};
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
+int initproto_listen(const char *spec) {
+  if (!conch.loop) return -EINVAL;
+  if (ip.nlst == IP_MAX_LISTENERS) return -EMFILE;
+  if (!ip.resolv_path[0]) {
+    initproto_opts zero = {0};
+    initproto_configure(&zero);
+  }
+  ip_listener *l = calloc(1, sizeof *l);
+  if (!l) return -ENOMEM;
+  int fd;
+  if (strncmp(spec, "unix:", 5) == 0)
+    fd = listen_unix(spec + 5, l);
+  else if (strncmp(spec, "vsock:", 6) == 0)
+    fd = listen_vsock(spec + 6);
+  else
+    fd = -EINVAL;
+  if (fd < 0) {
+    free(l);
+    return fd;
+  }
+  l->fd = fd;
+  int rc = uv_poll_init_socket(conch.loop, &l->poll, fd);
+  if (rc != 0) {
+    close(fd);
+    if (l->unix_path[0]) unlink(l->unix_path);
+    free(l);
+    return rc;
+  }
+  l->poll.data = l;
+  ip.lst[ip.nlst++] = l;
+  LOG_INFO("listening for init messages on %s", spec);
+  listeners_resume();
+  return 0;
+}
+
+/* Close callback for handles that are the first member of a malloc'd
+ * block (ip_listener.poll is not: it uses data). */
+static void free_handle_owner(uv_handle_t *h) {
+  if (h->type == UV_POLL)
+    free(h->data);
+  else
+    free(h);
+}
+
+void initproto_close(void) {
+  for (size_t i = 0; i < ip.nlst; i++) {
+    ip_listener *l = ip.lst[i];
+    uv_close((uv_handle_t *)&l->poll, free_handle_owner);
+    close(l->fd);  /* after uv_close: the poll watcher is already stopped */
+    l->fd = -1;
+    if (l->unix_path[0]) unlink(l->unix_path);
+  }
+  ip.nlst = 0;
+  if (ip.backoff) uv_close((uv_handle_t *)ip.backoff, free_handle_owner);
+  if (ip.active) {
+    ip_conn *c = ip.active;
+    ip.active = NULL;
+    c->phase = PH_CLOSED;
+    uv_close((uv_handle_t *)&c->poll, conn_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
+    close(c->fd);
+  }
+  free(ip.terminal);
+  free(ip.sandbox_id);
+  memset(&ip, 0, sizeof ip);
+  ip.state = INITPROTO_AWAITING_NETWORK;
+}

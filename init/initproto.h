@@ -1,0 +1,56 @@
+/* initproto — the init protocol server (boot.md §3): listeners, framing,
+ * the state machine and the readiness wait, all on conch.loop.
+ *
+ * Listeners: "unix:PATH" (a stale socket file at PATH is replaced; any
+ * other existing file is an error) and "vsock:PORT" (any CID).  Several
+ * listeners may be open; connections from all of them are handled strictly
+ * one at a time, in accept order (the next is accepted only when the
+ * current one is closed).  Each connection: one frame in (2 s receive
+ * timeout), one frame out (2 s send timeout), close.
+ *
+ * Modes (set once with initproto_configure before the first listen; the
+ * zero value is the standalone default):
+ *   PID 1:      apply_network = 1, merge/services from boot, on_first starts
+ *               the entrypoint and the API listener (boot step 13).
+ *   standalone: no network changes and no resolv.conf unless apply_network
+ *               is set (`serve --init-apply-network`: the netlink part runs
+ *               in the caller's netns and resolv.conf goes to resolv_path);
+ *               env, token and sandbox id are applied; the merge root counts
+ *               as ready; services are not required; so the reply is
+ *               `ready` as soon as the API serves /health.
+ */
+#ifndef CONCH_INIT_INITPROTO_H
+#define CONCH_INIT_INITPROTO_H
+
+#include <stdint.h>
+
+typedef struct initproto_opts {
+  int apply_network;          /* netlink + resolv.conf (boot.md §4) */
+  const char *resolv_path;    /* NULL → "/etc/resolv.conf" */
+  int merge_missing;          /* boot step 10 failed: never ready */
+  int services_required;      /* boot.md §6 */
+  const char *services_ready_path; /* NULL → "/run/conch/services-ready" */
+  /* Boot step 13, once, after the first valid message was applied. */
+  void (*on_first)(void *arg);
+  void *arg;
+} initproto_opts;
+
+typedef enum initproto_state {
+  INITPROTO_AWAITING_NETWORK,
+  INITPROTO_NETWORK_APPLIED,
+  INITPROTO_READY,
+  INITPROTO_TERMINAL,
+} initproto_state;
+
+void initproto_configure(const initproto_opts *o);
+/* Start a listener on conch.loop.  Returns 0 or -errno (-EINVAL: bad spec). */
+int initproto_listen(const char *spec);
+/* SIGUSR1: the rootfs services are ready. */
+void initproto_services_ready(void);
+/* The sandbox id of the last applied message (full length), or NULL. */
+const char *initproto_sandbox_id(void);
+initproto_state initproto_get_state(void);
+/* Close the listeners and any connection, free the state (tests, shutdown). */
+void initproto_close(void);
+
+#endif

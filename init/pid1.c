@@ -1,0 +1,136 @@
+/* pid1 — PID 1 sequencing; see pid1.h. */
+#include "init/pid1.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "init/boot.h"
+#include "init/entrypoint.h"
+#include "init/initproto.h"
+#include "init/reaper.h"
+#include "agent/server.h"
+#include "proc/service.h"
+
+#define PID1_API_ADDR "0.0.0.0:4064"
+#define PID1_PMEM_WAIT_MS 500
+#define PID1_PMEM_POLL_MS 10
+
+/* PID 1's state: one static struct (nothing of it belongs in conch). */
+static struct pid1 {
+  boot_state boot;
+  uv_signal_t sigusr1;
+  uv_timer_t pmem_timer;
+  uint64_t pmem_deadline;
+  int fatal;
+} p1;
+
+static void fatal(const char *why) {
+  p1.fatal = 1;
+  LOG_ERROR("fatal: %s; PID 1 stays alive (reaping only), the sandbox will never be ready", why);
+}
+
+static void on_sigusr1(uv_signal_t *h, int sig) {
+  (void)h;
+  (void)sig;
+  initproto_services_ready();
+}
+
+/* Step 13: after the first valid init message was applied. */
+static void on_first_message(void *arg) {
+  boot_state *b = arg;
+  if (b->have_entrypoint) {
+    pid_t pid = entrypoint_start(ENTRYPOINT_PATH, initproto_sandbox_id()
+                                                      ? initproto_sandbox_id()
+                                                      : (b->cmd.have_sandbox_id ? b->cmd.sandbox_id : ""));
+    if (pid < 0) LOG_ERROR("rootfs entrypoint not started: %s", strerror((int)-pid));
+  }
+  int rc = server_listen(PID1_API_ADDR);
+  if (rc != 0)
+    LOG_ERROR("API listen on %s failed: %s; init messages keep answering not_ready", PID1_API_ADDR,
+              uv_strerror(rc));
+}
+
+/* The init listeners: conch.init_listen or vsock:4065. */
+static const char *listen_spec(size_t i) {
+  if (!p1.boot.cmd.have_listen) return i == 0 ? "vsock:4065" : NULL;
+  return i < p1.boot.cmd.nlisten ? p1.boot.cmd.listen[i] : NULL;
+}
+
+static int listen_kind(int unix_kind, char *err, size_t errlen) {
+  const char *s;
+  for (size_t i = 0; (s = listen_spec(i)) != NULL; i++) {
+    if ((strncmp(s, "unix:", 5) == 0) != unix_kind) continue;
+    int rc = initproto_listen(s);
+    if (rc != 0) {
+      snprintf(err, errlen, "init listener %s: %s", s, strerror(-rc));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int bind_unix_listeners(void *arg, char *err, size_t errlen) {
+  (void)arg;
+  return listen_kind(1, err, errlen);
+}
+
+static void boot_finish(void) {
+  boot_state *b = &p1.boot;
+  boot_layers(b); /* step 9 */
+  initproto_opts o = {0};
+  o.apply_network = 1;
+  o.on_first = on_first_message;
+  o.arg = b;
+  initproto_configure(&o);
+  char err[512];
+  if (boot_prepare_root(b, bind_unix_listeners, NULL, err, sizeof err) != 0) { /* 10–11 */
+    fatal(err);
+    return;
+  }
+  o.merge_missing = !b->merge_ready;
+  o.services_required = b->services_required;
+  initproto_configure(&o);
+  if (listen_kind(0, err, sizeof err) != 0) { /* step 12 */
+    fatal(err);
+    return;
+  }
+  LOG_INFO("boot complete; waiting for the init message");
+}
+
+static void pmem_poll(uv_timer_t *t) {
+  if (boot_need_pmem_wait(&p1.boot) && uv_now(conch.loop) < p1.pmem_deadline) return;
+  uv_timer_stop(t);
+  uv_close((uv_handle_t *)t, NULL);
+  if (boot_need_pmem_wait(&p1.boot)) LOG_WARN("no /dev/pmem* after %d ms", PID1_PMEM_WAIT_MS);
+  boot_finish();
+}
+
+int init_pid1_main(int argc, char **argv) {
+  /* step 1: not killable from inside; children reset these before exec */
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN);
+  conch.is_pid1 = 1;
+  conch.loop = uv_default_loop();
+  if (reaper_init(conch.loop) != 0) LOG_ERROR("reaper_init failed");
+  uv_signal_init(conch.loop, &p1.sigusr1); /* ref'd: keeps the loop alive forever */
+  uv_signal_start(&p1.sigusr1, on_sigusr1, SIGUSR1);
+  if (proc_init(conch.loop) != 0) LOG_ERROR("proc_init failed: ProcessService unavailable");
+  LOG_INFO("conch-init %s starting as PID 1", CONCH_VERSION);
+  boot_early(&p1.boot, argc, argv); /* steps 2–8 */
+  if (boot_need_pmem_wait(&p1.boot)) { /* step 9: wait ≤ 500 ms without sleeping */
+    uv_timer_init(conch.loop, &p1.pmem_timer);
+    p1.pmem_deadline = uv_now(conch.loop) + PID1_PMEM_WAIT_MS;
+    uv_timer_start(&p1.pmem_timer, pmem_poll, PID1_PMEM_POLL_MS, PID1_PMEM_POLL_MS);
+  } else {
+    boot_finish();
+  }
+  for (;;) uv_run(conch.loop, UV_RUN_DEFAULT); /* step 14; the SIGUSR1 watcher keeps it alive */
+}

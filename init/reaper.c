@@ -1,0 +1,153 @@
+/* reaper — the one waitpid() owner; see reaper.h.
+ *
+ * State: one static struct (module-private; the daemon context has no field
+ * for it).  Owners live in an open-addressing hash table keyed by pid
+ * (linear probing, backward-shift deletion, so no tombstones), grown by
+ * doubling with a full rehash when it is half full, up to REAPER_MAX_WATCH
+ * entries (then reaper_watch() fails with -ENOMEM).
+ *
+ * A status is dispatched after its entry is removed, so a callback may call
+ * reaper_watch()/reaper_unwatch() freely.
+ */
+#include "init/reaper.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "agent/log.h"
+
+#define REAPER_MIN_CAP 64u
+#define REAPER_MAX_WATCH (1u << 20)
+
+struct reaper_slot {
+  pid_t pid; /* 0 = empty */
+  reaper_cb cb;
+  void *arg;
+};
+
+static struct {
+  uv_signal_t sig;
+  int started;
+  struct reaper_slot *slots;
+  size_t cap; /* power of two */
+  size_t used;
+  unsigned long orphans;
+} reaper;
+
+static size_t reaper_hash(pid_t pid, size_t cap) {
+  uint32_t h = (uint32_t)pid * 2654435761u; /* Knuth multiplicative */
+  return (size_t)h & (cap - 1);
+}
+
+static struct reaper_slot *reaper_find(pid_t pid) {
+  if (!reaper.cap) return NULL;
+  for (size_t i = reaper_hash(pid, reaper.cap);; i = (i + 1) & (reaper.cap - 1)) {
+    if (reaper.slots[i].pid == pid) return &reaper.slots[i];
+    if (reaper.slots[i].pid == 0) return NULL;
+  }
+}
+
+static void reaper_insert_slot(struct reaper_slot *slots, size_t cap, struct reaper_slot s) {
+  size_t i = reaper_hash(s.pid, cap);
+  while (slots[i].pid != 0) i = (i + 1) & (cap - 1);
+  slots[i] = s;
+}
+
+static int reaper_grow(void) {
+  size_t ncap = reaper.cap ? reaper.cap * 2 : REAPER_MIN_CAP;
+  struct reaper_slot *n = calloc(ncap, sizeof *n);
+  if (!n) return -ENOMEM;
+  for (size_t i = 0; i < reaper.cap; i++)
+    if (reaper.slots[i].pid) reaper_insert_slot(n, ncap, reaper.slots[i]);
+  free(reaper.slots);
+  reaper.slots = n;
+  reaper.cap = ncap;
+  return 0;
+}
+
+/* Remove slot i with backward-shift deletion (keeps probe chains intact). */
+static void reaper_remove_at(size_t i) {
+  size_t mask = reaper.cap - 1;
+  reaper.slots[i].pid = 0;
+  reaper.used--;
+  for (size_t j = (i + 1) & mask; reaper.slots[j].pid; j = (j + 1) & mask) {
+    size_t home = reaper_hash(reaper.slots[j].pid, reaper.cap);
+    /* can slot j move into the hole at i?  yes unless home lies in (i, j] */
+    int in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!in_range) {
+      reaper.slots[i] = reaper.slots[j];
+      reaper.slots[j].pid = 0;
+      i = j;
+    }
+  }
+}
+
+int reaper_watch(pid_t pid, reaper_cb cb, void *arg) {
+  if (pid <= 0 || !cb) return -EINVAL;
+  struct reaper_slot *s = reaper_find(pid);
+  if (s) { /* a stale owner of a reused pid cannot exist; replace */
+    s->cb = cb;
+    s->arg = arg;
+    return 0;
+  }
+  if ((reaper.used + 1) * 2 > reaper.cap) {
+    if (reaper.used + 1 > REAPER_MAX_WATCH) return -ENOMEM;
+    int r = reaper_grow();
+    if (r) return r;
+  }
+  reaper_insert_slot(reaper.slots, reaper.cap, (struct reaper_slot){pid, cb, arg});
+  reaper.used++;
+  return 0;
+}
+
+void reaper_unwatch(pid_t pid) {
+  struct reaper_slot *s = reaper_find(pid);
+  if (s) reaper_remove_at((size_t)(s - reaper.slots));
+}
+
+void reaper_reap(void) {
+  for (;;) {
+    int st = 0;
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    if (pid == 0) return;                    /* children left, none exited */
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      return;                                /* ECHILD: no children at all */
+    }
+    struct reaper_slot *s = reaper_find(pid);
+    if (s) {
+      reaper_cb cb = s->cb;
+      void *arg = s->arg;
+      reaper_remove_at((size_t)(s - reaper.slots));
+      cb(pid, st, arg);
+    } else {
+      reaper.orphans++;
+      LOG_DEBUG("reaped orphan pid=%d status=0x%x orphans=%lu", (int)pid, st, reaper.orphans);
+    }
+  }
+}
+
+static void reaper_on_sigchld(uv_signal_t *h, int signum) { reaper_reap(); }
+
+int reaper_init(uv_loop_t *loop) {
+  if (reaper.started) return 0;
+  int r = uv_signal_init(loop, &reaper.sig);
+  if (r) return r;
+  r = uv_signal_start(&reaper.sig, reaper_on_sigchld, SIGCHLD);
+  if (r) {
+    uv_close((uv_handle_t *)&reaper.sig, NULL);
+    return r;
+  }
+  /* The reaper alone never keeps the loop alive. */
+  uv_unref((uv_handle_t *)&reaper.sig);
+  reaper.started = 1;
+  /* Children that exited before the handler existed. */
+  reaper_reap();
+  return 0;
+}
+
+unsigned long reaper_orphans_reaped(void) { return reaper.orphans; }

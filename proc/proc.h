@@ -1,0 +1,197 @@
+/* proc — ProcessService internals: the process table, process records and
+ * their subscribers (streams).  Public face for the daemon: proc/service.h.
+ *
+ * A record (struct proc) lives from a validated StartProcess until it has
+ * ended, left the table and closed all its handles:
+ *
+ *   PREP     cwd/script/PATH work on the thread pool (tag already reserved)
+ *   RUNNING  spawned, reaper_watch()ed, outputs read on the loop
+ *   EXITED   reaped; outputs still being drained (see "End" below)
+ *   ENDED    end event delivered; a background record stays findable by
+ *            Connect for PROC_RETAIN_MS, then leaves the table
+ *
+ * Outputs (stdout/stderr pipes, or the PTY master) are nonblocking fds
+ * watched by uv_poll_t and read by our own loop (≤ 16 reads per wakeup)
+ * into one per-record buffer (32 KiB, PTY 16 KiB): one read → one data
+ * event.  EOF = read() 0, or EIO on a PTY master.  rpc_send() serialises the message at once, so the buffer is
+ * reused.
+ *
+ * Subscribers (struct proc_sub): the foreground starter is lossless — when
+ * rpc_outq_bytes() > RPC_OUTQ_HIGH both outputs stop reading (the child
+ * blocks on a full pipe) until rpc_on_drain() resumes them.  Background
+ * subscribers are lossy: an event for a subscriber whose call already holds
+ * PROC_SUB_QUEUE_BYTES unsent bytes is dropped for it and counted; the
+ * process itself never waits for anyone.  Start/end/keepalive events are
+ * never dropped.  Every subscriber gets a keepalive after keepalive_ms of
+ * silence.
+ *
+ * End: the end event is sent once the main process was reaped AND every
+ * output is done: at EOF, or "quiet" — after the exit, a check every
+ * PROC_EXIT_GRACE_MS finds nothing buffered in it and nothing read since the
+ * previous check (FIONREAD 0, so all the main process wrote before exiting
+ * has been read; a PTY needs two such checks, as bytes in its flip buffer
+ * are not counted), or PROC_EXIT_LINGER_MS passed and at least the bytes
+ * buffered at exit time were read.  So a
+ * backgrounded grandchild that keeps the pipe open (`sh -c 'srv &'`) delays
+ * the end by ~100 ms, not forever (the reference waits for EOF).  After the
+ * end such an output keeps being read and discarded until EOF, so the
+ * grandchild neither blocks nor dies of SIGPIPE.
+ *
+ * Signals (SendSignal, timeout, vanished foreground client) go to the whole
+ * process group, and only while the leader is unreaped (afterwards the pid
+ * — and so the group id — could be reused).
+ */
+#ifndef CONCH_PROC_PROC_H
+#define CONCH_PROC_PROC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+#include <uv.h>
+
+#include "agent/rpc.h"
+
+#define PROC_READ_MAX (32u * 1024)
+#define PROC_PTY_READ_MAX (16u * 1024)
+#define PROC_SUB_QUEUE_BYTES (64u * PROC_READ_MAX) /* ≈ the reference's 64 events */
+#define PROC_EXIT_GRACE_MS 100
+#define PROC_EXIT_LINGER_MS 2000
+#define PROC_RETAIN_MS 60000
+#define PROC_KEEPALIVE_MS 30000
+#define PROC_MAX_PROCS 4096   /* live records (any state) */
+#define PROC_MAX_SUBS 256     /* subscribers per process */
+
+enum proc_state { PROC_PREP, PROC_RUNNING, PROC_EXITED, PROC_ENDED };
+enum proc_out_kind { PROC_OUT_STDOUT, PROC_OUT_STDERR, PROC_OUT_PTY };
+
+struct proc;
+
+struct proc_sub {
+  rpc_call *call;
+  struct proc *p;
+  struct proc_sub *next, *prev; /* in p->subs */
+  uv_timer_t ka;
+  uint64_t last_send; /* uv_now of the last message */
+  uint64_t dropped;
+  int lossless;       /* foreground starter: flow control instead of drops */
+  int drain_armed;
+};
+
+struct proc_out {
+  uv_poll_t h;
+  int fd;
+  struct proc *p;
+  int kind;        /* enum proc_out_kind */
+  int open;        /* handle initialised and not yet closing */
+  int reading;
+  int done;        /* EOF, error or quiet: no more data events */
+  uint64_t read_since_exit;
+  uint64_t read_at_tick;
+  int silent_ticks;
+  int64_t pending_at_exit;
+};
+
+struct proc {
+  struct proc_table *t;
+  struct proc *next, *prev; /* table list (background only), start order */
+  int in_table;
+  enum proc_state state;
+  int background;
+  int has_pty;
+  uint32_t cols, rows;
+  pid_t pid;
+
+  /* effective configuration (List) */
+  char *tag;      /* "" when none */
+  char *cmd;
+  char **args;    /* effective args (a script run: the script path) */
+  size_t nargs;
+  char **env_keys, **env_vals; /* request env only */
+  size_t nenv;
+  char *cwd;      /* resolved */
+  char *script;   /* script path to remove, or NULL */
+  time_t started_at;
+
+  /* request data only needed until spawn */
+  char *content;
+  size_t content_len;
+  unsigned char *stdin_buf;
+  size_t stdin_len;
+  char **envp;    /* senv_build() result, freed after spawn */
+  char exe[4096]; /* resolved path */
+  char prep_err[4608];
+  int prep_errcode; /* 0, or the rpc_code of a failed prep step */
+  int prep_step;    /* 5, 6 or 8 */
+  uv_work_t work;
+  int work_pending;
+  int aborted;      /* foreground starter vanished during PREP */
+
+  int64_t timeout_ms;
+  uv_timer_t timer;   /* RUNNING: timeout; ENDED: retention */
+  uv_timer_t grace;   /* EXITED: quiet checks */
+  uint64_t exit_ms;
+  int wstatus;
+  int reaped;
+  int timed_out;
+
+  struct proc_out out[2];
+  int nout;
+  uv_pipe_t in;
+  int in_open;
+  uv_write_t wreq;
+
+  struct proc_sub *subs;
+  size_t nsubs;
+  uint64_t dropped_total;
+  int paused;
+
+  int handles;  /* uv handles not yet closed */
+  int released; /* no longer wanted by the table/service */
+  char *buf;
+};
+
+struct proc_table {
+  uv_loop_t *loop;
+  struct proc *head, *tail; /* background records, start order */
+  size_t nrecords;          /* every live record */
+  uint64_t keepalive_ms;
+  uint64_t retain_ms;
+};
+
+/* ---- process.c: record lifecycle ---- */
+struct proc *proc_new(struct proc_table *t);
+/* Spawn a PREPared record; 0, or -1 with err (the record is then unusable
+ * for events and the caller releases it). */
+int proc_launch(struct proc *p, char *err, size_t errn);
+/* Send sig to the process group while the leader is unreaped (0 / -errno). */
+int proc_signal(struct proc *p, int sig);
+/* The service no longer needs the record (foreground end, PREP failure,
+ * retention expiry); it is freed once its handles are closed. */
+void proc_release(struct proc *p);
+/* Queue removal of the script file (thread pool). */
+void proc_remove_script(struct proc *p);
+/* Flow control for lossless subscribers. */
+void proc_pause(struct proc *p, int paused);
+/* Remove from the table list. */
+void proc_table_unlink(struct proc *p);
+/* Free the record if nothing refers to it any more. */
+void proc_check_free(struct proc *p);
+
+/* ---- fanout.c: subscribers ---- */
+struct proc_sub *proc_sub_add(struct proc *p, rpc_call *c, int lossless);
+/* Detach and free (the call itself is left alone: it is ending). */
+void proc_sub_remove(struct proc_sub *s);
+/* Send helpers; data may drop (lossy) or pause the outputs (lossless). */
+void proc_sub_send_start(struct proc_sub *s);
+void proc_fanout_data(struct proc *p, int kind, const char *buf, size_t n);
+/* End event to all subscribers, each call finished with RPC_OK. */
+void proc_fanout_end(struct proc *p);
+/* End event to one subscriber, then finish it. */
+void proc_sub_send_end(struct proc_sub *s);
+/* Connect to an ended process: start + end, then finish (no subscriber). */
+void proc_send_final(rpc_call *c, struct proc *p);
+/* Finish with an error and remove. */
+void proc_sub_fail(struct proc_sub *s, rpc_code code, const char *msg);
+
+#endif

@@ -1,0 +1,388 @@
+/* process — the lifecycle of one process record; see proc.h. */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "agent/log.h"
+#include "init/reaper.h"
+#include "proc/exitfmt.h"
+#include "proc/proc.h"
+#include "proc/spawn.h"
+
+static void proc_on_close(uv_handle_t *h);
+static void proc_check_end(struct proc *p);
+
+struct proc *proc_new(struct proc_table *t) {
+  struct proc *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->t = t;
+  p->state = PROC_PREP;
+  p->pid = 0;
+  uv_timer_init(t->loop, &p->timer);
+  p->timer.data = p;
+  uv_timer_init(t->loop, &p->grace);
+  p->grace.data = p;
+  p->handles = 2;
+  t->nrecords++;
+  return p;
+}
+
+static void proc_free(struct proc *p) {
+  free(p->tag);
+  free(p->cmd);
+  for (size_t i = 0; i < p->nargs; i++) free(p->args[i]);
+  free(p->args);
+  for (size_t i = 0; i < p->nenv; i++) {
+    free(p->env_keys[i]);
+    free(p->env_vals[i]);
+  }
+  free(p->env_keys);
+  free(p->env_vals);
+  free(p->cwd);
+  free(p->script);
+  free(p->content);
+  free(p->stdin_buf);
+  free(p->envp);
+  free(p->buf);
+  p->t->nrecords--;
+  free(p);
+}
+
+void proc_check_free(struct proc *p) {
+  if (p->released && p->handles == 0 && !p->work_pending && p->nsubs == 0 && !p->in_table)
+    proc_free(p);
+}
+
+static void proc_on_close(uv_handle_t *h) {
+  struct proc *p = h->data;
+  p->handles--;
+  proc_check_free(p);
+}
+
+void proc_table_unlink(struct proc *p) {
+  if (!p->in_table) return;
+  struct proc_table *t = p->t;
+  if (p->prev) p->prev->next = p->next; else t->head = p->next;
+  if (p->next) p->next->prev = p->prev; else t->tail = p->prev;
+  p->next = p->prev = NULL;
+  p->in_table = 0;
+}
+
+void proc_release(struct proc *p) {
+  if (p->released) return;
+  p->released = 1;
+  proc_table_unlink(p);
+  if (!uv_is_closing((uv_handle_t *)&p->timer)) uv_close((uv_handle_t *)&p->timer, proc_on_close);
+  if (!uv_is_closing((uv_handle_t *)&p->grace)) uv_close((uv_handle_t *)&p->grace, proc_on_close);
+  /* outputs still open are discarding a grandchild's output until EOF */
+  proc_check_free(p);
+}
+
+/* ---- script removal on the thread pool ---- */
+struct proc_unlink_work {
+  uv_work_t w;
+  char *path;
+};
+static void proc_unlink_run(uv_work_t *w) {
+  struct proc_unlink_work *u = (struct proc_unlink_work *)w;
+  if (unlink(u->path) != 0 && errno != ENOENT)
+    LOG_WARN("cannot remove script path=%s errno=%d", u->path, errno);
+}
+static void proc_unlink_done(uv_work_t *w, int status) {
+  struct proc_unlink_work *u = (struct proc_unlink_work *)w;
+  free(u->path);
+  free(u);
+}
+void proc_remove_script(struct proc *p) {
+  if (!p->script) return;
+  struct proc_unlink_work *u = calloc(1, sizeof *u);
+  if (!u) return; /* ENOMEM: the file stays (logged by nobody: nothing to log with) */
+  u->path = p->script;
+  p->script = NULL;
+  if (uv_queue_work(p->t->loop, &u->w, proc_unlink_run, proc_unlink_done) != 0) {
+    free(u->path);
+    free(u);
+  }
+}
+
+int proc_signal(struct proc *p, int sig) {
+  if (p->pid <= 0 || p->reaped) return -ESRCH;
+  if (kill(-p->pid, sig) != 0) return -errno;
+  return 0;
+}
+
+/* ---- outputs ---- */
+static void proc_out_close(struct proc_out *o) {
+  if (!o->open) return;
+  o->open = 0;
+  o->done = 1;
+  o->reading = 0;
+  uv_close((uv_handle_t *)&o->h, proc_on_close);
+  close(o->fd); /* safe: uv_close() already took it out of epoll */
+  o->fd = -1;
+}
+
+static void proc_out_read_start(struct proc_out *o);
+
+void proc_pause(struct proc *p, int paused) {
+  p->paused = paused;
+  for (int i = 0; i < p->nout; i++) {
+    struct proc_out *o = &p->out[i];
+    if (!o->open) continue;
+    if (paused && !o->done) {
+      if (o->reading) uv_poll_stop(&o->h);
+      o->reading = 0;
+    } else {
+      proc_out_read_start(o);
+    }
+  }
+}
+
+/* Reads per readiness callback before yielding to the rest of the loop. */
+#define PROC_READS_PER_WAKE 16
+
+/* Our own read loop rather than uv_read_start(): libuv's stream layer takes
+ * POLLHUP after a short read as EOF, which is right for a pipe but loses
+ * data on a PTY master (the slave closed while bytes are still queued in
+ * the tty layer).  Here EOF is a read() of 0, or EIO from a PTY master. */
+static void proc_on_readable(uv_poll_t *h, int status, int events) {
+  struct proc_out *o = (struct proc_out *)h;
+  struct proc *p = o->p;
+  size_t cap = p->has_pty ? PROC_PTY_READ_MAX : PROC_READ_MAX;
+  for (int i = 0; i < PROC_READS_PER_WAKE && o->open; i++) {
+    ssize_t n = read(o->fd, p->buf, cap);
+    if (n > 0) {
+      if (p->state == PROC_EXITED) o->read_since_exit += (uint64_t)n;
+      if (!o->done) proc_fanout_data(p, o->kind, p->buf, (size_t)n);
+      if (!o->reading) return; /* paused by flow control */
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n < 0 && errno != EIO)
+      LOG_DEBUG("process output read error pid=%d errno=%d", (int)p->pid, errno);
+    proc_out_close(o);
+    proc_check_end(p);
+    return;
+  }
+}
+
+static void proc_out_read_start(struct proc_out *o) {
+  if (!o->open || o->reading) return;
+  if (uv_poll_start(&o->h, UV_READABLE, proc_on_readable) == 0) o->reading = 1;
+}
+
+static int proc_out_open(struct proc *p, int idx, int fd, int kind) {
+  struct proc_out *o = &p->out[idx];
+  o->p = p;
+  o->kind = kind;
+  o->fd = fd;
+  if (uv_poll_init(p->t->loop, &o->h, fd) != 0) {
+    close(fd);
+    o->fd = -1;
+    o->done = 1;
+    return -1;
+  }
+  o->h.data = p;
+  p->handles++;
+  o->open = 1;
+  proc_out_read_start(o);
+  return 0;
+}
+
+/* ---- stdin ---- */
+static void proc_in_close(struct proc *p) {
+  if (!p->in_open) return;
+  p->in_open = 0;
+  uv_close((uv_handle_t *)&p->in, proc_on_close);
+}
+
+static void proc_on_stdin_written(uv_write_t *w, int status) {
+  struct proc *p = w->data;
+  if (status < 0 && status != UV_ECANCELED)
+    LOG_DEBUG("stdin write ended pid=%d err=%s", (int)p->pid, uv_strerror(status));
+  free(p->stdin_buf);
+  p->stdin_buf = NULL;
+  proc_in_close(p); /* EOF for the child */
+}
+
+/* ---- end ---- */
+static void proc_on_retention_end(uv_timer_t *h) {
+  struct proc *p = h->data;
+  proc_release(p);
+}
+
+static void proc_end(struct proc *p) {
+  p->state = PROC_ENDED;
+  uv_timer_stop(&p->grace);
+  uint64_t dropped = p->dropped_total;
+  for (struct proc_sub *s = p->subs; s; s = s->next) dropped += s->dropped;
+  proc_exit_info ei;
+  proc_exit_describe(p->wstatus, &ei);
+  LOG_INFO("process ended pid=%d tag=%s background=%d exit_code=%d error=\"%s\" dropped_events=%llu",
+           (int)p->pid, p->tag ? p->tag : "", p->background, (int)ei.exit_code, ei.error,
+           (unsigned long long)dropped);
+  proc_fanout_end(p);
+  if (p->background && p->in_table && p->t->retain_ms > 0) {
+    uv_timer_start(&p->timer, proc_on_retention_end, p->t->retain_ms, 0);
+  } else {
+    proc_release(p);
+  }
+}
+
+static int proc_outputs_done(struct proc *p) {
+  for (int i = 0; i < p->nout; i++)
+    if (!p->out[i].done) return 0;
+  return 1;
+}
+
+static void proc_check_end(struct proc *p) {
+  if (p->state == PROC_EXITED && proc_outputs_done(p)) proc_end(p);
+}
+
+static int64_t proc_fd_pending(struct proc_out *o) {
+  int n = 0;
+  if (o->fd < 0 || ioctl(o->fd, FIONREAD, &n) != 0) return 0;
+  return n;
+}
+
+static void proc_on_grace(uv_timer_t *h) {
+  struct proc *p = h->data;
+  uint64_t since = uv_now(p->t->loop) - p->exit_ms;
+  for (int i = 0; i < p->nout; i++) {
+    struct proc_out *o = &p->out[i];
+    if (o->done || !o->open) continue;
+    if (p->paused) continue; /* the client reads slowly: keep every byte */
+    int64_t pending = proc_fd_pending(o);
+    /* Silent = nothing buffered and nothing read since the last tick.  A
+     * PTY needs two such ticks: its master's FIONREAD does not count bytes
+     * still in the tty flip buffer (moved by a kernel worker after reads). */
+    if (pending == 0 && o->read_since_exit == o->read_at_tick)
+      o->silent_ticks++;
+    else
+      o->silent_ticks = 0;
+    o->read_at_tick = o->read_since_exit;
+    if (o->silent_ticks >= (o->kind == PROC_OUT_PTY ? 2 : 1) ||
+        (since >= PROC_EXIT_LINGER_MS && o->read_since_exit >= (uint64_t)o->pending_at_exit)) {
+      o->done = 1; /* quiet: from now on read and discard until EOF */
+      LOG_DEBUG("output quiet pid=%d kind=%d pending=%lld read=%llu since=%llu", (int)p->pid, o->kind, (long long)pending, (unsigned long long)o->read_since_exit, (unsigned long long)since);
+      proc_out_read_start(o);
+    }
+  }
+  if (proc_outputs_done(p)) {
+    uv_timer_stop(&p->grace);
+    proc_end(p);
+  }
+}
+
+static void proc_on_exit(pid_t pid, int wstatus, void *arg) {
+  struct proc *p = arg;
+  p->reaped = 1;
+  p->wstatus = wstatus;
+  p->state = PROC_EXITED;
+  p->exit_ms = uv_now(p->t->loop);
+  uv_timer_stop(&p->timer);
+  proc_in_close(p);
+  proc_remove_script(p);
+  for (int i = 0; i < p->nout; i++) {
+    struct proc_out *o = &p->out[i];
+    if (o->open && !o->done) o->pending_at_exit = proc_fd_pending(o);
+  }
+  if (proc_outputs_done(p))
+    proc_end(p);
+  else
+    uv_timer_start(&p->grace, proc_on_grace, PROC_EXIT_GRACE_MS, PROC_EXIT_GRACE_MS);
+}
+
+static void proc_on_timeout(uv_timer_t *h) {
+  struct proc *p = h->data;
+  if (p->state != PROC_RUNNING) return;
+  p->timed_out = 1;
+  int r = proc_signal(p, SIGKILL);
+  LOG_INFO("process timed out pid=%d timeout_ms=%lld kill=%d", (int)p->pid, (long long)p->timeout_ms, r);
+  if (!p->background) {
+    /* foreground: no end event, the stream ends with deadline_exceeded */
+    struct proc_sub *s = p->subs, *next;
+    for (; s; s = next) {
+      next = s->next;
+      proc_sub_fail(s, RPC_DEADLINE_EXCEEDED, "process execution timed out: context deadline exceeded");
+    }
+  }
+}
+
+int proc_launch(struct proc *p, char *err, size_t errn) {
+  size_t argc = p->nargs + 1;
+  char **argv = calloc(argc + 1, sizeof *argv);
+  if (!argv) {
+    snprintf(err, errn, "fork/exec %s: cannot allocate memory", p->exe);
+    return -1;
+  }
+  argv[0] = p->cmd;
+  for (size_t i = 0; i < p->nargs; i++) argv[i + 1] = p->args[i];
+  p->buf = malloc(PROC_READ_MAX);
+  if (!p->buf) {
+    free(argv);
+    snprintf(err, errn, "fork/exec %s: cannot allocate memory", p->exe);
+    return -1;
+  }
+  proc_spawn_opts o = {
+      .path = p->exe,
+      .argv = argv,
+      .envp = p->envp,
+      .cwd = p->cwd,
+      .pty = p->has_pty,
+      .cols = (unsigned short)p->cols,
+      .rows = (unsigned short)p->rows,
+      .has_stdin = p->stdin_len > 0,
+  };
+  proc_spawn_result r;
+  int rc = proc_spawn(&o, &r, err, errn);
+  free(argv);
+  free(p->envp);
+  p->envp = NULL;
+  if (rc != 0) return -1;
+
+  if (reaper_watch(r.pid, proc_on_exit, p) != 0) {
+    kill(-r.pid, SIGKILL); /* reaped later as an orphan */
+    if (r.in_w >= 0) close(r.in_w);
+    if (r.out_r >= 0) close(r.out_r);
+    if (r.err_r >= 0) close(r.err_r);
+    snprintf(err, errn, "fork/exec %s: cannot allocate memory", p->exe);
+    return -1;
+  }
+  p->pid = r.pid;
+  p->state = PROC_RUNNING;
+  p->started_at = time(NULL);
+
+  if (p->has_pty) {
+    p->nout = 1;
+    proc_out_open(p, 0, r.out_r, PROC_OUT_PTY);
+  } else {
+    p->nout = 2;
+    proc_out_open(p, 0, r.out_r, PROC_OUT_STDOUT);
+    proc_out_open(p, 1, r.err_r, PROC_OUT_STDERR);
+  }
+  if (r.in_w >= 0) {
+    if (uv_pipe_init(p->t->loop, &p->in, 0) == 0) {
+      p->in.data = p;
+      p->handles++;
+      p->in_open = 1;
+      if (uv_pipe_open(&p->in, r.in_w) != 0) {
+        close(r.in_w);
+        proc_in_close(p);
+      } else {
+        uv_buf_t b = uv_buf_init((char *)p->stdin_buf, (unsigned)p->stdin_len);
+        p->wreq.data = p;
+        if (uv_write(&p->wreq, (uv_stream_t *)&p->in, &b, 1, proc_on_stdin_written) != 0)
+          proc_in_close(p);
+      }
+    } else {
+      close(r.in_w);
+    }
+  }
+  if (p->timeout_ms > 0) uv_timer_start(&p->timer, proc_on_timeout, (uint64_t)p->timeout_ms, 0);
+  return 0;
+}

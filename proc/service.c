@@ -1,0 +1,460 @@
+/* service — ProcessService RPC handlers; see service.h. */
+#include "proc/service.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "agent/senv.h"
+#include "proc/prep.h"
+#include "proc/proc.h"
+#include "proc/validate.h"
+#include "proto/agent.pb-c.h"
+
+#define PROC_FG_PREFIX "failed to execute process"
+#define PROC_BG_PREFIX "failed to start background process"
+
+static const char *proc_prefix(const struct proc *p) {
+  return p->background ? PROC_BG_PREFIX : PROC_FG_PREFIX;
+}
+
+/* ---- lookups ---- */
+static int proc_tag_busy(struct proc_table *t, const char *tag) {
+  for (struct proc *p = t->head; p; p = p->next)
+    if ((p->state == PROC_PREP || p->state == PROC_RUNNING) && strcmp(p->tag, tag) == 0) return 1;
+  return 0;
+}
+
+/* Newest match first: a reused pid or tag finds the latest process. */
+static struct proc *proc_find(struct proc_table *t, const Pb__ProcessSelector *sel, int running_only) {
+  for (struct proc *p = t->tail; p; p = p->prev) {
+    if (p->state == PROC_PREP) continue;
+    if (running_only && p->state != PROC_RUNNING) continue;
+    if (sel->pid != 0 ? p->pid == sel->pid : strcmp(p->tag, sel->tag) == 0) return p;
+  }
+  return NULL;
+}
+
+static void proc_finish_not_found(rpc_call *c, const Pb__ProcessSelector *sel) {
+  if (sel->pid != 0)
+    rpc_finishf(c, RPC_NOT_FOUND, "process pid %d not found", (int)sel->pid);
+  else
+    rpc_finishf(c, RPC_NOT_FOUND, "process tag \"%s\" not found", sel->tag);
+}
+
+/* ---- StartProcess ---- */
+__attribute__((format(printf, 4, 5))) static void proc_set_err(struct proc *p, int step, rpc_code code,
+                                                             const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  p->prep_step = step;
+  p->prep_errcode = (int)code;
+  vsnprintf(p->prep_err, sizeof p->prep_err, fmt, ap);
+  va_end(ap);
+}
+
+/* Thread pool: steps 5 (cwd), 6 (script), 7 (cmd), lookup of 8. */
+static void proc_start_work(uv_work_t *w) {
+  struct proc *p = w->data;
+  char base[4096], clean[4096], err[4400];
+  if (!getcwd(base, sizeof base)) strcpy(base, "/");
+  if (proc_path_clean(p->cwd, base, clean, sizeof clean) != 0) {
+    proc_set_err(p, 5, RPC_INVALID_ARGUMENT, "failed to prepare working directory: mkdir %s: %s", p->cwd,
+                 "file name too long");
+    return;
+  }
+  char *c2 = strdup(clean);
+  if (!c2) {
+    proc_set_err(p, 5, RPC_INTERNAL, "failed to prepare working directory: %s", "cannot allocate memory");
+    return;
+  }
+  free(p->cwd);
+  p->cwd = c2;
+  if (proc_mkdir_p(p->cwd, err, sizeof err) != 0) {
+    proc_set_err(p, 5, RPC_INVALID_ARGUMENT, "failed to prepare working directory: %s", err);
+    return;
+  }
+  if (p->content) {
+    char path[4096 + 64];
+    if (proc_script_write(p->cwd, proc_script_ext(p->cmd), p->content, p->content_len, path,
+                          sizeof path, err, sizeof err) != 0) {
+      proc_set_err(p, 6, RPC_INTERNAL, "failed to write script file: %s", err);
+      return;
+    }
+    p->script = strdup(path);
+    p->args = calloc(1, sizeof *p->args);
+    if (p->args) p->args[0] = strdup(path);
+    if (!p->script || !p->args || !p->args[0]) {
+      if (!p->script) unlink(path);
+      proc_set_err(p, 6, RPC_INTERNAL, "failed to write script file: %s", "cannot allocate memory");
+      return;
+    }
+    p->nargs = 1;
+    free(p->content);
+    p->content = NULL;
+  }
+  if (!p->cmd[0]) {
+    proc_set_err(p, 7, RPC_INVALID_ARGUMENT, "%s%s",
+                 p->background ? "" : PROC_FG_PREFIX ": ", "command is required");
+    return;
+  }
+  if (proc_lookup(p->cmd, senv_lookup(p->envp, "PATH"), p->cwd, p->exe, sizeof p->exe, err,
+                  sizeof err) != 0) {
+    proc_set_err(p, 8, RPC_INVALID_ARGUMENT, "%s: %s", proc_prefix(p), err);
+    return;
+  }
+}
+
+static void proc_start_fail(struct proc *p, rpc_code code, const char *msg) {
+  proc_remove_script(p);
+  struct proc_sub *s = p->subs, *next;
+  for (; s; s = next) {
+    next = s->next;
+    proc_sub_fail(s, code, msg);
+  }
+  proc_release(p);
+}
+
+static void proc_start_done(uv_work_t *w, int status) {
+  struct proc *p = w->data;
+  p->work_pending = 0;
+  if (status != 0 || p->aborted) {
+    proc_remove_script(p);
+    proc_start_fail(p, RPC_CANCELED, "canceled");
+    return;
+  }
+  if (p->prep_errcode) {
+    if (p->prep_step < 8)
+      LOG_INFO("process start refused step=%d err=\"%s\"", p->prep_step, p->prep_err);
+    proc_start_fail(p, (rpc_code)p->prep_errcode, p->prep_err);
+    return;
+  }
+  char err[4200], msg[4300];
+  if (proc_launch(p, err, sizeof err) != 0) {
+    snprintf(msg, sizeof msg, "%s: %s", proc_prefix(p), err);
+    LOG_INFO("process start failed cmd=%s err=\"%s\"", p->cmd, err);
+    proc_start_fail(p, RPC_INVALID_ARGUMENT, msg);
+    return;
+  }
+  LOG_INFO("process started pid=%d cmd=%s background=%d tag=%s pty=%d timeout_ms=%lld", (int)p->pid,
+           p->cmd, p->background, p->tag, p->has_pty, (long long)p->timeout_ms);
+  if (p->subs) proc_sub_send_start(p->subs);
+}
+
+static char *proc_strdup_ok(const char *s, int *ok) {
+  char *d = strdup(s ? s : "");
+  if (!d) *ok = 0;
+  return d;
+}
+
+static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
+  struct proc_table *t = conch.procs;
+  const Pb__StartProcessRequest *req = (const Pb__StartProcessRequest *)m;
+  char msg[512];
+  rpc_code code = proc_validate_start(req, msg, sizeof msg);
+  if (code != RPC_OK) {
+    rpc_finish(c, code, msg);
+    return;
+  }
+  const char *prefix = req->background ? PROC_BG_PREFIX : PROC_FG_PREFIX;
+  if (rpc_input_had_nul(c)) {
+    rpc_finishf(c, RPC_INVALID_ARGUMENT, "%s: invalid argument (NUL byte in a string field)", prefix);
+    return;
+  }
+  const char *tag = (req->background && req->tag) ? req->tag : "";
+  if (tag[0] && proc_tag_busy(t, tag)) {
+    rpc_finishf(c, RPC_ALREADY_EXISTS, "background process tag already exists: %s", tag);
+    return;
+  }
+  if (t->nrecords >= PROC_MAX_PROCS) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "too many processes");
+    return;
+  }
+  struct proc *p = proc_new(t);
+  if (!p) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  int ok = 1;
+  p->background = req->background ? 1 : 0;
+  p->tag = proc_strdup_ok(tag, &ok);
+  p->cmd = proc_strdup_ok(req->cmd, &ok);
+  if (req->n_args) {
+    p->args = calloc(req->n_args, sizeof *p->args);
+    if (!p->args) ok = 0;
+    for (size_t i = 0; ok && i < req->n_args; i++, p->nargs++) p->args[i] = proc_strdup_ok(req->args[i], &ok);
+  }
+  const char **keys = NULL, **vals = NULL;
+  size_t nov = 0;
+  keys = calloc(req->n_env + 1, sizeof *keys);
+  vals = calloc(req->n_env + 1, sizeof *vals);
+  p->env_keys = calloc(req->n_env + 1, sizeof *p->env_keys);
+  p->env_vals = calloc(req->n_env + 1, sizeof *p->env_vals);
+  if (!keys || !vals || !p->env_keys || !p->env_vals) ok = 0;
+  if (ok && req->pty) { /* TERM default, overridden by the request env */
+    keys[nov] = "TERM";
+    vals[nov++] = "xterm-256color";
+  }
+  for (size_t i = 0; ok && i < req->n_env; i++) {
+    p->env_keys[i] = proc_strdup_ok(req->env[i]->key, &ok);
+    p->env_vals[i] = proc_strdup_ok(req->env[i]->value, &ok);
+    p->nenv++;
+    keys[nov] = req->env[i]->key;
+    vals[nov++] = req->env[i]->value;
+  }
+  if (ok) {
+    const char *home = senv_get("HOME");
+    p->cwd = proc_strdup_ok((req->cwd && req->cwd[0]) ? req->cwd : (home && home[0] ? home : "/root"), &ok);
+  }
+  if (ok && req->content && req->content[0]) {
+    p->content_len = strlen(req->content);
+    p->content = proc_strdup_ok(req->content, &ok);
+  }
+  if (ok && req->stdin.len) {
+    p->stdin_buf = malloc(req->stdin.len);
+    if (p->stdin_buf) {
+      memcpy(p->stdin_buf, req->stdin.data, req->stdin.len);
+      p->stdin_len = req->stdin.len;
+    } else {
+      ok = 0;
+    }
+  }
+  if (ok && req->pty) {
+    p->has_pty = 1;
+    p->cols = req->pty->cols ? req->pty->cols : PROC_PTY_DEFAULT_COLS;
+    p->rows = req->pty->rows ? req->pty->rows : PROC_PTY_DEFAULT_ROWS;
+  }
+  if (ok) p->envp = senv_build(keys, vals, nov);
+  free(keys);
+  free(vals);
+  p->timeout_ms = rpc_timeout_ms(c);
+  if (!ok || !p->envp || !proc_sub_add(p, c, !p->background)) {
+    proc_release(p);
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  if (p->background) { /* reserve the tag; List/Connect skip PREP records */
+    p->prev = t->tail;
+    if (t->tail) t->tail->next = p; else t->head = p;
+    t->tail = p;
+    p->in_table = 1;
+  }
+  p->work.data = p;
+  p->work_pending = 1;
+  if (uv_queue_work(t->loop, &p->work, proc_start_work, proc_start_done) != 0) {
+    p->work_pending = 0;
+    proc_start_fail(p, RPC_INTERNAL, "cannot queue work");
+  }
+}
+
+/* ---- Connect ---- */
+static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
+  const Pb__ConnectProcessRequest *req = (const Pb__ConnectProcessRequest *)m;
+  char msg[128];
+  rpc_code code = proc_validate_selector(req->process, msg, sizeof msg);
+  if (code != RPC_OK) {
+    rpc_finish(c, code, msg);
+    return;
+  }
+  struct proc *p = proc_find(conch.procs, req->process, 0);
+  if (!p) {
+    proc_finish_not_found(c, req->process);
+    return;
+  }
+  if (p->state == PROC_ENDED) {
+    proc_send_final(c, p);
+    return;
+  }
+  struct proc_sub *s = proc_sub_add(p, c, 0);
+  if (!s) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "too many subscribers");
+    return;
+  }
+  proc_sub_send_start(s);
+}
+
+/* ---- List ---- */
+static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
+  struct proc_table *t = conch.procs;
+  size_t n = 0, nenv = 0;
+  for (struct proc *p = t->head; p; p = p->next)
+    if (p->state == PROC_RUNNING) {
+      n++;
+      nenv += p->nenv;
+    }
+  Pb__ListProcessesResponse resp = PB__LIST_PROCESSES_RESPONSE__INIT;
+  Pb__ProcessInfo *infos = calloc(n + 1, sizeof *infos);
+  Pb__ProcessInfo **iptr = calloc(n + 1, sizeof *iptr);
+  Pb__ProcessConfig *cfgs = calloc(n + 1, sizeof *cfgs);
+  Pb__PTY *ptys = calloc(n + 1, sizeof *ptys);
+  Pb__ProcessConfig__EnvEntry *envs = calloc(nenv + 1, sizeof *envs);
+  Pb__ProcessConfig__EnvEntry **eptr = calloc(nenv + 1, sizeof *eptr);
+  char (*stamps)[32] = calloc(n + 1, sizeof *stamps);
+  if (!infos || !iptr || !cfgs || !ptys || !envs || !eptr || !stamps) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    goto out;
+  }
+  size_t i = 0, e = 0;
+  for (struct proc *p = t->head; p; p = p->next) {
+    if (p->state != PROC_RUNNING) continue;
+    Pb__ProcessConfig *cf = &cfgs[i];
+    pb__process_config__init(cf);
+    cf->cmd = p->cmd;
+    cf->n_args = p->nargs;
+    cf->args = p->args;
+    cf->cwd = p->cwd;
+    cf->n_env = p->nenv;
+    cf->env = &eptr[e];
+    for (size_t k = 0; k < p->nenv; k++, e++) {
+      pb__process_config__env_entry__init(&envs[e]);
+      envs[e].key = p->env_keys[k];
+      envs[e].value = p->env_vals[k];
+      eptr[e] = &envs[e];
+    }
+    if (p->has_pty) {
+      pb__pty__init(&ptys[i]);
+      ptys[i].cols = p->cols;
+      ptys[i].rows = p->rows;
+      cf->pty = &ptys[i];
+    }
+    Pb__ProcessInfo *pi = &infos[i];
+    pb__process_info__init(pi);
+    pi->pid = (int32_t)p->pid;
+    pi->tag = p->tag;
+    pi->config = cf;
+    pi->running = 1;
+    struct tm tm;
+    gmtime_r(&p->started_at, &tm);
+    strftime(stamps[i], sizeof stamps[i], "%Y-%m-%dT%H:%M:%SZ", &tm);
+    pi->started_at = stamps[i];
+    pi->exit_code = -1;
+    iptr[i] = pi;
+    i++;
+  }
+  resp.n_processes = n;
+  resp.processes = iptr;
+  if (rpc_send(c, &resp.base) == 0) rpc_finish(c, RPC_OK, NULL);
+out:
+  free(infos);
+  free(iptr);
+  free(cfgs);
+  free(ptys);
+  free(envs);
+  free(eptr);
+  free(stamps);
+}
+
+/* ---- SendSignal ---- */
+static void proc_signal_on_request(rpc_call *c, const ProtobufCMessage *m) {
+  const Pb__SendSignalRequest *req = (const Pb__SendSignalRequest *)m;
+  char msg[128];
+  rpc_code code = proc_validate_selector(req->process, msg, sizeof msg);
+  if (code == RPC_OK) code = proc_validate_signal(req->signal, msg, sizeof msg);
+  if (code != RPC_OK) {
+    rpc_finish(c, code, msg);
+    return;
+  }
+  struct proc *p = proc_find(conch.procs, req->process, 1);
+  if (!p) {
+    proc_finish_not_found(c, req->process);
+    return;
+  }
+  int r = proc_signal(p, req->signal);
+  if (r == -ESRCH) {
+    proc_finish_not_found(c, req->process);
+    return;
+  }
+  if (r != 0) {
+    char eb[96];
+    rpc_finishf(c, RPC_INTERNAL, "failed to send signal: %s", proc_errstr(-r, eb, sizeof eb));
+    return;
+  }
+  LOG_INFO("signal sent pid=%d tag=%s signal=%d", (int)p->pid, p->tag, (int)req->signal);
+  Pb__SendSignalResponse resp = PB__SEND_SIGNAL_RESPONSE__INIT;
+  if (rpc_send(c, &resp.base) == 0) rpc_finish(c, RPC_OK, NULL);
+}
+
+/* ---- cancel ---- */
+static void proc_on_cancel(rpc_call *c, rpc_code why) {
+  struct proc_sub *s = rpc_user(c);
+  if (!s) return;
+  struct proc *p = s->p;
+  if (s->lossless) { /* foreground: the client went away */
+    if (p->state == PROC_PREP) {
+      p->aborted = 1;
+    } else if (p->state == PROC_RUNNING) {
+      int r = proc_signal(p, SIGKILL);
+      LOG_INFO("foreground client gone, killing process group pid=%d why=%s kill=%d", (int)p->pid,
+               rpc_code_name(why), r);
+    }
+  }
+  proc_sub_remove(s);
+}
+
+static void proc_unary_cancel(rpc_call *c, rpc_code why) {}
+
+static const rpc_method proc_methods[] = {
+    {"/pb.ProcessService/StartProcess", RPC_SERVER_STREAM, &pb__start_process_request__descriptor,
+     &pb__process_event__descriptor, RPC_F_OWN_DEADLINE, proc_start_on_request, NULL, NULL,
+     proc_on_cancel},
+    {"/pb.ProcessService/Connect", RPC_SERVER_STREAM, &pb__connect_process_request__descriptor,
+     &pb__process_event__descriptor, 0, proc_connect_on_request, NULL, NULL, proc_on_cancel},
+    {"/pb.ProcessService/List", RPC_UNARY, &pb__list_processes_request__descriptor,
+     &pb__list_processes_response__descriptor, 0, proc_list_on_request, NULL, NULL,
+     proc_unary_cancel},
+    {"/pb.ProcessService/SendSignal", RPC_UNARY, &pb__send_signal_request__descriptor,
+     &pb__send_signal_response__descriptor, 0, proc_signal_on_request, NULL, NULL,
+     proc_unary_cancel},
+};
+
+const rpc_method *proc_service_methods(size_t *n) {
+  *n = sizeof proc_methods / sizeof proc_methods[0];
+  return proc_methods;
+}
+
+static uint64_t proc_env_ms(const char *name, uint64_t def) {
+  const char *v = getenv(name);
+  if (!v || !*v) return def;
+  char *end;
+  unsigned long long x = strtoull(v, &end, 10);
+  return *end ? def : (uint64_t)x;
+}
+
+int proc_init(uv_loop_t *loop) {
+  if (conch.procs) return 0;
+  struct proc_table *t = calloc(1, sizeof *t);
+  if (!t) return UV_ENOMEM;
+  t->loop = loop;
+  t->keepalive_ms = proc_env_ms("CONCH_PROC_KEEPALIVE_MS", PROC_KEEPALIVE_MS);
+  t->retain_ms = proc_env_ms("CONCH_PROC_RETAIN_MS", PROC_RETAIN_MS);
+  conch.procs = t;
+
+  umask(022);
+  /* Standalone (not PID 1): become the reaper of our descendants' orphans,
+   * as PID 1 is, so they never linger as zombies of someone else. */
+  if (getpid() != 1) prctl(PR_SET_CHILD_SUBREAPER, 1);
+  struct sigaction sa;
+  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(SIGPIPE, &sa, NULL);
+  }
+  for (int fd = 0; fd < 3; fd++) {
+    if (fcntl(fd, F_GETFD) >= 0) continue;
+    int n = open("/dev/null", O_RDWR); /* lowest free number: fd itself */
+    if (n >= 0 && n != fd) close(n);
+  }
+  return 0;
+}

@@ -1,0 +1,46 @@
+/* service — ProcessService (api.md §6): StartProcess, Connect, List,
+ * SendSignal, served through agent/rpc.h.
+ *
+ *   proc_init(loop)            create the process table in conch.procs; set
+ *                              the daemon umask to 022 (children inherit
+ *                              it), ignore SIGPIPE if it is still SIG_DFL
+ *                              (stdin pipes to exited children), and make
+ *                              sure fds 0–2 are open (/dev/null) so child
+ *                              pipes never land on them; when not PID 1,
+ *                              make the daemon a child subreaper (orphans of
+ *                              its processes come to the one reaper, as
+ *                              under PID 1).  reaper_init() must
+ *                              have run (or run before the first spawn).
+ *   proc_service_methods(&n)   the four rpc_method entries for the router.
+ *
+ * Test hooks (environment, read by proc_init): CONCH_PROC_KEEPALIVE_MS
+ * (default 30000; 0 disables) and CONCH_PROC_RETAIN_MS (default 60000) —
+ * so the integration suite can check keepalives and retention quickly.
+ *
+ * Choices beyond api.md (documented in proc/proc.h as well):
+ *   - a request string holding a NUL byte (cut by protobuf-c) is refused
+ *     after check 4 with invalid_argument "<prefix>: invalid argument
+ *     (NUL byte in a string field)" (prefix as for start failures) — Go's
+ *     exec fails such a request with EINVAL too;
+ *   - tag uniqueness (already_exists) is checked after check 4 and the tag
+ *     is reserved from then on, so two concurrent starts cannot share it;
+ *   - > PROC_MAX_PROCS live processes → resource_exhausted "too many
+ *     processes"; > PROC_MAX_SUBS subscribers on one process →
+ *     resource_exhausted "too many subscribers";
+ *   - invalid signal numbers (< 0 or > 64) → invalid_argument
+ *     "invalid signal <n>";
+ *   - a relative cwd is taken relative to the daemon's cwd; the cwd is
+ *     cleaned lexically (List reports the cleaned absolute path).
+ */
+#ifndef CONCH_PROC_SERVICE_H
+#define CONCH_PROC_SERVICE_H
+
+#include <stddef.h>
+#include <uv.h>
+
+#include "agent/rpc.h"
+
+int proc_init(uv_loop_t *loop);
+const rpc_method *proc_service_methods(size_t *n);
+
+#endif

@@ -1,0 +1,45 @@
+/* validate — see validate.h. */
+#include "proc/validate.h"
+
+#include <signal.h>
+#include <stdio.h>
+
+rpc_code proc_validate_start(const Pb__StartProcessRequest *req, char *msg, size_t n) {
+  if (req->content && req->content[0] && req->n_args > 0) {
+    snprintf(msg, n, "content and args cannot both be set");
+    return RPC_INVALID_ARGUMENT;
+  }
+  if (req->pty && req->stdin.len > 0) {
+    snprintf(msg, n, "stdin cannot be used with pty");
+    return RPC_INVALID_ARGUMENT;
+  }
+  if (req->pty && req->pty->cols > PROC_PTY_MAX) {
+    snprintf(msg, n, "invalid pty size: pty cols must not exceed 65535");
+    return RPC_INVALID_ARGUMENT;
+  }
+  if (req->pty && req->pty->rows > PROC_PTY_MAX) {
+    snprintf(msg, n, "invalid pty size: pty rows must not exceed 65535");
+    return RPC_INVALID_ARGUMENT;
+  }
+  return RPC_OK;
+}
+
+rpc_code proc_validate_selector(const Pb__ProcessSelector *sel, char *msg, size_t n) {
+  if (!sel || (sel->pid == 0 && (!sel->tag || !sel->tag[0]))) {
+    snprintf(msg, n, "process pid or tag is required");
+    return RPC_INVALID_ARGUMENT;
+  }
+  return RPC_OK;
+}
+
+rpc_code proc_validate_signal(int32_t sig, char *msg, size_t n) {
+  if (sig == 0) {
+    snprintf(msg, n, "signal must not be zero");
+    return RPC_INVALID_ARGUMENT;
+  }
+  if (sig < 1 || sig > SIGRTMAX) {
+    snprintf(msg, n, "invalid signal %d", (int)sig);
+    return RPC_INVALID_ARGUMENT;
+  }
+  return RPC_OK;
+}
