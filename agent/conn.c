@@ -17,6 +17,7 @@ typedef struct wreq {
   size_t bytes;
   unsigned nowned;
   void *owned[4];
+  char pre[32];
 } wreq;
 
 static void conn_free_cb(uv_handle_t *h) {
@@ -62,22 +63,33 @@ static void conn_write_done(uv_write_t *req, int status) {
   if (c->proto && c->proto->on_written) c->proto->on_written(c);
 }
 
-int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned nowned) {
-  if (c->closing || nowned > 4) {
+int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
+                   void **owned, unsigned nowned) {
+  if (c->closing || nowned > 4 || n > 6 || prelen > sizeof ((wreq *)0)->pre) {
     for (unsigned i = 0; i < nowned; i++) free(owned[i]);
     return -1;
   }
-  wreq *w = calloc(1, sizeof *w);
+  wreq *w = malloc(sizeof *w);
   if (!w) {
     for (unsigned i = 0; i < nowned; i++) free(owned[i]);
     return -1;
   }
+  uv_buf_t all[7];
+  unsigned k = 0;
   w->c = c;
-  for (unsigned i = 0; i < n; i++) w->bytes += bufs[i].len;
+  w->bytes = prelen;
+  if (prelen) {
+    memcpy(w->pre, pre, prelen);
+    all[k++] = uv_buf_init(w->pre, (unsigned)prelen);
+  }
+  for (unsigned i = 0; i < n; i++) {
+    all[k++] = bufs[i];
+    w->bytes += bufs[i].len;
+  }
   w->nowned = nowned;
   for (unsigned i = 0; i < nowned; i++) w->owned[i] = owned[i];
   c->outq += w->bytes;
-  int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, n, conn_write_done);
+  int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, all, k, conn_write_done);
   if (r < 0) {
     /* the callback never runs: undo, and let the loop close us */
     c->outq -= w->bytes;
@@ -86,6 +98,10 @@ int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned
     return -1;
   }
   return 0;
+}
+
+int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned nowned) {
+  return conn_write_pre(c, NULL, 0, bufs, n, owned, nowned);
 }
 
 int conn_write_copy(conn *c, const void *data, size_t len) {

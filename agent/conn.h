@@ -39,6 +39,10 @@ struct conn {
 
 /* Write n buffers; each owned[i] (may be NULL) is free()d once written. */
 int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned nowned);
+/* The same, preceded by up to 32 small bytes copied into the request itself
+ * (an HTTP/1.1 chunk-size line: no allocation per chunk). */
+int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
+                   void **owned, unsigned nowned);
 /* Copying variant for small protocol bytes. */
 int conn_write_copy(conn *c, const void *data, size_t len);
 void conn_read_pause(conn *c, int paused);

@@ -355,25 +355,30 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
 static int h1_write(hx *x, uint8_t *buf, size_t off, size_t len) {
   h1 *s = x->tp;
   uv_buf_t bufs[4];
-  void *owned[4];
+  void *owned[3];
   unsigned nb = 0, no = 0;
+  char sz[24];
+  int szl = 0;
   h1_flush_head(s, bufs, &nb, owned, &no);
-  char *sz = NULL;
   if (s->chunked) {
-    sz = malloc(24);
-    if (!sz) {
-      for (unsigned i = 0; i < no; i++) free(owned[i]);
-      free(buf);
-      return -1;
+    szl = snprintf(sz, sizeof sz, "%zx\r\n", len);
+    if (nb) { /* the head goes first: the size line cannot be the prefix */
+      char *p = malloc((size_t)szl);
+      if (!p) {
+        for (unsigned i = 0; i < no; i++) free(owned[i]);
+        free(buf);
+        return -1;
+      }
+      memcpy(p, sz, (size_t)szl);
+      bufs[nb++] = uv_buf_init(p, (unsigned)szl);
+      owned[no++] = p;
+      szl = 0;
     }
-    int w = snprintf(sz, 24, "%zx\r\n", len);
-    bufs[nb++] = uv_buf_init(sz, (unsigned)w);
-    owned[no++] = sz;
   }
   bufs[nb++] = uv_buf_init((char *)buf + off, (unsigned)len);
   owned[no++] = buf;
   if (s->chunked) bufs[nb++] = uv_buf_init("\r\n", 2);
-  int r = conn_write(s->c, bufs, nb, owned, no);
+  int r = conn_write_pre(s->c, sz, (size_t)szl, bufs, nb, owned, no);
   if (s->c->outq > HX_OUTQ_LOW) s->drain_armed = 1;
   return r;
 }

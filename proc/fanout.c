@@ -1,5 +1,6 @@
 /* fanout — subscribers of a process: events, drops, flow control,
  * keepalives; see proc.h. */
+#include <string.h>
 #include <stdlib.h>
 
 #include "agent/log.h"
@@ -125,6 +126,43 @@ void proc_fanout_data(struct proc *p, int kind, const char *buf, size_t n) {
     } else {
       proc_sub_send(s, &ev);
     }
+  }
+}
+
+int proc_fanout_direct(const struct proc *p) {
+  return p->nsubs == 1 && p->subs->lossless && rpc_is_proto(p->subs->call);
+}
+
+/* Frame ProcessEvent{data{<kind>: buf[PROC_HEADROOM, +n)}} in place, in the
+ * headroom in front of the bytes, and hand buf over: no copy of the output. */
+void proc_fanout_data_packed(struct proc *p, int kind, uint8_t *buf, size_t n) {
+  struct proc_sub *s = p->subs;
+  uint8_t tag = kind == PROC_OUT_STDOUT ? 0x0a : kind == PROC_OUT_STDERR ? 0x12 : 0x1a;
+  size_t off = PROC_HEADROOM;
+  uint8_t v[10];
+  size_t vl = 0;
+  for (uint64_t x = n;; x >>= 7) {
+    v[vl++] = (uint8_t)((x & 0x7f) | (x >> 7 ? 0x80 : 0));
+    if (!(x >> 7)) break;
+  }
+  off -= vl;
+  memcpy(buf + off, v, vl);
+  buf[--off] = tag;
+  size_t inner = PROC_HEADROOM + n - off;
+  vl = 0;
+  for (uint64_t x = inner;; x >>= 7) {
+    v[vl++] = (uint8_t)((x & 0x7f) | (x >> 7 ? 0x80 : 0));
+    if (!(x >> 7)) break;
+  }
+  off -= vl;
+  memcpy(buf + off, v, vl);
+  buf[--off] = 0x12; /* ProcessEvent.data */
+  s->last_send = uv_now(p->t->loop);
+  if (rpc_send_packed(s->call, buf, off, PROC_HEADROOM + n - off) != 0) return;
+  if (rpc_outq_bytes(s->call) > RPC_OUTQ_HIGH && !s->drain_armed) {
+    s->drain_armed = 1;
+    proc_pause(p, 1);
+    rpc_on_drain(s->call, proc_sub_on_drain);
   }
 }
 

@@ -54,6 +54,8 @@
 
 #define PROC_READ_MAX (32u * 1024)
 #define PROC_PTY_READ_MAX (16u * 1024)
+/* Room in front of output read for in-place framing (envelope + event tags). */
+#define PROC_HEADROOM 16
 #define PROC_SUB_QUEUE_BYTES (64u * PROC_READ_MAX) /* ≈ the reference's 64 events */
 #define PROC_EXIT_GRACE_MS 100
 #define PROC_EXIT_LINGER_MS 2000
@@ -182,6 +184,11 @@ void proc_check_free(struct proc *p);
 struct proc_sub *proc_sub_add(struct proc *p, rpc_call *c, int lossless);
 /* Detach and free (the call itself is left alone: it is ending). */
 void proc_sub_remove(struct proc_sub *s);
+/* The one subscriber is the lossless foreground starter speaking proto:
+ * output can be framed in place (proc_fanout_data_packed takes a malloc'd
+ * buffer holding n bytes at PROC_HEADROOM). */
+int proc_fanout_direct(const struct proc *p);
+void proc_fanout_data_packed(struct proc *p, int kind, uint8_t *buf, size_t n);
 /* Send helpers; data may drop (lossy) or pause the outputs (lossless). */
 void proc_sub_send_start(struct proc_sub *s);
 void proc_fanout_data(struct proc *p, int kind, const char *buf, size_t n);

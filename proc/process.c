@@ -153,10 +153,15 @@ static void proc_on_readable(uv_poll_t *h, int status, int events) {
   struct proc *p = o->p;
   size_t cap = p->has_pty ? PROC_PTY_READ_MAX : PROC_READ_MAX;
   for (int i = 0; i < PROC_READS_PER_WAKE && o->open; i++) {
-    ssize_t n = read(o->fd, p->buf, cap);
+    uint8_t *direct = !o->done && proc_fanout_direct(p) ? malloc(PROC_HEADROOM + cap) : NULL;
+    ssize_t n = read(o->fd, direct ? (char *)direct + PROC_HEADROOM : p->buf, cap);
+    if (direct && n <= 0) free(direct);
     if (n > 0) {
       if (p->state == PROC_EXITED) o->read_since_exit += (uint64_t)n;
-      if (!o->done) proc_fanout_data(p, o->kind, p->buf, (size_t)n);
+      if (direct)
+        proc_fanout_data_packed(p, o->kind, direct, (size_t)n);
+      else if (!o->done)
+        proc_fanout_data(p, o->kind, p->buf, (size_t)n);
       if (!o->reading) return; /* paused by flow control */
       continue;
     }
