@@ -324,6 +324,31 @@ int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
   return hx_write(c->x, buf, hdr + len);
 }
 
+int rpc_is_proto(const rpc_call *c) { return !c->json; }
+
+int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
+  if (c->finished || !c->hx_live || c->json || off < RPC_HEADROOM || len > RPC_MAX_MESSAGE) {
+    free(buf);
+    return -1;
+  }
+  if (c->w == W_CONNECT_UNARY) {
+    memmove(buf, buf + off, len);
+    free(c->unary_out);
+    c->unary_out = buf;
+    c->unary_len = len;
+    c->unary_set = 1;
+    return 0;
+  }
+  uint8_t *h = buf + off - 5;
+  h[0] = 0;
+  h[1] = (uint8_t)(len >> 24);
+  h[2] = (uint8_t)(len >> 16);
+  h[3] = (uint8_t)(len >> 8);
+  h[4] = (uint8_t)len;
+  start_stream(c, c->x);
+  return hx_write_at(c->x, buf, off - 5, len + 5);
+}
+
 void rpc_finish(rpc_call *c, rpc_code code, const char *message) {
   if (c->finished) return;
   c->finished = 1;

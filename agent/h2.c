@@ -68,6 +68,19 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   return st;
 }
 
+/* The connection timer: 10 s while a header block is open, else 60 s idle
+ * once no exchange is running (a stream whose response ended but whose
+ * client never finished its request does not keep the connection alive). */
+static void h2_timer_update(h2c *sc) {
+  if (sc->dead || sc->undispatched) return;
+  for (h2s *st = sc->streams; st; st = st->next)
+    if (!st->x.ended) {
+      conn_timer(sc->c, 0);
+      return;
+    }
+  conn_timer(sc->c, 60000);
+}
+
 static void h2_stream_free(h2s *st) {
   h2c *sc = st->sess;
   if (!st->dispatched) sc->undispatched--;
@@ -89,10 +102,7 @@ static void h2_stream_free(h2s *st) {
   free(st->pend);
   hx_free_request(&st->x);
   free(st);
-  if (!sc->dead) {
-    if (sc->nstreams == 0) conn_timer(sc->c, 60000);
-    else if (sc->undispatched == 0) conn_timer(sc->c, 0);
-  }
+  h2_timer_update(sc);
 }
 
 static void h2_abort_stream(h2s *st) {
@@ -140,7 +150,7 @@ static void h2_stream_body_end(h2s *st) {
 
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
-  if (--st->sess->undispatched == 0) conn_timer(st->sess->c, 0);
+  if (--st->sess->undispatched == 0) conn_timer(st->sess->c, 0); /* running now */
   const char *cl = hx_get(&st->x, "content-length");
   if (cl) st->x.content_length = strtoll(cl, NULL, 10);
   if (!st->x.method || !st->x.path) {
@@ -223,20 +233,6 @@ static int h2_on_stream_close(nghttp2_session *ng, int32_t id, uint32_t err, voi
   return 0;
 }
 
-/* Our response ended while the client still has its side open (it has not
- * finished the request body): tell it to stop (RFC 9113 §8.1), so the
- * stream does not linger. */
-static int h2_on_frame_send(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
-  (void)ud;
-  if ((f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) ||
-      !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
-    return 0;
-  h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-  if (st && !st->body_ended)
-    nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_NO_ERROR);
-  return 0;
-}
-
 static ssize_t h2_read_body(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t len,
                             uint32_t *flags, nghttp2_data_source *src, void *ud) {
   (void)ud;
@@ -295,6 +291,16 @@ static void h2_flush(h2c *sc) {
         return;
       }
       if (n == 0) break;
+      if (olen == 0 && c->outq == 0) {
+        /* nothing queued: hand nghttp2's bytes to the kernel directly */
+        uv_buf_t direct = uv_buf_init((char *)p, (unsigned)n);
+        int w = uv_try_write((uv_stream_t *)&c->tcp, &direct, 1);
+        if (w == n) continue;
+        if (w > 0) {
+          p += w;
+          n -= w;
+        }
+      }
       if (olen + (size_t)n > ocap) {
         size_t cap = ocap ? ocap * 2 : 16384;
         while (cap < olen + (size_t)n) cap *= 2;
@@ -424,14 +430,14 @@ static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   return 0;
 }
 
-static int h2_write(hx *x, uint8_t *buf, size_t len) {
+static int h2_write(hx *x, uint8_t *buf, size_t off, size_t len) {
   h2s *st = x->tp;
   h2buf *b = malloc(sizeof *b);
   if (!b) {
     free(buf);
     return -1;
   }
-  *b = (h2buf){NULL, buf, len, 0};
+  *b = (h2buf){NULL, buf, off + len, off};
   if (st->qtail) st->qtail->next = b;
   else st->qhead = b;
   st->qtail = b;
@@ -449,6 +455,7 @@ static int h2_write(hx *x, uint8_t *buf, size_t len) {
 static int h2_end(hx *x, const hx_header *tr, size_t n) {
   h2s *st = x->tp;
   st->out_ended = 1;
+  h2_timer_update(st->sess);
   /* the rest of the request body, if any, is not wanted any more */
   if (!st->body_ended) st->body_paused = 0;
   if (!st->submitted && !st->qhead && n == 0) return h2_submit(st, 0);
@@ -506,7 +513,9 @@ static void h2_on_written(conn *c) {
 
 static void h2_on_timeout(conn *c) {
   h2c *sc = c->p;
-  if (sc->nstreams && !sc->undispatched) return; /* exchanges are running */
+  if (!sc->undispatched)
+    for (h2s *st = sc->streams; st; st = st->next)
+      if (!st->x.ended) return; /* an exchange is running */
   LOG_DEBUG("h2 timeout conn=%llu open_header_blocks=%zu", (unsigned long long)c->id,
             sc->undispatched);
   nghttp2_session_terminate_session(sc->ng, NGHTTP2_NO_ERROR);
@@ -564,7 +573,6 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame_recv);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data_chunk);
   nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_stream_close);
-  nghttp2_session_callbacks_set_on_frame_send_callback(cb, h2_on_frame_send);
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
   if (nghttp2_session_server_new2(&sc->ng, cb, sc, opt) != 0) goto fail;

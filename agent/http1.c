@@ -352,7 +352,7 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   return 0;
 }
 
-static int h1_write(hx *x, uint8_t *buf, size_t len) {
+static int h1_write(hx *x, uint8_t *buf, size_t off, size_t len) {
   h1 *s = x->tp;
   uv_buf_t bufs[4];
   void *owned[4];
@@ -370,7 +370,7 @@ static int h1_write(hx *x, uint8_t *buf, size_t len) {
     bufs[nb++] = uv_buf_init(sz, (unsigned)w);
     owned[no++] = sz;
   }
-  bufs[nb++] = uv_buf_init((char *)buf, (unsigned)len);
+  bufs[nb++] = uv_buf_init((char *)buf + off, (unsigned)len);
   owned[no++] = buf;
   if (s->chunked) bufs[nb++] = uv_buf_init("\r\n", 2);
   int r = conn_write(s->c, bufs, nb, owned, no);

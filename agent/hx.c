@@ -23,7 +23,7 @@ int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_
   return x->ops->respond(x, status, h, n, content_length);
 }
 
-int hx_write(hx *x, uint8_t *buf, size_t len) {
+int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len) {
   if (!x->responded || x->ended) {
     free(buf);
     return -1;
@@ -32,8 +32,10 @@ int hx_write(hx *x, uint8_t *buf, size_t len) {
     free(buf);
     return 0;
   }
-  return x->ops->write(x, buf, len);
+  return x->ops->write(x, buf, off, len);
 }
+
+int hx_write(hx *x, uint8_t *buf, size_t len) { return hx_write_at(x, buf, 0, len); }
 
 int hx_write_copy(hx *x, const void *data, size_t len) {
   uint8_t *b = malloc(len ? len : 1);

@@ -40,7 +40,7 @@ typedef struct hx_handler {
 /* Transport side of an hx (a vtable; see http1.c, h2.c). */
 typedef struct hx_ops {
   int (*respond)(hx *x, int status, const hx_header *h, size_t n, int64_t content_length);
-  int (*write)(hx *x, uint8_t *buf, size_t len); /* takes ownership of malloc'd buf */
+  int (*write)(hx *x, uint8_t *buf, size_t off, size_t len); /* bytes buf[off, off+len); takes buf */
   int (*end)(hx *x, const hx_header *trailers, size_t n);
   void (*pause_body)(hx *x, int paused);
   size_t (*outq)(const hx *x);
@@ -74,6 +74,8 @@ int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_
  * (freed even on error).  Returns 0 or -1 (exchange already gone). */
 int hx_write(hx *x, uint8_t *buf, size_t len);
 int hx_write_copy(hx *x, const void *data, size_t len);
+/* The bytes at buf + off (zero-copy framing: the caller keeps headroom). */
+int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len);
 /* Finish the response; trailers only reach HTTP/2 peers. */
 int hx_end(hx *x, const hx_header *trailers, size_t n);
 /* Whole small response in one call. */

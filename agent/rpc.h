@@ -87,6 +87,14 @@ typedef struct rpc_method {
  * carry messages (then on_cancel follows, or already ran). */
 int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
 
+/* Zero-copy send for producers of large messages (file chunks): when
+ * rpc_is_proto(c), a caller may pack the message itself at buf + off, with
+ * off >= RPC_HEADROOM bytes free in front for the framing, and hand the
+ * malloc'd buf over (it is freed in every case).  Same result as rpc_send. */
+#define RPC_HEADROOM 5
+int rpc_is_proto(const rpc_call *c);
+int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len);
+
 /* End the call: RPC_OK or an error code with its message (NULL = none). */
 void rpc_finish(rpc_call *c, rpc_code code, const char *message);
 void rpc_finishf(rpc_call *c, rpc_code code, const char *fmt, ...)

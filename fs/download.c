@@ -42,7 +42,8 @@ typedef struct fs_download {
   int busy;       /* pool work queued/running */
   int sending;    /* inside rpc_send: on_cancel must not free */
   int first_read; /* the open work also did the first read */
-  unsigned char *buf;
+  unsigned char *buf; /* the chunk being read; handed to the transport when sent */
+  size_t data_off;    /* where file bytes go in buf: room for framing before them */
   size_t n;       /* bytes in buf from the last read */
   int eof;
   int sent;       /* chunks sent */
@@ -50,7 +51,24 @@ typedef struct fs_download {
   fs_status st;
 } fs_download;
 
-static void dl_read_more(fs_download *d);
+static int dl_read_more(fs_download *d);
+
+/* A fresh chunk buffer: [headroom + FileChunk field headers][1 MiB data]. */
+static int dl_alloc(fs_download *d) {
+  if (!d->buf) d->buf = malloc(d->data_off + FS_CHUNK_MAX);
+  return d->buf ? 0 : -1;
+}
+
+static size_t dl_varint(uint8_t *out, uint64_t v) {
+  size_t n = 0;
+  do {
+    out[n] = (uint8_t)(v & 0x7f);
+    v >>= 7;
+    if (v) out[n] |= 0x80;
+    n++;
+  } while (v);
+  return n;
+}
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
 static void dl_free(fs_download *d) {
@@ -91,7 +109,7 @@ static void dl_finish(fs_download *d, rpc_code code, const char *msg) {
 static void dl_fill(fs_download *d) {
   d->n = 0;
   while (d->n < FS_CHUNK_MAX) {
-    ssize_t r = read(d->fd, d->buf + d->n, FS_CHUNK_MAX - d->n);
+    ssize_t r = read(d->fd, d->buf + d->data_off + d->n, FS_CHUNK_MAX - d->n);
     if (r < 0) {
       if (errno == EINTR) continue;
       fs_status_os(&d->st, "read file", d->path, errno);
@@ -140,20 +158,42 @@ static void dl_open_work(uv_work_t *req) {
 
 static void dl_read_work(uv_work_t *req) { dl_fill(req->data); }
 
-/* Send what is in buf; 0 ok, -1 failed: d->call NULL when on_cancel ran
- * meanwhile, else the call is still ours (out of memory). */
-static int dl_send(fs_download *d) {
-  Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
-  ch.filepath = d->sent == 0 ? d->path : "";
-  ch.content.data = d->buf;
-  ch.content.len = d->n;
+/* Send what is in buf (which goes with it); 0 ok, -1 failed: d->call NULL
+ * when on_cancel ran meanwhile, else the call is still ours.  With the
+ * proto codec the FileChunk is framed in place, in front of the data: no
+ * copy of the file bytes on the loop. */
+static int dl_send(fs_download *d, unsigned char *buf, size_t n) {
+  int r;
   d->sending = 1;
-  int r = rpc_send(d->call, &ch.base);
+  if (rpc_is_proto(d->call)) {
+    size_t off = d->data_off;
+    uint8_t v[10];
+    size_t vl = dl_varint(v, n);
+    off -= vl;
+    memcpy(buf + off, v, vl);
+    buf[--off] = 0x12; /* field 2 (content), length-delimited */
+    if (d->sent == 0) {
+      size_t pl = strlen(d->path);
+      off -= pl;
+      memcpy(buf + off, d->path, pl);
+      vl = dl_varint(v, pl);
+      off -= vl;
+      memcpy(buf + off, v, vl);
+      buf[--off] = 0x0a; /* field 1 (filepath) */
+    }
+    r = rpc_send_packed(d->call, buf, off, d->data_off + n - off);
+  } else {
+    Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
+    ch.filepath = d->sent == 0 ? d->path : "";
+    ch.content.data = buf + d->data_off;
+    ch.content.len = n;
+    r = rpc_send(d->call, &ch.base);
+    free(buf);
+  }
   d->sending = 0;
   if (r != 0 || !d->call) return -1;
   d->sent++;
-  d->bytes += d->n;
-  d->n = 0;
+  d->bytes += n;
   return 0;
 }
 
@@ -167,7 +207,7 @@ static void dl_on_drain(rpc_call *c) {
     }
     return;
   }
-  dl_read_more(d);
+  if (dl_read_more(d) != 0) dl_finish(d, RPC_INTERNAL, "queue file read failed");
 }
 
 /* After a chunk went out: go on, or wait for the queue to drain. */
@@ -180,7 +220,7 @@ static void dl_next(fs_download *d) {
     rpc_on_drain(d->call, dl_on_drain);
     return;
   }
-  if (!d->pollable) dl_read_more(d);
+  if (!d->pollable && dl_read_more(d) != 0) dl_finish(d, RPC_INTERNAL, "queue file read failed");
 }
 
 static void dl_after_read(uv_work_t *req, int status) {
@@ -198,27 +238,43 @@ static void dl_after_read(uv_work_t *req, int status) {
     dl_finish(d, d->st.code, d->st.msg);
     return;
   }
-  if (d->n > 0 && dl_send(d) < 0) {
-    if (!d->call)
-      dl_destroy(d); /* on_cancel ran inside rpc_send */
-    else
-      dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
+  int eof = d->eof;
+  /* read the next chunk while this one goes out */
+  unsigned char *chunk = d->buf;
+  size_t n = d->n;
+  d->buf = NULL;
+  d->n = 0;
+  int ahead = !eof && rpc_outq_bytes(d->call) < RPC_OUTQ_HIGH;
+  if (ahead && dl_read_more(d) != 0) {
+    free(chunk);
+    dl_finish(d, RPC_INTERNAL, "queue file read failed");
     return;
   }
-  if (d->eof) {
+  if (n > 0) {
+    /* d->buf now belongs to the read in flight, if any: never touch it here */
+    if (dl_send(d, chunk, n) < 0) {
+      if (!d->call)
+        dl_destroy(d); /* on_cancel ran inside rpc_send */
+      else
+        dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
+      return;
+    }
+  } else {
+    free(chunk);
+  }
+  if (eof) {
     dl_finish(d, RPC_OK, NULL);
     return;
   }
-  dl_next(d);
+  if (!ahead) rpc_on_drain(d->call, dl_on_drain);
 }
 
-static void dl_read_more(fs_download *d) {
+static int dl_read_more(fs_download *d) {
+  if (dl_alloc(d) != 0) return -1;
   d->busy = 1;
   int r = uv_queue_work(conch.loop, &d->req, dl_read_work, dl_after_read);
-  if (r != 0) {
-    d->busy = 0;
-    dl_finish(d, RPC_INTERNAL, "queue file read failed");
-  }
+  if (r != 0) d->busy = 0;
+  return r;
 }
 
 /* Poll mode: one non-blocking read per readiness. */
@@ -231,7 +287,11 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
     return;
   }
   ssize_t r;
-  do r = read(d->fd, d->buf, FS_CHUNK_MAX);
+  if (dl_alloc(d) != 0) {
+    dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  do r = read(d->fd, d->buf + d->data_off, FS_CHUNK_MAX);
   while (r < 0 && errno == EINTR);
   if (r < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -243,8 +303,9 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
     dl_finish(d, RPC_OK, NULL);
     return;
   }
-  d->n = (size_t)r;
-  if (dl_send(d) < 0) {
+  unsigned char *chunk = d->buf;
+  d->buf = NULL;
+  if (dl_send(d, chunk, (size_t)r) < 0) {
     if (!d->call)
       dl_destroy(d);
     else
@@ -278,7 +339,7 @@ static void dl_after_open(uv_work_t *req, int status) {
     d->pollable = 0;
     int fl = fcntl(d->fd, F_GETFL);
     if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_NONBLOCK);
-    dl_read_more(d);
+    if (dl_read_more(d) != 0) dl_finish(d, RPC_INTERNAL, "queue file read failed");
     return;
   }
   dl_after_read(req, 0); /* the open work already read the first chunk */
@@ -295,7 +356,9 @@ void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
   if (d) {
     d->fd = -1;
     d->path = strdup(req->filepath);
-    d->buf = malloc(FS_CHUNK_MAX);
+    /* headroom + field 1 (tag, varint, path) + field 2 (tag, 3-byte varint) */
+    if (d->path) d->data_off = RPC_HEADROOM + 1 + 10 + strlen(d->path) + 1 + 3;
+    if (d->path) dl_alloc(d);
   }
   if (!d || !d->path || !d->buf) {
     if (d) {

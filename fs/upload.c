@@ -10,8 +10,11 @@
  * path, type:"file"}]}.  On any error or cancel the temp file is removed
  * (in the pool), the target is untouched and no message is sent.
  *
- * Memory stays bounded: while a pool write is in flight the call's input
- * is paused; chunks that still arrive are queued up to UP_QUEUE_MAX bytes.
+ * Pipelining with bounded memory: chunks are copied into a queue while the
+ * previous batch is written in the pool (network and disk overlap); the
+ * call's input is paused while UP_QUEUE_HIGH bytes wait, so at most about
+ * 2 x (UP_QUEUE_HIGH + 1 MiB) is held per upload.  A layer that kept
+ * delivering past the pause would be stopped at UP_QUEUE_MAX.
  * A target that is an existing directory fails at the first chunk with
  * invalid_argument "path is a directory: <p>".
  */
@@ -33,7 +36,8 @@
 #include "fs/path.h"
 #include "proto/agent.pb-c.h"
 
-#define UP_QUEUE_MAX (4u * 1024 * 1024)
+#define UP_QUEUE_HIGH (2u * 1024 * 1024)
+#define UP_QUEUE_MAX (8u * 1024 * 1024)
 #define UP_TEMP_PREFIX ".conch-upload-"
 
 typedef struct up_chunk {
@@ -54,7 +58,7 @@ typedef struct fs_upload {
   int sending; /* inside rpc_send */
   int failing; /* an error is recorded in st; ending the call */
   up_op op;
-  up_chunk *cur; /* chunk written by the running op */
+  up_chunk *batch; /* chunks written by the running op */
   up_chunk *q_head, *q_tail;
   size_t q_bytes;
   uint64_t bytes;
@@ -62,12 +66,16 @@ typedef struct fs_upload {
   uv_work_t req;
 } fs_upload;
 
-static void up_free(fs_upload *u) {
-  free(u->cur);
-  for (up_chunk *k = u->q_head, *n; k; k = n) {
+static void up_chunks_free(up_chunk *k) {
+  for (up_chunk *n; k; k = n) {
     n = k->next;
     free(k);
   }
+}
+
+static void up_free(fs_upload *u) {
+  up_chunks_free(u->batch);
+  up_chunks_free(u->q_head);
   free(u->target);
   free(u->tmp);
   fs_status_clear(&u->st);
@@ -124,20 +132,22 @@ static void up_random_hex(fs_upload *u, char out[17]) {
   snprintf(out, 17, "%016llx", (unsigned long long)r);
 }
 
-static int up_write_cur(fs_upload *u) {
-  const unsigned char *p = u->cur->data;
-  size_t left = u->cur->len;
-  while (left) {
-    ssize_t w = write(u->fd, p, left);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      fs_status_os(&u->st, "write file", u->target, errno);
-      return -1;
+static int up_write_batch(fs_upload *u) {
+  for (const up_chunk *k = u->batch; k; k = k->next) {
+    const unsigned char *p = k->data;
+    size_t left = k->len;
+    while (left) {
+      ssize_t w = write(u->fd, p, left);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        fs_status_os(&u->st, "write file", u->target, errno);
+        return -1;
+      }
+      p += w;
+      left -= (size_t)w;
     }
-    p += w;
-    left -= (size_t)w;
+    u->bytes += k->len;
   }
-  u->bytes += u->cur->len;
   return 0;
 }
 
@@ -173,7 +183,7 @@ static void up_do_open(fs_upload *u) {
       goto out;
     }
   }
-  if (u->cur && up_write_cur(u) < 0) up_remove_temp(u);
+  if (up_write_batch(u) < 0) up_remove_temp(u);
 out:
   free(dir);
 }
@@ -220,7 +230,7 @@ static void up_work(uv_work_t *req) {
       up_do_open(u);
       break;
     case UP_WRITE:
-      if (up_write_cur(u) < 0) up_remove_temp(u);
+      if (up_write_batch(u) < 0) up_remove_temp(u);
       break;
     case UP_COMMIT:
       up_do_commit(u);
@@ -310,34 +320,34 @@ static void up_succeed(fs_upload *u) {
   up_free(u);
 }
 
-/* Start the next pool op if idle: a queued chunk, else the commit once the
- * input ended; otherwise let input flow again. */
+/* Hand the waiting chunks to the pool as one batch; commit once the input
+ * ended and nothing waits; pause input while UP_QUEUE_HIGH bytes wait. */
 static void up_kick(fs_upload *u) {
-  if (u->busy || !u->call) return;
-  int r = 0;
-  if (u->q_head) {
-    up_chunk *k = u->q_head;
-    u->q_head = k->next;
-    if (!u->q_head) u->q_tail = NULL;
-    u->q_bytes -= k->len;
-    u->cur = k;
-    rpc_pause_input(u->call, 1);
-    r = up_queue(u, UP_WRITE);
-  } else if (u->input_end) {
-    r = up_queue(u, UP_COMMIT);
-  } else {
-    rpc_pause_input(u->call, 0);
-    return;
+  if (!u->call || u->failing) return;
+  if (!u->busy) {
+    int r = 0;
+    if (u->q_head) {
+      u->batch = u->q_head;
+      u->q_head = u->q_tail = NULL;
+      u->q_bytes = 0;
+      r = up_queue(u, UP_WRITE);
+    } else if (u->input_end) {
+      r = up_queue(u, UP_COMMIT);
+    }
+    if (r != 0) {
+      up_fail(u, RPC_INTERNAL, "queue file write failed");
+      return;
+    }
   }
-  if (r != 0) up_fail(u, RPC_INTERNAL, "queue file write failed");
+  rpc_pause_input(u->call, u->q_bytes >= UP_QUEUE_HIGH);
 }
 
 static void up_after(uv_work_t *req, int status) {
   fs_upload *u = req->data;
   up_op op = u->op;
   u->busy = 0;
-  free(u->cur);
-  u->cur = NULL;
+  up_chunks_free(u->batch);
+  u->batch = NULL;
   if (!u->call) { /* ended meanwhile: clean up */
     up_dispose(u);
     return;
@@ -399,11 +409,11 @@ void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg) {
     }
     u->started = 1;
     if (!(u->target = strdup(fp)) ||
-        (ch->content.len && !(u->cur = up_copy(&ch->content)))) {
+        (ch->content.len && !(u->batch = up_copy(&ch->content)))) {
       up_fail(u, RPC_RESOURCE_EXHAUSTED, "out of memory");
       return;
     }
-    rpc_pause_input(c, 1);
+    /* open (and write the first content) while later chunks queue up */
     if (up_queue(u, UP_OPEN) != 0) up_fail(u, RPC_INTERNAL, "queue file upload failed");
     return;
   }

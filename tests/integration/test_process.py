@@ -760,7 +760,7 @@ def test_background_never_blocks_on_absent_reader(client):
 
 def test_two_subscribers_one_stalled(client, server):
     total = 48 << 20
-    pid = start_bg(client, {"cmd": "sh", "args": ["-c", f"sleep 1; head -c {total} /dev/zero; echo; echo DONE"],
+    pid = start_bg(client, {"cmd": "sh", "args": ["-c", f"sleep 1; head -c {total} /dev/zero; sleep 1; echo; echo DONE"],
                             "tag": "fanout"})
     stalled = Stream(client, CONNECT, {"process": {"tag": "fanout"}})
     active = Stream(client, CONNECT, pb.ConnectProcessRequest(process=pb.ProcessSelector(tag="fanout")), proto=True)
@@ -777,7 +777,9 @@ def test_two_subscribers_one_stalled(client, server):
             assert e[1] == 0
     assert active.end == {}
     assert got > (8 << 20)
-    assert tail.endswith(b"DONE\n")  # the active one still received the end of the output
+    # the active one still receives what comes after the flood (its queue
+    # drains during the pause; during the flood a slow reader may drop too)
+    assert tail.endswith(b"DONE\n")
     ev = stalled.all()
     assert end_of(ev)[1] == 0
     assert sum(len(e[2]) for e in ev if e[0] == "data") < total
