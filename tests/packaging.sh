@@ -62,6 +62,7 @@ check "--version prints 'conch-init $VERSION' (got '$ver_out')" test "$ver_out" 
 # ---------------------------------------------------------------- serve smoke test
 # Port 0: the kernel picks a free port; the log line names it.
 token=pkg-$$-$RANDOM
+: >"$tmp/serve.log" # exists before the first look below
 "$BIN" serve --listen 127.0.0.1:0 --token "$token" >"$tmp/serve.log" 2>&1 &
 srv_pid=$!
 port=
