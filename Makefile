@@ -47,7 +47,7 @@ else
 Q := @
 endif
 
-.PHONY: all dev asan static run check unit integration install rpm clean deps test-deps bench
+.PHONY: all dev asan static run check unit integration packaging install rpm clean deps test-deps bench
 all: dev
 
 # ---------------------------------------------------------------- deps
@@ -130,7 +130,10 @@ unit: $(UNIT_BINS)
 integration: asan test-deps
 	tests/run-integration.sh
 
-check: asan unit integration
+packaging: deps
+	tests/packaging.sh
+
+check: asan unit integration packaging
 
 run: dev
 	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \
