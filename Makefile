@@ -6,16 +6,17 @@
 #   make run        build and serve on :4064 in standalone mode (prints a token)
 #   make check      build and run every test (unit, integration, namespaces)
 #   make unit       unit tests only
-#   make install    PREFIX=/usr DESTDIR=… → $(DESTDIR)/sbin/conch-init
+#   make install    [PREFIX=/usr/local] [DESTDIR=…] → $(DESTDIR)$(PREFIX)/sbin/conch-init
 #   make rpm        RPM (payload: the static binary) via rpmbuild
 #
 # Missing Debian build dependencies are installed automatically when run as
 # root (see the `deps` target); set CONCH_NO_APT=1 to skip that.
 
 VERSION   := 0.1.0
-PREFIX    ?= /usr
+# install: $(DESTDIR)$(PREFIX)/sbin/conch-init — by default /sbin/conch-init
+PREFIX    ?=
 DESTDIR   ?=
-SBINDIR   ?= /sbin
+SBINDIR   ?= $(PREFIX)/sbin
 
 CC        ?= cc
 PROTOC_C  ?= protoc-c
