@@ -11,14 +11,21 @@
 
 static const char h2_preface[24] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+#define CONN_BATCH_BUFS 64
+#define CONN_BATCH_PRE 1024
+
 typedef struct wreq {
   uv_write_t req;
   conn *c;
   size_t bytes;
-  unsigned nowned;
-  void *owned[4];
-  char pre[32];
+  unsigned nbuf, nowned;
+  size_t prelen;
+  uv_buf_t bufs[CONN_BATCH_BUFS];
+  void *owned[CONN_BATCH_BUFS];
+  char pre[CONN_BATCH_PRE]; /* small prefixes (chunk-size lines) */
 } wreq;
+
+static void conn_batch_free(conn *c);
 
 static void conn_free_cb(uv_handle_t *h) {
   conn *c = h->data;
@@ -30,6 +37,8 @@ void conn_close(conn *c) {
   c->closing = 1;
   if (c->proto && c->proto->on_close) c->proto->on_close(c);
   c->proto = NULL;
+  conn_batch_free(c);
+  uv_close((uv_handle_t *)&c->flush, conn_free_cb);
   uv_close((uv_handle_t *)&c->timer, conn_free_cb);
   uv_close((uv_handle_t *)&c->defer, conn_free_cb);
   uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
@@ -63,40 +72,75 @@ static void conn_write_done(uv_write_t *req, int status) {
   if (c->proto && c->proto->on_written) c->proto->on_written(c);
 }
 
-int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
-                   void **owned, unsigned nowned) {
-  if (c->closing || nowned > 4 || n > 6 || prelen > sizeof ((wreq *)0)->pre) {
-    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
-    return -1;
-  }
-  wreq *w = malloc(sizeof *w);
-  if (!w) {
-    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
-    return -1;
-  }
-  uv_buf_t all[7];
-  unsigned k = 0;
-  w->c = c;
-  w->bytes = prelen;
-  if (prelen) {
-    memcpy(w->pre, pre, prelen);
-    all[k++] = uv_buf_init(w->pre, (unsigned)prelen);
-  }
-  for (unsigned i = 0; i < n; i++) {
-    all[k++] = bufs[i];
-    w->bytes += bufs[i].len;
-  }
-  w->nowned = nowned;
-  for (unsigned i = 0; i < nowned; i++) w->owned[i] = owned[i];
-  c->outq += w->bytes;
-  int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, all, k, conn_write_done);
+/* Hand the gathered batch to libuv (which tries to write it at once). */
+static int conn_submit(conn *c) {
+  wreq *w = c->batch;
+  c->batch = NULL;
+  uv_prepare_stop(&c->flush);
+  if (!w) return 0;
+  int r = c->closing ? UV_ECANCELED
+                     : uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, w->nbuf, conn_write_done);
   if (r < 0) {
-    /* the callback never runs: undo, and let the loop close us */
+    /* the callback never runs: undo; the read side will see the error */
     c->outq -= w->bytes;
-    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+    for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
     free(w);
     return -1;
   }
+  return 0;
+}
+
+static void conn_on_flush(uv_prepare_t *h) { conn_submit(h->data); }
+
+static void conn_batch_free(conn *c) {
+  wreq *w = c->batch;
+  c->batch = NULL;
+  if (!w) return;
+  c->outq -= w->bytes;
+  for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
+  free(w);
+}
+
+int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
+                   void **owned, unsigned nowned) {
+  if (c->closing || n + 1 > CONN_BATCH_BUFS || nowned > CONN_BATCH_BUFS || prelen > 64) {
+    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+    return -1;
+  }
+  wreq *w = c->batch;
+  if (w && (w->nbuf + n + 1 > CONN_BATCH_BUFS || w->nowned + nowned > CONN_BATCH_BUFS ||
+            w->prelen + prelen > CONN_BATCH_PRE)) {
+    if (conn_submit(c) != 0) {
+      for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+      return -1;
+    }
+    w = NULL;
+  }
+  if (!w) {
+    w = malloc(sizeof *w);
+    if (!w) {
+      for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+      return -1;
+    }
+    w->c = c;
+    w->bytes = w->prelen = 0;
+    w->nbuf = w->nowned = 0;
+    c->batch = w;
+    uv_prepare_start(&c->flush, conn_on_flush);
+  }
+  if (prelen) {
+    memcpy(w->pre + w->prelen, pre, prelen);
+    w->bufs[w->nbuf++] = uv_buf_init(w->pre + w->prelen, (unsigned)prelen);
+    w->prelen += prelen;
+    w->bytes += prelen;
+    c->outq += prelen;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    w->bufs[w->nbuf++] = bufs[i];
+    w->bytes += bufs[i].len;
+    c->outq += bufs[i].len;
+  }
+  for (unsigned i = 0; i < nowned; i++) w->owned[w->nowned++] = owned[i];
   return 0;
 }
 
@@ -190,11 +234,14 @@ void conn_accept(uv_stream_t *server) {
   uv_tcp_init(server->loop, &c->tcp);
   uv_timer_init(server->loop, &c->timer);
   uv_timer_init(server->loop, &c->defer);
-  c->handles_open = 3;
+  uv_prepare_init(server->loop, &c->flush);
+  c->handles_open = 4;
   c->tcp.data = c->timer.data = c->defer.data = c;
+  c->flush.data = c;
   c->id = ++conch.conn_seq;
   if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
     c->closing = 1;
+    uv_close((uv_handle_t *)&c->flush, conn_free_cb);
     uv_close((uv_handle_t *)&c->timer, conn_free_cb);
     uv_close((uv_handle_t *)&c->defer, conn_free_cb);
     uv_close((uv_handle_t *)&c->tcp, conn_free_cb);

@@ -22,6 +22,8 @@ struct conn {
   uv_tcp_t tcp;
   uv_timer_t timer;
   uv_timer_t defer; /* conn_defer(): run proto work on the next loop turn */
+  uv_prepare_t flush; /* submits the corked batch before the loop blocks */
+  struct wreq *batch; /* writes gathered during this loop turn */
   void (*defer_fn)(conn *c);
   const conn_proto *proto;
   void *p; /* protocol state */
@@ -37,7 +39,10 @@ struct conn {
 
 #define CONN_READ_BUF (64u * 1024)
 
-/* Write n buffers; each owned[i] (may be NULL) is free()d once written. */
+/* Write n buffers; each owned[i] (may be NULL) is free()d once written.
+ * Writes made during one loop turn are gathered and go out as one writev
+ * just before the loop polls again (fewer syscalls for streams of small
+ * events); order is kept. */
 int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned nowned);
 /* The same, preceded by up to 32 small bytes copied into the request itself
  * (an HTTP/1.1 chunk-size line: no allocation per chunk). */
