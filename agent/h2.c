@@ -291,17 +291,6 @@ static void h2_flush(h2c *sc) {
         return;
       }
       if (n == 0) break;
-      if (olen == 0 && c->outq == 0 && n >= 8192) {
-        /* a big frame and nothing queued: hand it to the kernel directly
-         * (small frames are gathered into one write below) */
-        uv_buf_t direct = uv_buf_init((char *)p, (unsigned)n);
-        int w = uv_try_write((uv_stream_t *)&c->tcp, &direct, 1);
-        if (w == n) continue;
-        if (w > 0) {
-          p += w;
-          n -= w;
-        }
-      }
       if (olen + (size_t)n > ocap) {
         size_t cap = ocap ? ocap * 2 : 16384;
         while (cap < olen + (size_t)n) cap *= 2;
