@@ -27,9 +27,33 @@ typedef struct wreq {
 
 static void conn_batch_free(conn *c);
 
+static void conn_free_later_run(conn *c) {
+  for (size_t i = 0; i < c->nlater; i++) free(c->later[i]);
+  c->nlater = 0;
+}
+
+void conn_free_later(conn *c, void *p) {
+  if (c->outq == 0) {
+    free(p);
+    return;
+  }
+  if (c->nlater == c->caplater) {
+    size_t cap = c->caplater ? c->caplater * 2 : 8;
+    void **n = realloc(c->later, cap * sizeof *n);
+    if (!n) return; /* leak rather than free early */
+    c->later = n;
+    c->caplater = cap;
+  }
+  c->later[c->nlater++] = p;
+}
+
 static void conn_free_cb(uv_handle_t *h) {
   conn *c = h->data;
-  if (--c->handles_open == 0) free(c);
+  if (--c->handles_open == 0) {
+    conn_free_later_run(c);
+    free(c->later);
+    free(c);
+  }
 }
 
 void conn_close(conn *c) {
@@ -63,6 +87,7 @@ static void conn_write_done(uv_write_t *req, int status) {
   c->outq -= w->bytes;
   for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
   free(w);
+  if (c->outq == 0 && c->nlater) conn_free_later_run(c);
   if (c->closing) return;
   if (status < 0) {
     LOG_DEBUG("write failed conn=%llu err=%s", (unsigned long long)c->id, uv_strerror(status));

@@ -24,6 +24,8 @@ struct conn {
   uv_timer_t defer; /* conn_defer(): run proto work on the next loop turn */
   uv_prepare_t flush; /* submits the corked batch before the loop blocks */
   struct wreq *batch; /* writes gathered during this loop turn */
+  void **later;       /* buffers to free once every queued write is done */
+  size_t nlater, caplater;
   void (*defer_fn)(conn *c);
   const conn_proto *proto;
   void *p; /* protocol state */
@@ -48,6 +50,9 @@ int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned
  * (an HTTP/1.1 chunk-size line: no allocation per chunk). */
 int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
                    void **owned, unsigned nowned);
+/* Free p once every write queued so far has completed (a buffer that
+ * queued writes may still point into). */
+void conn_free_later(conn *c, void *p);
 /* Copying variant for small protocol bytes. */
 int conn_write_copy(conn *c, const void *data, size_t len);
 void conn_read_pause(conn *c, int paused);

@@ -39,6 +39,8 @@ typedef struct h2c {
   size_t nstreams;
   int dead;
   size_t undispatched; /* streams whose header block is still open */
+  uint8_t *out;        /* frames from nghttp2 gathered for one write */
+  size_t olen, ocap;
 } h2c;
 
 #define H2_WRITE_CHUNK (256u * 1024)
@@ -90,7 +92,10 @@ static void h2_stream_free(h2s *st) {
   sc->nstreams--;
   for (h2buf *b = st->qhead, *n; b; b = n) {
     n = b->next;
-    free(b->data);
+    if (b->off)
+      conn_free_later(sc->c, b->data); /* queued writes may point into it */
+    else
+      free(b->data);
     free(b);
   }
   for (size_t i = 0; i < st->ntrailers; i++) {
@@ -233,43 +238,86 @@ static int h2_on_stream_close(nghttp2_session *ng, int32_t id, uint32_t err, voi
   return 0;
 }
 
+/* DATA frames are sent without copying (NGHTTP2_DATA_FLAG_NO_COPY): this
+ * callback only says how much of the head buffer the next frame carries;
+ * h2_send_data() writes the frame header and that slice of the buffer. */
 static ssize_t h2_read_body(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t len,
                             uint32_t *flags, nghttp2_data_source *src, void *ud) {
   (void)ud;
+  (void)buf;
   h2s *st = src->ptr;
-  size_t done = 0;
-  while (done < len && st->qhead) {
-    h2buf *b = st->qhead;
-    size_t take = b->len - b->off;
-    if (take > len - done) take = len - done;
-    memcpy(buf + done, b->data + b->off, take);
-    b->off += take;
-    done += take;
-    if (b->off == b->len) {
-      st->qhead = b->next;
-      if (!st->qhead) st->qtail = NULL;
-      free(b->data);
-      free(b);
-    }
+  h2buf *b = st->qhead;
+  size_t take = 0;
+  if (b) {
+    take = b->len - b->off;
+    if (take > len) take = len;
+    *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
   }
-  st->outq -= done;
-  if (st->drain_armed && st->outq <= HX_OUTQ_LOW) {
-    st->drain_armed = 0;
-    st->want_drain = 1;
-  }
-  if (!st->qhead && st->out_ended) {
+  if (st->out_ended && (!b || (take == b->len - b->off && !b->next))) {
     *flags |= NGHTTP2_DATA_FLAG_EOF;
     if (st->ntrailers) {
       *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
       nghttp2_submit_trailer(ng, id, st->trailers, st->ntrailers);
     }
-    return (ssize_t)done;
+    return (ssize_t)take;
   }
-  if (done == 0) {
+  if (take == 0) {
     st->deferred = 1;
     return NGHTTP2_ERR_DEFERRED;
   }
-  return (ssize_t)done;
+  return (ssize_t)take;
+}
+
+static int h2_out_flush(h2c *sc) {
+  if (!sc->olen) return 0;
+  uv_buf_t b = uv_buf_init((char *)sc->out, (unsigned)sc->olen);
+  void *owned = sc->out;
+  sc->out = NULL;
+  sc->olen = sc->ocap = 0;
+  return conn_write(sc->c, &b, 1, &owned, 1);
+}
+
+static int h2_out_put(h2c *sc, const uint8_t *p, size_t n) {
+  if (sc->olen + n > sc->ocap) {
+    size_t cap = sc->ocap ? sc->ocap * 2 : 16384;
+    while (cap < sc->olen + n) cap *= 2;
+    uint8_t *q = realloc(sc->out, cap);
+    if (!q) return -1;
+    sc->out = q;
+    sc->ocap = cap;
+  }
+  memcpy(sc->out + sc->olen, p, n);
+  sc->olen += n;
+  return 0;
+}
+
+static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *framehd,
+                        size_t length, nghttp2_data_source *src, void *ud) {
+  (void)ng;
+  h2c *sc = ud;
+  h2s *st = src->ptr;
+  h2buf *b = st->qhead;
+  if (!b || b->len - b->off < length || f->data.padlen) return NGHTTP2_ERR_CALLBACK_FAILURE;
+  if (h2_out_flush(sc) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE; /* keep the order */
+  uv_buf_t slice = uv_buf_init((char *)b->data + b->off, (unsigned)length);
+  void *owned = NULL;
+  unsigned nowned = 0;
+  b->off += length;
+  st->outq -= length;
+  if (b->off == b->len) { /* the last slice: the write frees the buffer */
+    st->qhead = b->next;
+    if (!st->qhead) st->qtail = NULL;
+    owned = b->data;
+    nowned = 1;
+    free(b);
+  }
+  if (st->drain_armed && st->outq <= HX_OUTQ_LOW) {
+    st->drain_armed = 0;
+    st->want_drain = 1;
+  }
+  if (conn_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+  return 0;
 }
 
 /* ---------------------------------------------------------------- sending */
@@ -277,46 +325,28 @@ static ssize_t h2_read_body(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 static void h2_flush(h2c *sc) {
   conn *c = sc->c;
   if (sc->dead || c->closing) return;
-  while (c->outq < H2_CONN_OUTQ_MAX) {
-    uint8_t *out = NULL;
-    size_t olen = 0, ocap = 0;
-    for (;;) {
-      const uint8_t *p;
-      ssize_t n = nghttp2_session_mem_send(sc->ng, &p);
-      if (n < 0) {
-        free(out);
-        LOG_DEBUG("h2 send error conn=%llu err=%s", (unsigned long long)c->id,
-                  nghttp2_strerror((int)n));
-        conn_close(c);
-        return;
-      }
-      if (n == 0) break;
-      if (olen + (size_t)n > ocap) {
-        size_t cap = ocap ? ocap * 2 : 16384;
-        while (cap < olen + (size_t)n) cap *= 2;
-        uint8_t *q = realloc(out, cap);
-        if (!q) {
-          free(out);
-          conn_close(c);
-          return;
-        }
-        out = q;
-        ocap = cap;
-      }
-      memcpy(out + olen, p, (size_t)n);
-      olen += (size_t)n;
-      if (olen >= H2_WRITE_CHUNK) break;
-    }
-    if (!olen) {
-      free(out);
-      break;
-    }
-    uv_buf_t b = uv_buf_init((char *)out, (unsigned)olen);
-    void *owned = out;
-    if (conn_write(c, &b, 1, &owned, 1) != 0) {
+  while (c->outq + sc->olen < H2_CONN_OUTQ_MAX) {
+    const uint8_t *p;
+    ssize_t n = nghttp2_session_mem_send(sc->ng, &p);
+    if (n < 0) {
+      LOG_DEBUG("h2 send error conn=%llu err=%s", (unsigned long long)c->id,
+                nghttp2_strerror((int)n));
       conn_close(c);
       return;
     }
+    if (n == 0) break;
+    if (h2_out_put(sc, p, (size_t)n) != 0) {
+      conn_close(c);
+      return;
+    }
+    if (sc->olen >= H2_WRITE_CHUNK && h2_out_flush(sc) != 0) {
+      conn_close(c);
+      return;
+    }
+  }
+  if (h2_out_flush(sc) != 0) {
+    conn_close(c);
+    return;
   }
   /* drain notifications, outside nghttp2's callbacks */
   for (h2s *st = sc->streams, *n; st; st = n) {
@@ -523,6 +553,7 @@ static void h2_on_close(conn *c) {
     h2_stream_free(st);
   }
   nghttp2_session_del(sc->ng);
+  free(sc->out);
   free(sc);
   c->p = NULL;
 }
@@ -563,6 +594,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame_recv);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data_chunk);
   nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_stream_close);
+  nghttp2_session_callbacks_set_send_data_callback(cb, h2_send_data);
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
   if (nghttp2_session_server_new2(&sc->ng, cb, sc, opt) != 0) goto fail;
