@@ -19,6 +19,7 @@
  * invalid_argument "path is a directory: <p>".
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,12 +58,14 @@ typedef struct fs_upload {
   int busy;    /* pool work queued/running */
   int sending; /* inside rpc_send */
   int failing; /* an error is recorded in st; ending the call */
+  atomic_int canceled; /* set by on_cancel; pool ops stop early */
   up_op op;
   up_chunk *batch; /* chunks written by the running op */
   up_chunk *q_head, *q_tail;
   size_t q_bytes;
   uint64_t bytes;
-  fs_status st;
+  fs_status st;   /* result of the last pool op (pool writes, loop reads after) */
+  fs_status fail; /* the error the call ends with (loop only) */
   uv_work_t req;
 } fs_upload;
 
@@ -79,6 +82,7 @@ static void up_free(fs_upload *u) {
   free(u->target);
   free(u->tmp);
   fs_status_clear(&u->st);
+  fs_status_clear(&u->fail);
   free(u);
 }
 
@@ -151,7 +155,16 @@ static int up_write_batch(fs_upload *u) {
   return 0;
 }
 
+static int up_canceled(fs_upload *u) {
+  if (!atomic_load(&u->canceled)) return 0;
+  fs_status_set(&u->st, RPC_CANCELED, "upload canceled");
+  return 1;
+}
+
 static void up_do_open(fs_upload *u) {
+  /* The layer may have answered the client already (bad input, peer
+   * gone): then create nothing. */
+  if (up_canceled(u)) return;
   size_t dl = fs_path_dir_len(u->target);
   char *dir = strndup(u->target, dl);
   if (!dir) {
@@ -170,6 +183,7 @@ static void up_do_open(fs_upload *u) {
     fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
     goto out;
   }
+  if (up_canceled(u)) goto out;
   for (int tries = 0;; tries++) {
     char hex[17];
     up_random_hex(u, hex);
@@ -212,6 +226,7 @@ static void up_do_commit(fs_upload *u) {
     fs_status_os(&u->st, "write file", u->target, errno);
     goto fail;
   }
+  if (up_canceled(u)) goto fail; /* the client is gone: leave the target alone */
   if (rename(u->tmp, u->target) != 0) {
     fs_status_os(&u->st, "rename file", u->target, errno);
     goto fail;
@@ -230,7 +245,7 @@ static void up_work(uv_work_t *req) {
       up_do_open(u);
       break;
     case UP_WRITE:
-      if (up_write_batch(u) < 0) up_remove_temp(u);
+      if (up_canceled(u) || up_write_batch(u) < 0) up_remove_temp(u);
       break;
     case UP_COMMIT:
       up_do_commit(u);
@@ -281,8 +296,8 @@ static void up_fail_continue(fs_upload *u) {
   u->call = NULL;
   rpc_set_user(c, NULL);
   LOG_INFO("upload failed path=%s code=%s msg=%s", u->target ? u->target : "-",
-           rpc_code_name(u->st.code), u->st.msg ? u->st.msg : "");
-  rpc_finish(c, u->st.code, u->st.msg);
+           rpc_code_name(u->fail.code), u->fail.msg ? u->fail.msg : "");
+  rpc_finish(c, u->fail.code, u->fail.msg);
   up_free(u);
 }
 
@@ -290,7 +305,8 @@ static void up_fail_continue(fs_upload *u) {
 static void up_fail(fs_upload *u, rpc_code code, const char *msg) {
   if (!u->failing) {
     u->failing = 1;
-    fs_status_set(&u->st, code, "%s", msg ? msg : "");
+    atomic_store(&u->canceled, 1); /* a running pool op stops early */
+    fs_status_set(&u->fail, code, "%s", msg ? msg : "");
   }
   up_fail_continue(u);
 }
@@ -362,6 +378,9 @@ static void up_after(uv_work_t *req, int status) {
   }
   if (u->st.code != RPC_OK) { /* the work body already removed the temp file */
     u->failing = 1;
+    u->fail = u->st;
+    u->st.code = RPC_OK;
+    u->st.msg = NULL;
     up_fail_continue(u);
     return;
   }
@@ -389,6 +408,7 @@ void fs_upload_on_request(rpc_call *c, const ProtobufCMessage *req) {
   }
   u->call = c;
   u->fd = -1;
+  atomic_init(&u->canceled, 0);
   rpc_set_user(c, u);
 }
 
@@ -456,6 +476,7 @@ void fs_upload_on_cancel(rpc_call *c, rpc_code why) {
   if (!u) return;
   LOG_INFO("upload canceled path=%s why=%s", u->target ? u->target : "-", rpc_code_name(why));
   u->call = NULL;
+  atomic_store(&u->canceled, 1);
   if (u->sending) return; /* up_succeed frees */
   if (u->busy) uv_cancel((uv_req_t *)&u->req); /* up_after then disposes */
   up_dispose(u);
