@@ -399,8 +399,11 @@ int64_t rpc_timeout_ms(const rpc_call *c) { return c->timeout_ms; }
 int rpc_input_had_nul(const rpc_call *c) { return c->had_nul; }
 
 const char *rpc_protocol_name(const rpc_call *c) {
-  static const char *const names[] = {"connect", "connect-stream", "grpc", "grpc-web"};
-  return names[c->w];
+  static const char *const names[][2] = {{"connect+proto", "connect+json"},
+                                         {"connect-stream+proto", "connect-stream+json"},
+                                         {"grpc+proto", "grpc+json"},
+                                         {"grpc-web+proto", "grpc-web+json"}};
+  return names[c->w][c->json ? 1 : 0];
 }
 
 /* ---------------------------------------------------------------- input */

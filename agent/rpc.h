@@ -83,8 +83,11 @@ typedef struct rpc_method {
 } rpc_method;
 
 /* Queue one response message (unary: exactly one on success, then
- * rpc_finish(c, RPC_OK, NULL)).  Returns 0, or -1 if the call can no longer
- * carry messages (then on_cancel follows, or already ran). */
+ * rpc_finish(c, RPC_OK, NULL)).  Returns 0, or -1 when the message could
+ * not be queued (larger than RPC_MAX_MESSAGE, out of memory, or the call
+ * already ended): the call stays the service's, which then ends it with
+ * rpc_finish (e.g. RPC_RESOURCE_EXHAUSTED).  Never calls back into the
+ * service. */
 int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
 
 /* Zero-copy send for producers of large messages (file chunks): when
@@ -119,7 +122,7 @@ int rpc_input_had_nul(const rpc_call *c);
 
 /* Connect-Timeout-Ms / grpc-timeout in ms; 0 = none. */
 int64_t rpc_timeout_ms(const rpc_call *c);
-/* "connect+json", "proto", … — for logs. */
+/* "connect+json", "connect+proto", "grpc+proto", "grpc-web+json", … — for logs. */
 const char *rpc_protocol_name(const rpc_call *c);
 
 #endif
