@@ -1,0 +1,1825 @@
+/* test_connect — the RPC protocol layer (agent/connect.c) over a fake hx
+ * transport: envelope framing (whole, split anywhere, several per write,
+ * truncated, oversized, bad flags, gzip), error rendering for Connect unary
+ * (HTTP status + JSON), Connect streaming (end-of-stream envelope), gRPC
+ * (trailers-only / trailers) and gRPC-Web (0x80 trailer frame), the header
+ * checks of api.md §3/§4 in order, timeouts and deadlines, input pausing,
+ * drain callbacks, and call lifetime on transport abort (ASan checks that
+ * nothing is used after free or leaked).
+ *
+ * The fake transport records what connect.c answers; fake "services" record
+ * what they receive in svc.log ("open;msg(a.txt,5,532);end;" …).
+ *
+ * Tests of known, reported bugs sit under #ifdef CONNECT_KNOWN_BUGS at the
+ * end (not run by `make unit`). */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+#include <zlib.h>
+
+#include "agent/connect.h"
+#include "agent/daemon.h"
+#include "proto/agent.pb-c.h"
+#include "tests/unit/test.h"
+
+#define TOKEN "s3cret-token"
+#define MIB (1024u * 1024u)
+
+static uv_loop_t *loop;
+
+/* ------------------------------------------------------------ byte buffers */
+
+typedef struct bb {
+  uint8_t *p;
+  size_t len, cap;
+} bb;
+
+static void bb_put(bb *b, const void *d, size_t n) {
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    b->p = realloc(b->p, cap);
+    if (!b->p) abort();
+    b->cap = cap;
+  }
+  if (n) memcpy(b->p + b->len, d, n);
+  b->len += n;
+  b->p[b->len] = 0; /* always a C string too */
+}
+static void bb_env(bb *b, uint8_t flags, const void *d, size_t n) {
+  uint8_t h[5] = {flags, (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8), (uint8_t)n};
+  bb_put(b, h, 5);
+  bb_put(b, d, n);
+}
+static void bb_env_str(bb *b, uint8_t flags, const char *s) { bb_env(b, flags, s, strlen(s)); }
+static void bb_free(bb *b) {
+  free(b->p);
+  memset(b, 0, sizeof *b);
+}
+
+/* gzip (RFC 1952) of d. */
+static bb gz(const void *d, size_t n) {
+  z_stream z;
+  memset(&z, 0, sizeof z);
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    abort();
+  bb o = {0};
+  o.cap = deflateBound(&z, (uLong)n) + 1;
+  o.p = malloc(o.cap);
+  z.next_in = (Bytef *)d;
+  z.avail_in = (uInt)n;
+  z.next_out = o.p;
+  z.avail_out = (uInt)o.cap;
+  if (deflate(&z, Z_FINISH) != Z_STREAM_END) abort();
+  o.len = z.total_out;
+  deflateEnd(&z);
+  return o;
+}
+
+/* ------------------------------------------------------------ messages */
+
+static bb pack(const ProtobufCMessage *m) {
+  bb b = {0};
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *tmp = malloc(n + 1);
+  protobuf_c_message_pack(m, tmp);
+  bb_put(&b, tmp, n);
+  free(tmp);
+  return b;
+}
+static bb lfr(const char *path, int depth) {
+  Pb__ListFilesRequest r = PB__LIST_FILES_REQUEST__INIT;
+  r.path = (char *)path;
+  r.depth = depth;
+  return pack(&r.base);
+}
+static bb chunk(const char *name, const void *content, size_t n) {
+  Pb__FileChunk c = PB__FILE_CHUNK__INIT;
+  c.filepath = (char *)name;
+  c.content.data = (uint8_t *)content;
+  c.content.len = n;
+  return pack(&c.base);
+}
+static bb pfr(int count) {
+  Pb__PostFilesResponse r = PB__POST_FILES_RESPONSE__INIT;
+  r.uploaded_count = count;
+  return pack(&r.base);
+}
+/* Envelope of a packed message. */
+static void bb_env_msg(bb *b, uint8_t flags, bb m) {
+  bb_env(b, flags, m.p, m.len);
+  bb_free(&m);
+}
+
+/* ------------------------------------------------------------ fake transport */
+
+typedef struct fake {
+  hx x; /* first: the ops cast back */
+  int nrespond, status;
+  int64_t clen;
+  char hdrs[2048]; /* "name: value\n" … as responded */
+  bb body;
+  int nend;
+  char trailers[1024];
+  int paused, npause;
+  size_t outq;
+  int used;
+} fake;
+
+static fake F;
+
+static void cat(char *dst, size_t cap, const char *a, const char *b) {
+  size_t l = strlen(dst);
+  snprintf(dst + l, cap - l, "%s: %s\n", a, b);
+}
+static int fk_respond(hx *x, int status, const hx_header *h, size_t n, int64_t cl) {
+  fake *f = (fake *)x;
+  f->nrespond++;
+  f->status = status;
+  f->clen = cl;
+  for (size_t i = 0; i < n; i++) cat(f->hdrs, sizeof f->hdrs, h[i].name, h[i].value);
+  return 0;
+}
+static int fk_write(hx *x, uint8_t *buf, size_t off, size_t len) {
+  fake *f = (fake *)x;
+  bb_put(&f->body, buf + off, len);
+  free(buf);
+  return 0;
+}
+static int fk_end(hx *x, const hx_header *t, size_t n) {
+  fake *f = (fake *)x;
+  f->nend++;
+  for (size_t i = 0; i < n; i++) cat(f->trailers, sizeof f->trailers, t[i].name, t[i].value);
+  return 0;
+}
+static void fk_pause(hx *x, int p) {
+  fake *f = (fake *)x;
+  f->paused = p;
+  f->npause++;
+}
+static size_t fk_outq(const hx *x) { return ((const fake *)x)->outq; }
+static const hx_ops fk_ops = {fk_respond, fk_write, fk_end, fk_pause, fk_outq};
+
+/* Let go of the previous exchange: the peer "disconnects" if it is still
+ * running (as http1.c/h2.c do: ended = 1, then on_abort), then the loop runs
+ * until every handle of the call is closed. */
+static void fake_done(void) {
+  if (!F.used) return;
+  if (!F.x.ended && F.x.h && F.x.h->on_abort) {
+    F.x.ended = 1;
+    F.x.h->on_abort(&F.x);
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  hx_free_request(&F.x);
+  bb_free(&F.body);
+  memset(&F, 0, sizeof F);
+}
+
+static void fake_vnew(const char *method, const char *path, va_list ap) {
+  fake_done();
+  F.used = 1;
+  F.x.ops = &fk_ops;
+  F.x.method = strdup(method);
+  F.x.path = strdup(path);
+  F.x.content_length = -1;
+  F.clen = -2;
+  const char *n;
+  while ((n = va_arg(ap, const char *))) {
+    const char *v = va_arg(ap, const char *);
+    if (hx_add_header(&F.x, n, strlen(n), v, strlen(v)) != 0) abort();
+  }
+}
+/* A request with exactly these headers (name, value, …, NULL). */
+static void fake_new(const char *method, const char *path, ...) {
+  va_list ap;
+  va_start(ap, path);
+  fake_vnew(method, path, ap);
+  va_end(ap);
+}
+
+/* Body delivery as a transport does it: nothing once the response ended. */
+static void feed(const void *d, size_t n, size_t step) {
+  const uint8_t *p = d;
+  for (size_t off = 0; off < n;) {
+    if (F.x.ended || !F.x.h) return;
+    size_t k = n - off < step ? n - off : step;
+    F.x.h->on_body(&F.x, p + off, k);
+    off += k;
+  }
+}
+static void feed_bb(const bb *b, size_t step) { feed(b->p, b->len, step ? step : b->len + 1); }
+static void feed_end(void) {
+  if (!F.x.ended && F.x.h) F.x.h->on_body_end(&F.x);
+}
+static void peer_abort(void) {
+  ASSERT(!F.x.ended);
+  F.x.ended = 1;
+  F.x.h->on_abort(&F.x);
+}
+
+/* Response body envelopes. */
+typedef struct env {
+  uint8_t flags;
+  const uint8_t *p;
+  size_t len;
+} env;
+static size_t envs(env *e, size_t max) {
+  size_t n = 0, off = 0;
+  while (off < F.body.len) {
+    ASSERT(F.body.len - off >= 5);
+    const uint8_t *h = F.body.p + off;
+    size_t len = (size_t)h[1] << 24 | (size_t)h[2] << 16 | (size_t)h[3] << 8 | h[4];
+    ASSERT(F.body.len - off - 5 >= len);
+    ASSERT(n < max);
+    e[n++] = (env){h[0], h + 5, len};
+    off += 5 + len;
+  }
+  return n;
+}
+/* The response is a Connect stream ending with this end-of-stream JSON. */
+static void expect_stream_end(const char *json) {
+  env e[16];
+  size_t n = envs(e, 16);
+  ASSERT(n >= 1);
+  ASSERT_EQ(e[n - 1].flags, 0x02);
+  char got[1024];
+  ASSERT(e[n - 1].len < sizeof got);
+  memcpy(got, e[n - 1].p, e[n - 1].len);
+  got[e[n - 1].len] = 0;
+  ASSERT_STR_EQ(got, json);
+  ASSERT_EQ(F.status, 200);
+  ASSERT_EQ(F.nend, 1);
+}
+/* A Connect unary error answer. */
+static void expect_unary(int status, const char *json) {
+  ASSERT_EQ(F.nrespond, 1);
+  ASSERT_EQ(F.status, status);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/json\n");
+  ASSERT_STR_EQ((char *)F.body.p, json);
+  ASSERT_EQ(F.clen, (int64_t)F.body.len);
+  ASSERT_EQ(F.nend, 1);
+}
+
+/* ------------------------------------------------------------ fake services */
+
+enum { S_REPLY, S_HOLD, S_REPLY2, S_EMPTY, S_ERROR, S_REPLY_ERROR, S_PACKED, S_PAUSE_OPEN,
+       S_PAUSE_FIRST, S_HOLD_END, S_SEND_HUGE };
+
+static struct {
+  int mode;
+  rpc_code ecode;
+  const char *emsg;
+  rpc_call *call;
+  char log[4096];
+  int nmsg, send_fail, drained, packed_rc;
+  int64_t timeout;
+  const char *proto;
+} svc;
+
+static void svc_reset(int mode) {
+  memset(&svc, 0, sizeof svc);
+  svc.mode = mode;
+}
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...) {
+  size_t l = strlen(svc.log);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(svc.log + l, sizeof svc.log - l, fmt, ap);
+  va_end(ap);
+}
+
+static void send_chunk(rpc_call *c, const char *name) {
+  Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
+  ch.filepath = (char *)name;
+  ch.content.data = (uint8_t *)"hi";
+  ch.content.len = 2;
+  if (rpc_send(c, &ch.base) != 0) svc.send_fail++;
+}
+static void svc_done(rpc_call *c, rpc_code code, const char *msg) {
+  svc.call = NULL;
+  rpc_finish(c, code, msg);
+}
+
+static void svc_on_request(rpc_call *c, const ProtobufCMessage *req) {
+  svc.call = c;
+  svc.timeout = rpc_timeout_ms(c);
+  svc.proto = rpc_protocol_name(c);
+  if (!req) {
+    logf_("open;");
+    if (svc.mode == S_PAUSE_OPEN) rpc_pause_input(c, 1);
+    return;
+  }
+  const Pb__ListFilesRequest *r = (const Pb__ListFilesRequest *)req;
+  logf_("req(%s,%d%s);", r->path, (int)r->depth, rpc_input_had_nul(c) ? ",nul" : "");
+  switch (svc.mode) {
+    case S_REPLY:
+      send_chunk(c, r->path);
+      svc_done(c, RPC_OK, NULL);
+      break;
+    case S_REPLY2:
+      send_chunk(c, "one");
+      send_chunk(c, "two");
+      svc_done(c, RPC_OK, NULL);
+      break;
+    case S_EMPTY: svc_done(c, RPC_OK, NULL); break;
+    case S_ERROR: svc_done(c, svc.ecode, svc.emsg); break;
+    case S_REPLY_ERROR:
+      send_chunk(c, "one");
+      svc_done(c, svc.ecode, svc.emsg);
+      break;
+    case S_PACKED: {
+      bb m = chunk(r->path, "hi", 2);
+      size_t off = 8;
+      uint8_t *buf = malloc(off + m.len);
+      memcpy(buf + off, m.p, m.len);
+      svc.packed_rc = rpc_send_packed(c, buf, off, m.len);
+      bb_free(&m);
+      svc_done(c, RPC_OK, NULL);
+      break;
+    }
+    case S_SEND_HUGE: { /* over the cap; trusts rpc.h: on failure on_cancel follows */
+      uint8_t *huge = calloc(1, 16 * MIB + 1);
+      Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
+      ch.filepath = "huge";
+      ch.content.data = huge;
+      ch.content.len = 16 * MIB + 1;
+      if (rpc_send(c, &ch.base) != 0) svc.send_fail++;
+      else svc_done(c, RPC_OK, NULL);
+      free(huge);
+      break;
+    }
+    default: break; /* hold */
+  }
+}
+
+static void svc_on_message(rpc_call *c, const ProtobufCMessage *msg) {
+  const Pb__FileChunk *ch = (const Pb__FileChunk *)msg;
+  unsigned sum = 0;
+  for (size_t i = 0; i < ch->content.len; i++) sum += ch->content.data[i];
+  logf_("msg(%s,%zu,%u);", ch->filepath, ch->content.len, sum);
+  svc.nmsg++;
+  if (svc.mode == S_PAUSE_FIRST && svc.nmsg == 1) rpc_pause_input(c, 1);
+}
+
+static void svc_on_input_end(rpc_call *c) {
+  logf_("end;");
+  if (svc.mode == S_HOLD_END) return;
+  Pb__PostFilesResponse r = PB__POST_FILES_RESPONSE__INIT;
+  r.uploaded_count = svc.nmsg;
+  if (rpc_send(c, &r.base) != 0) svc.send_fail++;
+  svc_done(c, RPC_OK, NULL);
+}
+
+static void svc_on_cancel(rpc_call *c, rpc_code why) {
+  logf_("cancel(%s);", rpc_code_name(why));
+  svc.call = NULL;
+}
+
+static const rpc_method m_unary = {"/pb.FileService/ListFiles", RPC_UNARY,
+                                   &pb__list_files_request__descriptor, &pb__file_chunk__descriptor,
+                                   0, svc_on_request, NULL, NULL, svc_on_cancel};
+static const rpc_method m_sstream = {"/pb.FileService/GetFileStream", RPC_SERVER_STREAM,
+                                     &pb__list_files_request__descriptor, &pb__file_chunk__descriptor,
+                                     0, svc_on_request, NULL, NULL, svc_on_cancel};
+static const rpc_method m_sstream_own = {"/pb.ProcessService/StartProcess", RPC_SERVER_STREAM,
+                                         &pb__list_files_request__descriptor,
+                                         &pb__file_chunk__descriptor, RPC_F_OWN_DEADLINE,
+                                         svc_on_request, NULL, NULL, svc_on_cancel};
+static const rpc_method m_cstream = {"/pb.FileService/PostFileStream", RPC_CLIENT_STREAM,
+                                     &pb__file_chunk__descriptor, &pb__post_files_response__descriptor,
+                                     0, svc_on_request, svc_on_message, svc_on_input_end,
+                                     svc_on_cancel};
+
+/* A well-formed request (content type, Connect-Protocol-Version 1, token,
+ * then the extra headers) handed to connect_serve. */
+static void open_call(const rpc_method *m, const char *ctype, ...) {
+  va_list ap;
+  va_start(ap, ctype);
+  fake_vnew("POST", m->path, ap);
+  va_end(ap);
+  /* hx_get finds the first match: the extra headers above win. */
+  hx_add_header(&F.x, "Content-Type", 12, ctype, strlen(ctype));
+  hx_add_header(&F.x, "Connect-Protocol-Version", 24, "1", 1);
+  hx_add_header(&F.x, "Conch-Init-Token", 16, TOKEN, strlen(TOKEN));
+  connect_serve(&F.x, m);
+}
+static void open_grpc(const rpc_method *m, const char *ctype, int http2, ...) {
+  va_list ap;
+  va_start(ap, http2);
+  fake_vnew("POST", m->path, ap);
+  va_end(ap);
+  F.x.http2 = http2;
+  hx_add_header(&F.x, "content-type", 12, ctype, strlen(ctype));
+  hx_add_header(&F.x, "conch-init-token", 16, TOKEN, strlen(TOKEN));
+  connect_serve(&F.x, m);
+}
+
+/* The three client-stream test messages as one byte string; bounds[] are
+ * the envelope boundaries. */
+static uint8_t big[300];
+static bb three_chunks(size_t bounds[4]) {
+  bb in = {0};
+  for (size_t i = 0; i < sizeof big; i++) big[i] = (uint8_t)(i * 7);
+  bounds[0] = 0;
+  bb_env_msg(&in, 0, chunk("a.txt", "hello", 5));
+  bounds[1] = in.len;
+  bb_env(&in, 0, NULL, 0); /* the empty message */
+  bounds[2] = in.len;
+  bb_env_msg(&in, 0, chunk("c", big, sizeof big));
+  bounds[3] = in.len;
+  return in;
+}
+static unsigned big_sum(void) {
+  unsigned s = 0;
+  for (size_t i = 0; i < sizeof big; i++) s += big[i];
+  return s;
+}
+static char three_log[256];
+static const char *three_chunks_log(void) {
+  snprintf(three_log, sizeof three_log, "open;msg(a.txt,5,532);msg(,0,0);msg(c,300,%u);end;",
+           big_sum());
+  return three_log;
+}
+/* The client-stream success answer: PostFilesResponse{n} then {}. */
+static void expect_post_ok(int n) {
+  bb want = {0};
+  bb_env_msg(&want, 0, pfr(n));
+  bb_env_str(&want, 2, "{}");
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+proto\n");
+  ASSERT_EQ(F.clen, -1);
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+  ASSERT_EQ(F.nend, 1);
+  ASSERT_EQ(svc.send_fail, 0);
+}
+
+/* ------------------------------------------------------------ codes */
+
+TEST(code_table) {
+  static const struct {
+    rpc_code c;
+    const char *name;
+    int http;
+  } t[] = {{RPC_OK, "ok", 200},
+           {RPC_CANCELED, "canceled", 499},
+           {RPC_UNKNOWN, "unknown", 500},
+           {RPC_INVALID_ARGUMENT, "invalid_argument", 400},
+           {RPC_DEADLINE_EXCEEDED, "deadline_exceeded", 504},
+           {RPC_NOT_FOUND, "not_found", 404},
+           {RPC_ALREADY_EXISTS, "already_exists", 409},
+           {RPC_PERMISSION_DENIED, "permission_denied", 403},
+           {RPC_RESOURCE_EXHAUSTED, "resource_exhausted", 429},
+           {RPC_FAILED_PRECONDITION, "failed_precondition", 400},
+           {RPC_ABORTED, "aborted", 409},
+           {RPC_OUT_OF_RANGE, "out_of_range", 400},
+           {RPC_UNIMPLEMENTED, "unimplemented", 501},
+           {RPC_INTERNAL, "internal", 500},
+           {RPC_UNAVAILABLE, "unavailable", 503},
+           {RPC_DATA_LOSS, "data_loss", 500},
+           {RPC_UNAUTHENTICATED, "unauthenticated", 401}};
+  ASSERT_EQ(sizeof t / sizeof *t, 17);
+  for (size_t i = 0; i < 17; i++) {
+    ASSERT_EQ(t[i].c, (rpc_code)i);
+    ASSERT_STR_EQ(rpc_code_name(t[i].c), t[i].name);
+    ASSERT_EQ(rpc_code_http_status(t[i].c), t[i].http);
+  }
+  ASSERT_STR_EQ(rpc_code_name((rpc_code)17), "unknown");
+  ASSERT_EQ(rpc_code_http_status((rpc_code)17), 500);
+  ASSERT_STR_EQ(rpc_code_name((rpc_code)-1), "unknown");
+}
+
+/* ------------------------------------------------------------ routing checks */
+
+TEST(method_and_content_type) {
+  svc_reset(S_REPLY);
+  fake_new("GET", m_unary.path, "content-type", "application/json", NULL);
+  connect_serve(&F.x, &m_unary);
+  ASSERT_EQ(F.status, 405);
+  ASSERT_STR_EQ(F.hdrs, "content-type: text/plain; charset=utf-8\nallow: POST\n");
+  ASSERT_STR_EQ((char *)F.body.p, "405 method not allowed\n");
+  ASSERT_EQ(F.nend, 1);
+
+  const char *bad[][2] = {{"unary", "text/plain"},
+                          {"unary", ""},
+                          {"unary", "application/connect+json"},
+                          {"unary", "application/connect+proto"},
+                          {"sstream", "application/json"},
+                          {"cstream", "application/proto"},
+                          {"unary", "application/jsonx"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    const rpc_method *m = !strcmp(bad[i][0], "unary") ? &m_unary
+                          : !strcmp(bad[i][0], "sstream") ? &m_sstream : &m_cstream;
+    open_call(m, bad[i][1], NULL);
+    ASSERT_EQ(F.status, 415);
+    ASSERT_STR_EQ((char *)F.body.p, "415 unsupported media type\n");
+    ASSERT_EQ(F.nend, 1);
+  }
+  /* no content-type at all */
+  fake_new("POST", m_unary.path, "connect-protocol-version", "1", NULL);
+  connect_serve(&F.x, &m_unary);
+  ASSERT_EQ(F.status, 415);
+  ASSERT_STR_EQ(svc.log, "");
+
+  /* parameters and case are ignored */
+  open_call(&m_unary, "Application/JSON; charset=utf-8", NULL);
+  feed("{\"path\":\"/x\"}", 13, 100);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/x,0);");
+  ASSERT_EQ(F.status, 200);
+  fake_done();
+}
+
+/* ------------------------------------------------------------ header checks */
+
+TEST(protocol_version) {
+  svc_reset(S_REPLY);
+  /* unary: required */
+  fake_new("POST", m_unary.path, "content-type", "application/json", "conch-init-token", TOKEN, NULL);
+  connect_serve(&F.x, &m_unary);
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"missing required header: set "
+                    "Connect-Protocol-Version to \\\"1\\\"\"}");
+  fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-protocol-version",
+           "2", "conch-init-token", TOKEN, NULL);
+  connect_serve(&F.x, &m_unary);
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"Connect-Protocol-Version must be "
+                    "\\\"1\\\": got \\\"2\\\"\"}");
+  fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-protocol-version",
+           "", "conch-init-token", TOKEN, NULL);
+  connect_serve(&F.x, &m_unary);
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"Connect-Protocol-Version must be "
+                    "\\\"1\\\": got \\\"\\\"\"}");
+  ASSERT_STR_EQ(svc.log, "");
+
+  /* streaming: optional, but must be 1 when present */
+  fake_new("POST", m_sstream.path, "content-type", "application/connect+proto", "connect-protocol-version",
+           "2", "conch-init-token", TOKEN, NULL);
+  connect_serve(&F.x, &m_sstream);
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"Connect-Protocol-Version "
+                    "must be \\\"1\\\": got \\\"2\\\"\"}}");
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+proto\n");
+
+  fake_new("POST", m_sstream.path, "content-type", "application/connect+proto", "conch-init-token",
+           TOKEN, NULL);
+  connect_serve(&F.x, &m_sstream);
+  bb in = {0};
+  bb_env_msg(&in, 0, lfr("/s", 1));
+  feed_bb(&in, 0);
+  bb_free(&in);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/s,1);");
+  ASSERT_STR_EQ(svc.proto, "connect-stream");
+  fake_done();
+}
+
+TEST(auth) {
+  svc_reset(S_REPLY);
+  conch.token_set = 0;
+  conch.token_len = 0;
+  open_call(&m_unary, "application/proto", NULL);
+  expect_unary(401, "{\"code\":\"unauthenticated\",\"message\":\"agent token is not initialized\"}");
+  daemon_set_token(TOKEN, strlen(TOKEN));
+
+  struct {
+    const char *tok;
+    const char *msg;
+  } t[] = {{NULL, "agent token is required"},
+           {"", "agent token is required"},
+           {"s3cret-toke", "agent token is invalid"},
+           {"s3cret-tokenX", "agent token is invalid"},
+           {"S3cret-token", "agent token is invalid"},
+           {"x", "agent token is invalid"}};
+  for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+    if (t[i].tok)
+      fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-protocol-version",
+               "1", "conch-init-token", t[i].tok, NULL);
+    else
+      fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-protocol-version",
+               "1", NULL);
+    connect_serve(&F.x, &m_unary);
+    char want[200];
+    snprintf(want, sizeof want, "{\"code\":\"unauthenticated\",\"message\":\"%s\"}", t[i].msg);
+    expect_unary(401, want);
+  }
+  /* longer than 4096 bytes: invalid, even when it starts with the token */
+  char *longtok = malloc(4098);
+  memset(longtok, 'a', 4097);
+  memcpy(longtok, TOKEN, strlen(TOKEN));
+  longtok[4097] = 0;
+  fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-protocol-version", "1",
+           "conch-init-token", longtok, NULL);
+  free(longtok);
+  connect_serve(&F.x, &m_unary);
+  expect_unary(401, "{\"code\":\"unauthenticated\",\"message\":\"agent token is invalid\"}");
+
+  /* streaming: end-of-stream error, status 200 */
+  fake_new("POST", m_cstream.path, "content-type", "application/connect+proto", NULL);
+  connect_serve(&F.x, &m_cstream);
+  expect_stream_end("{\"error\":{\"code\":\"unauthenticated\",\"message\":\"agent token is required\"}}");
+  ASSERT_STR_EQ(svc.log, ""); /* the client-stream service never opened */
+
+  /* header name is case-insensitive; right token passes */
+  fake_new("POST", m_unary.path, "Content-Type", "application/proto", "Connect-Protocol-Version", "1",
+           "CONCH-INIT-TOKEN", TOKEN, NULL);
+  connect_serve(&F.x, &m_unary);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(,0);");
+  ASSERT_EQ(F.status, 200);
+  fake_done();
+}
+
+/* Connect-Protocol-Version, token, timeout, compression: in that order. */
+TEST(check_order) {
+  svc_reset(S_REPLY);
+  fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-timeout-ms", "x",
+           "content-encoding", "br", NULL);
+  connect_serve(&F.x, &m_unary);
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"missing required header: set "
+                    "Connect-Protocol-Version to \\\"1\\\"\"}");
+  fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-protocol-version", "1",
+           "connect-timeout-ms", "x", "content-encoding", "br", NULL);
+  connect_serve(&F.x, &m_unary);
+  expect_unary(401, "{\"code\":\"unauthenticated\",\"message\":\"agent token is required\"}");
+  open_call(&m_unary, "application/proto", "connect-timeout-ms", "x", "content-encoding", "br", NULL);
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"protocol error: invalid timeout x\"}");
+  open_call(&m_unary, "application/proto", "content-encoding", "br", NULL);
+  expect_unary(501, "{\"code\":\"unimplemented\",\"message\":\"unknown compression \\\"br\\\": "
+                    "supported encodings are gzip\"}");
+  open_call(&m_cstream, "application/connect+proto", "connect-content-encoding", "zstd", NULL);
+  expect_stream_end("{\"error\":{\"code\":\"unimplemented\",\"message\":\"unknown compression "
+                    "\\\"zstd\\\": supported encodings are gzip\"}}");
+  ASSERT_STR_EQ(svc.log, "");
+  fake_done();
+}
+
+TEST(connect_timeout_header) {
+  svc_reset(S_REPLY);
+  const char *bad[] = {"12345678901", "12a", "abc", "", "-5", " 5", "5 ", "1.5", "0x10"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    open_call(&m_unary, "application/proto", "connect-timeout-ms", bad[i], NULL);
+    char want[200];
+    snprintf(want, sizeof want,
+             "{\"code\":\"invalid_argument\",\"message\":\"protocol error: invalid timeout %s\"}", bad[i]);
+    expect_unary(400, want);
+    /* streaming: same text in the end-of-stream envelope */
+    open_call(&m_sstream, "application/connect+proto", "connect-timeout-ms", bad[i], NULL);
+    snprintf(want, sizeof want,
+             "{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: invalid timeout "
+             "%s\"}}",
+             bad[i]);
+    expect_stream_end(want);
+  }
+  ASSERT_STR_EQ(svc.log, "");
+  /* 10 digits is the maximum; the value reaches the service */
+  open_call(&m_unary, "application/proto", "connect-timeout-ms", "9999999999", NULL);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(,0);");
+  ASSERT_EQ(svc.timeout, 9999999999LL);
+  ASSERT_EQ(F.status, 200);
+  svc_reset(S_REPLY);
+  open_call(&m_unary, "application/proto", "connect-timeout-ms", "0000000042", NULL);
+  feed_end();
+  ASSERT_EQ(svc.timeout, 42);
+  ASSERT_STR_EQ(svc.proto, "connect");
+  fake_done();
+}
+
+/* ------------------------------------------------------------ Connect unary */
+
+TEST(unary_proto_ok) {
+  svc_reset(S_REPLY);
+  open_call(&m_unary, "application/proto", NULL);
+  bb req = lfr("/home/user", 3);
+  feed_bb(&req, 4); /* body in pieces */
+  ASSERT_STR_EQ(svc.log, "");
+  feed_end();
+  bb_free(&req);
+  ASSERT_STR_EQ(svc.log, "req(/home/user,3);");
+  bb want = chunk("/home/user", "hi", 2);
+  ASSERT_EQ(F.status, 200);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/proto\n");
+  ASSERT_EQ(F.clen, (int64_t)want.len);
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  ASSERT_EQ(F.nend, 1);
+  bb_free(&want);
+
+  /* zero-copy variant: same bytes */
+  svc_reset(S_PACKED);
+  open_call(&m_unary, "application/proto", NULL);
+  req = lfr("/p", 0);
+  feed_bb(&req, 0);
+  bb_free(&req);
+  feed_end();
+  ASSERT_EQ(svc.packed_rc, 0);
+  want = chunk("/p", "hi", 2);
+  ASSERT_EQ(F.clen, (int64_t)want.len);
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+
+  /* no message sent: the empty message */
+  svc_reset(S_EMPTY);
+  open_call(&m_unary, "application/proto", NULL);
+  feed_end(); /* empty body = empty message for proto */
+  ASSERT_STR_EQ(svc.log, "req(,0);");
+  ASSERT_EQ(F.status, 200);
+  ASSERT_EQ(F.clen, 0);
+  ASSERT_EQ(F.body.len, 0);
+  ASSERT_EQ(F.nend, 1);
+  fake_done();
+}
+
+TEST(unary_json_ok) {
+  svc_reset(S_REPLY);
+  open_call(&m_unary, "application/json", NULL);
+  const char *j = "{\"path\":\"/etc\",\"depth\":2}";
+  feed(j, strlen(j), 1);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/etc,2);");
+  ASSERT_EQ(F.status, 200);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/json\n");
+  ASSERT_STR_EQ((char *)F.body.p, "{\"filepath\":\"/etc\",\"content\":\"aGk=\"}");
+  ASSERT_EQ(F.clen, (int64_t)F.body.len);
+
+  svc_reset(S_EMPTY);
+  open_call(&m_unary, "application/json", NULL);
+  feed("{}", 2, 10);
+  feed_end();
+  ASSERT_STR_EQ((char *)F.body.p, "{}");
+  ASSERT_EQ(F.clen, 2);
+
+  /* a JSON call cannot take pre-packed protobuf */
+  svc_reset(S_PACKED);
+  open_call(&m_unary, "application/json", NULL);
+  feed("{}", 2, 10);
+  feed_end();
+  ASSERT_EQ(svc.packed_rc, -1);
+  ASSERT_STR_EQ((char *)F.body.p, "{}");
+  fake_done();
+}
+
+TEST(unary_errors) {
+  /* service error → status from the table, JSON body with escaping */
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_NOT_FOUND;
+  svc.emsg = "no such file: \"/a\"";
+  open_call(&m_unary, "application/json", NULL);
+  feed("{\"path\":\"/a\"}", 13, 100);
+  feed_end();
+  expect_unary(404, "{\"code\":\"not_found\",\"message\":\"no such file: \\\"/a\\\"\"}");
+
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_FAILED_PRECONDITION;
+  svc.emsg = "back\\slash\nnl\ttab\x01";
+  open_call(&m_unary, "application/proto", NULL);
+  feed_end();
+  expect_unary(400, "{\"code\":\"failed_precondition\",\"message\":\"back\\\\slash\\u000anl\\u0009tab"
+                    "\\u0001\"}");
+
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_INTERNAL;
+  svc.emsg = NULL;
+  open_call(&m_unary, "application/proto", NULL);
+  feed_end();
+  expect_unary(500, "{\"code\":\"internal\"}");
+
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_PERMISSION_DENIED;
+  svc.emsg = "";
+  open_call(&m_unary, "application/proto", NULL);
+  feed_end();
+  expect_unary(403, "{\"code\":\"permission_denied\"}");
+  fake_done();
+}
+
+static void expect_unmarshal_error(void) {
+  const char *pre = "{\"code\":\"invalid_argument\",\"message\":\"unmarshal into pb.ListFilesRequest: ";
+  ASSERT_EQ(F.status, 400);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/json\n");
+  ASSERT(F.body.len > strlen(pre) + 2);
+  ASSERT_MEM_EQ(F.body.p, pre, strlen(pre));
+  ASSERT_STR_EQ((char *)F.body.p + F.body.len - 2, "\"}");
+  ASSERT_EQ(F.nend, 1);
+}
+
+TEST(unary_decode_errors) {
+  svc_reset(S_REPLY);
+  const char *bad_json[] = {"", "{\"path\":", "{\"depth\":\"x\"}", "[]", "{\"path\":1}",
+                            "{} {}", "\"x\"", "{\"path\":\"\xff\"}"};
+  for (size_t i = 0; i < sizeof bad_json / sizeof *bad_json; i++) {
+    open_call(&m_unary, "application/json", NULL);
+    feed(bad_json[i], strlen(bad_json[i]), 3);
+    feed_end();
+    expect_unmarshal_error();
+  }
+  /* proto: truncated length-delimited field */
+  open_call(&m_unary, "application/proto", NULL);
+  feed("\x0a\x05" "ab", 4, 100);
+  feed_end();
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"unmarshal into pb.ListFilesRequest: "
+                    "invalid protobuf\"}");
+  /* proto: a string that is not UTF-8 */
+  open_call(&m_unary, "application/proto", NULL);
+  feed("\x0a\x02\xff\xfe", 4, 100);
+  feed_end();
+  expect_unmarshal_error();
+  ASSERT_STR_EQ(svc.log, "");
+
+  /* NUL inside a string: delivered cut, flagged */
+  open_call(&m_unary, "application/json", NULL);
+  feed("{\"path\":\"a\\u0000b\"}", 19, 100);
+  feed_end();
+  open_call(&m_unary, "application/proto", NULL);
+  feed("\x0a\x03" "a\0b", 5, 100);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(a,0,nul);req(a,0,nul);");
+  fake_done();
+}
+
+TEST(unary_size_limit) {
+  svc_reset(S_REPLY);
+  /* Content-Length over the cap: refused before the body */
+  fake_new("POST", m_unary.path, "content-type", "application/proto", "connect-protocol-version", "1",
+           "conch-init-token", TOKEN, NULL);
+  F.x.content_length = (int64_t)16 * MIB + 1;
+  connect_serve(&F.x, &m_unary);
+  expect_unary(429, "{\"code\":\"resource_exhausted\",\"message\":\"message is larger than configured "
+                    "max 16777216 bytes\"}");
+  /* a chunked body that grows past the cap */
+  open_call(&m_unary, "application/proto", NULL);
+  uint8_t *mb = calloc(1, MIB);
+  for (int i = 0; i < 16; i++) feed(mb, MIB, MIB);
+  ASSERT_EQ(F.nrespond, 0);
+  feed(mb, 1, 1);
+  free(mb);
+  expect_unary(429, "{\"code\":\"resource_exhausted\",\"message\":\"message is larger than configured "
+                    "max 16777216 bytes\"}");
+  ASSERT_STR_EQ(svc.log, "");
+  fake_done();
+}
+
+TEST(unary_gzip) {
+  svc_reset(S_REPLY);
+  bb req = lfr("/zipped", 7);
+  bb z = gz(req.p, req.len);
+  bb_free(&req);
+  open_call(&m_unary, "application/proto", "content-encoding", "gzip", NULL);
+  feed_bb(&z, 5);
+  feed_end();
+  bb_free(&z);
+  ASSERT_STR_EQ(svc.log, "req(/zipped,7);");
+  ASSERT_EQ(F.status, 200);
+
+  open_call(&m_unary, "application/json", "content-encoding", "GZIP", NULL);
+  z = gz("{\"path\":\"/j\"}", 13);
+  feed_bb(&z, 0);
+  bb_free(&z);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/zipped,7);req(/j,0);");
+
+  open_call(&m_unary, "application/proto", "content-encoding", "identity", NULL);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/zipped,7);req(/j,0);req(,0);");
+
+  open_call(&m_unary, "application/proto", "content-encoding", "gzip", NULL);
+  feed("not gzip at all", 15, 100);
+  feed_end();
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"invalid gzip data\"}");
+
+  /* truncated gzip stream */
+  req = lfr("/truncated", 1);
+  z = gz(req.p, req.len);
+  bb_free(&req);
+  open_call(&m_unary, "application/proto", "content-encoding", "gzip", NULL);
+  feed(z.p, z.len - 4, 100);
+  bb_free(&z);
+  feed_end();
+  expect_unary(400, "{\"code\":\"invalid_argument\",\"message\":\"invalid gzip data\"}");
+
+  /* a small body that inflates past the cap */
+  uint8_t *zeros = calloc(1, 17 * MIB);
+  z = gz(zeros, 17 * MIB);
+  free(zeros);
+  ASSERT(z.len < 100000);
+  open_call(&m_unary, "application/proto", "content-encoding", "gzip", NULL);
+  feed_bb(&z, 0);
+  bb_free(&z);
+  feed_end();
+  expect_unary(429, "{\"code\":\"resource_exhausted\",\"message\":\"message is larger than configured "
+                    "max 16777216 bytes\"}");
+  ASSERT_STR_EQ(svc.log, "req(/zipped,7);req(/j,0);req(,0);");
+  fake_done();
+}
+
+/* ------------------------------------------------------------ Connect streaming: framing */
+
+TEST(envelopes_whole_and_batched) {
+  size_t bd[4];
+  bb in = three_chunks(bd);
+  /* one envelope per write; each is delivered as soon as it is complete */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  ASSERT_STR_EQ(svc.log, "open;");
+  feed(in.p + bd[0], bd[1] - bd[0], 1000);
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);");
+  feed(in.p + bd[1], bd[2] - bd[1], 1000);
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);msg(,0,0);");
+  feed(in.p + bd[2], bd[3] - bd[2], 1000);
+  ASSERT_EQ(F.nrespond, 0);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, three_chunks_log());
+  expect_post_ok(3);
+  ASSERT_STR_EQ(svc.proto, "connect-stream");
+
+  /* all three in one write, and twice that in one write */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed_bb(&in, 0);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, three_chunks_log());
+  expect_post_ok(3);
+
+  bb twice = {0};
+  bb_put(&twice, in.p, in.len);
+  bb_put(&twice, in.p, in.len);
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed_bb(&twice, 0);
+  feed_end();
+  ASSERT_EQ(svc.nmsg, 6);
+  expect_post_ok(6);
+  bb_free(&twice);
+  bb_free(&in);
+  fake_done();
+}
+
+TEST(envelopes_byte_by_byte) {
+  size_t bd[4];
+  bb in = three_chunks(bd);
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  for (size_t i = 0; i < in.len; i++) {
+    feed(in.p + i, 1, 1);
+    /* the message shows up exactly when its last byte arrives */
+    int want = (i + 1 >= bd[3]) ? 3 : (i + 1 >= bd[2]) ? 2 : (i + 1 >= bd[1]) ? 1 : 0;
+    ASSERT_EQ(svc.nmsg, want);
+  }
+  feed_end();
+  ASSERT_STR_EQ(svc.log, three_chunks_log());
+  expect_post_ok(3);
+  bb_free(&in);
+  fake_done();
+}
+
+TEST(envelopes_split_everywhere) {
+  size_t bd[4];
+  bb in = three_chunks(bd);
+  for (size_t k = 0; k <= in.len; k++) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    feed(in.p, k, in.len + 1);
+    feed(in.p + k, in.len - k, in.len + 1);
+    feed_end();
+    if (strcmp(svc.log, three_chunks_log()) != 0) TEST_FAIL_("split at %zu: %s", k, svc.log);
+    expect_post_ok(3);
+  }
+  /* odd step sizes */
+  for (size_t step = 2; step < 12; step++) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    feed_bb(&in, step);
+    feed_end();
+    ASSERT_STR_EQ(svc.log, three_chunks_log());
+  }
+  bb_free(&in);
+  fake_done();
+}
+
+TEST(server_stream_request) {
+  /* byte by byte; the service starts only at body end */
+  bb in = {0};
+  bb_env_msg(&in, 0, lfr("/srv", 9));
+  svc_reset(S_REPLY2);
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed_bb(&in, 1);
+  ASSERT_STR_EQ(svc.log, "");
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/srv,9);");
+  bb want = {0};
+  bb_env_msg(&want, 0, chunk("one", "hi", 2));
+  bb_env_msg(&want, 0, chunk("two", "hi", 2));
+  bb_env_str(&want, 2, "{}");
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+proto\n");
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+
+  /* zero messages */
+  svc_reset(S_REPLY);
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed_end();
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: expected one "
+                    "request message, got none\"}}");
+  /* two messages (in one write, and in two) */
+  bb two = {0};
+  bb_put(&two, in.p, in.len);
+  bb_put(&two, in.p, in.len);
+  for (int split = 0; split < 2; split++) {
+    open_call(&m_sstream, "application/connect+proto", NULL);
+    if (split) {
+      feed_bb(&in, 0);
+      feed_bb(&in, 0);
+    } else {
+      feed_bb(&two, 0);
+    }
+    feed_end();
+    expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: expected "
+                      "only one message, but got multiple\"}}");
+  }
+  ASSERT_STR_EQ(svc.log, "");
+  bb_free(&two);
+  bb_free(&in);
+  fake_done();
+}
+
+TEST(truncated_envelope) {
+  svc_reset(S_REPLY);
+  /* length prefix says 10, 3 bytes follow */
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed("\x00\x00\x00\x00\x0a" "abc", 8, 100);
+  ASSERT_EQ(F.nrespond, 0);
+  feed_end();
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: incomplete "
+                    "envelope: 8 bytes left over\"}}");
+  ASSERT_STR_EQ(svc.log, "open;cancel(invalid_argument);");
+
+  /* a partial header after a good message */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  bb in = {0};
+  bb_env_msg(&in, 0, chunk("ok", "", 0));
+  bb_put(&in, "\x00\x00\x00", 3);
+  feed_bb(&in, 1);
+  bb_free(&in);
+  feed_end();
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: incomplete "
+                    "envelope: 3 bytes left over\"}}");
+  ASSERT_STR_EQ(svc.log, "open;msg(ok,0,0);cancel(invalid_argument);");
+
+  /* server stream: the same text; the service never started */
+  svc_reset(S_REPLY);
+  open_call(&m_sstream, "application/connect+json", NULL);
+  feed("\x00\x00\x00\x00\x10{}", 7, 100);
+  feed_end();
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: incomplete "
+                    "envelope: 7 bytes left over\"}}");
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+json\n");
+  ASSERT_STR_EQ(svc.log, "");
+
+  /* exactly the cap in the prefix is not an error by itself */
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed("\x00\x01\x00\x00\x00" "0123456789", 15, 100);
+  ASSERT_EQ(F.nrespond, 0);
+  feed_end();
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: incomplete "
+                    "envelope: 15 bytes left over\"}}");
+  fake_done();
+}
+
+TEST(oversized_envelope) {
+  svc_reset(S_REPLY);
+  /* refused as soon as the header is seen, without waiting for the body */
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed("\x00\x01\x00\x00\x01", 5, 1);
+  expect_stream_end("{\"error\":{\"code\":\"resource_exhausted\",\"message\":\"message size 16777217 is "
+                    "larger than configured max 16777216\"}}");
+  ASSERT_STR_EQ(svc.log, "open;cancel(resource_exhausted);");
+
+  /* after a good envelope in the same write */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  bb in = {0};
+  bb_env_msg(&in, 0, chunk("first", "x", 1));
+  bb_put(&in, "\x01\xff\xff\xff\xff", 5);
+  feed_bb(&in, 0);
+  bb_free(&in);
+  expect_stream_end("{\"error\":{\"code\":\"resource_exhausted\",\"message\":\"message size 4294967295 is "
+                    "larger than configured max 16777216\"}}");
+  ASSERT_STR_EQ(svc.log, "open;msg(first,1,120);cancel(resource_exhausted);");
+  fake_done();
+}
+
+TEST(envelope_flags) {
+  const uint8_t bad[] = {0x02, 0x03, 0x04, 0x08, 0x40, 0x80, 0x81, 0xff};
+  for (size_t i = 0; i < sizeof bad; i++) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", "connect-content-encoding", "gzip", NULL);
+    bb in = {0};
+    bb_env(&in, bad[i], "", 0);
+    feed_bb(&in, 0);
+    bb_free(&in);
+    expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: invalid "
+                      "envelope flags\"}}");
+    ASSERT_STR_EQ(svc.log, "open;cancel(invalid_argument);");
+  }
+  fake_done();
+}
+
+TEST(stream_compression) {
+  /* flag 0x01 without Connect-Content-Encoding */
+  svc_reset(S_REPLY);
+  bb m = chunk("z.txt", "zzzz", 4);
+  bb z = gz(m.p, m.len);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  bb in = {0};
+  bb_env(&in, 1, z.p, z.len);
+  feed_bb(&in, 0);
+  bb_free(&in);
+  expect_stream_end("{\"error\":{\"code\":\"internal\",\"message\":\"protocol error: received compressed "
+                    "message without encoding\"}}");
+  ASSERT_STR_EQ(svc.log, "open;cancel(internal);");
+  /* "identity" is no compression either */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", "connect-content-encoding", "identity", NULL);
+  bb_env(&in, 1, z.p, z.len);
+  feed_bb(&in, 0);
+  bb_free(&in);
+  expect_stream_end("{\"error\":{\"code\":\"internal\",\"message\":\"protocol error: received compressed "
+                    "message without encoding\"}}");
+
+  /* with gzip: compressed and plain envelopes mixed, any split */
+  bb_env(&in, 1, z.p, z.len);
+  bb_env(&in, 0, m.p, m.len);
+  bb_env(&in, 1, z.p, z.len);
+  for (size_t step = 1; step <= in.len; step += (step < 8 ? 1 : 13)) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", "connect-content-encoding", "gzip", NULL);
+    feed_bb(&in, step);
+    feed_end();
+    ASSERT_STR_EQ(svc.log, "open;msg(z.txt,4,488);msg(z.txt,4,488);msg(z.txt,4,488);end;");
+    expect_post_ok(3);
+  }
+  bb_free(&in);
+
+  /* bad gzip data in a compressed envelope */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", "connect-content-encoding", "gzip", NULL);
+  bb_env(&in, 1, m.p, m.len);
+  feed_bb(&in, 0);
+  bb_free(&in);
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"invalid gzip data\"}}");
+  ASSERT_STR_EQ(svc.log, "open;cancel(invalid_argument);");
+  bb_free(&z);
+  bb_free(&m);
+
+  /* a small envelope that inflates past the cap */
+  uint8_t *zeros = calloc(1, 17 * MIB);
+  z = gz(zeros, 17 * MIB);
+  free(zeros);
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", "connect-content-encoding", "gzip", NULL);
+  bb_env(&in, 1, z.p, z.len);
+  feed_bb(&in, 0);
+  bb_free(&in);
+  bb_free(&z);
+  expect_stream_end("{\"error\":{\"code\":\"resource_exhausted\",\"message\":\"message is larger than "
+                    "configured max 16777216 bytes\"}}");
+  fake_done();
+}
+
+TEST(stream_json_decode_error) {
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+json", NULL);
+  bb in = {0};
+  bb_env_str(&in, 0, "{\"filepath\":\"j\",\"content\":\"aGVsbG8=\"}");
+  bb_env_str(&in, 0, "{\"filepath\":");
+  feed_bb(&in, 0);
+  bb_free(&in);
+  ASSERT_STR_EQ(svc.log, "open;msg(j,5,532);cancel(invalid_argument);");
+  env e[4];
+  ASSERT_EQ(envs(e, 4), 1);
+  ASSERT_EQ(e[0].flags, 2);
+  const char *pre = "{\"error\":{\"code\":\"invalid_argument\",\"message\":\"unmarshal into pb.FileChunk: ";
+  ASSERT(e[0].len > strlen(pre));
+  ASSERT_MEM_EQ(e[0].p, pre, strlen(pre));
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+json\n");
+  fake_done();
+}
+
+/* ------------------------------------------------------------ Connect streaming: output */
+
+TEST(stream_output_proto_and_json) {
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/o", 0));
+  /* proto: rpc_send twice, rpc_finish OK */
+  svc_reset(S_REPLY2);
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  bb want = {0};
+  bb_env_msg(&want, 0, chunk("one", "hi", 2));
+  bb_env_msg(&want, 0, chunk("two", "hi", 2));
+  bb_env_str(&want, 2, "{}");
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  ASSERT_EQ(F.clen, -1);
+  bb_free(&want);
+
+  /* zero-copy send: same bytes as rpc_send */
+  svc_reset(S_PACKED);
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_EQ(svc.packed_rc, 0);
+  bb_env_msg(&want, 0, chunk("/o", "hi", 2));
+  bb_env_str(&want, 2, "{}");
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+  bb_free(&req);
+
+  /* JSON */
+  bb_env_str(&req, 0, "{\"path\":\"/o\"}");
+  svc_reset(S_REPLY2);
+  open_call(&m_sstream, "application/connect+json", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+json\n");
+  bb_env_str(&want, 0, "{\"filepath\":\"one\",\"content\":\"aGk=\"}");
+  bb_env_str(&want, 0, "{\"filepath\":\"two\",\"content\":\"aGk=\"}");
+  bb_env_str(&want, 2, "{}");
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+
+  /* no message, OK: only the end-of-stream envelope */
+  svc_reset(S_EMPTY);
+  open_call(&m_sstream, "application/connect+json", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  bb_env_str(&want, 2, "{}");
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+
+  /* a message, then an error: the error is in the end envelope, status 200 */
+  svc_reset(S_REPLY_ERROR);
+  svc.ecode = RPC_DATA_LOSS;
+  svc.emsg = "lost \"it\"\n";
+  open_call(&m_sstream, "application/connect+json", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  env e[4];
+  ASSERT_EQ(envs(e, 4), 2);
+  ASSERT_EQ(e[0].flags, 0);
+  expect_stream_end("{\"error\":{\"code\":\"data_loss\",\"message\":\"lost \\\"it\\\"\\u000a\"}}");
+
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_UNAVAILABLE;
+  svc.emsg = NULL;
+  open_call(&m_sstream, "application/connect+json", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_EQ(envs(e, 4), 1);
+  expect_stream_end("{\"error\":{\"code\":\"unavailable\"}}");
+  bb_free(&req);
+  fake_done();
+}
+
+/* ------------------------------------------------------------ backpressure */
+
+TEST(pause_input) {
+  size_t bd[4];
+  bb in = three_chunks(bd);
+  /* the service pauses in its first on_message */
+  svc_reset(S_PAUSE_FIRST);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed_bb(&in, 0);
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);");
+  ASSERT_EQ(F.paused, 1);
+  feed_end(); /* body end while paused: held back too */
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);");
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);");
+  rpc_pause_input(svc.call, 0);
+  ASSERT_EQ(F.paused, 0);
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);"); /* deferred to the loop */
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_STR_EQ(svc.log, three_chunks_log());
+  expect_post_ok(3);
+
+  /* paused from the start; bytes arriving meanwhile are kept */
+  svc_reset(S_PAUSE_OPEN);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  ASSERT_EQ(F.paused, 1);
+  feed(in.p, bd[2], 1);
+  ASSERT_STR_EQ(svc.log, "open;");
+  rpc_pause_input(svc.call, 1); /* no-op: already paused */
+  ASSERT_EQ(F.npause, 1);
+  rpc_pause_input(svc.call, 0);
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);msg(,0,0);");
+  feed(in.p + bd[2], in.len - bd[2], 7);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, three_chunks_log());
+  expect_post_ok(3);
+
+  /* pause and resume again before the loop runs: each message once */
+  svc_reset(S_HOLD_END);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  rpc_pause_input(svc.call, 1);
+  feed_bb(&in, 0);
+  rpc_pause_input(svc.call, 0);
+  rpc_pause_input(svc.call, 1);
+  rpc_pause_input(svc.call, 0);
+  feed_end();
+  uv_run(loop, UV_RUN_NOWAIT);
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_STR_EQ(svc.log, three_chunks_log());
+  rpc_finish(svc.call, RPC_OK, NULL);
+  expect_stream_end("{}");
+  bb_free(&in);
+  fake_done();
+}
+
+static void drain_cb(rpc_call *c) { svc.drained++; }
+
+TEST(drain_callback) {
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/d", 0));
+  svc_reset(S_HOLD);
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  bb_free(&req);
+  rpc_call *c = svc.call;
+  ASSERT(c != NULL);
+  /* queue high: no callback until the transport drains */
+  F.outq = RPC_OUTQ_HIGH;
+  ASSERT_EQ(rpc_outq_bytes(c), RPC_OUTQ_HIGH);
+  rpc_on_drain(c, drain_cb);
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_EQ(svc.drained, 0);
+  F.x.h->on_drain(&F.x); /* still above HIGH/2 */
+  ASSERT_EQ(svc.drained, 0);
+  F.outq = RPC_OUTQ_HIGH / 2;
+  F.x.h->on_drain(&F.x);
+  ASSERT_EQ(svc.drained, 1);
+  F.x.h->on_drain(&F.x); /* one-shot */
+  ASSERT_EQ(svc.drained, 1);
+  /* queue already low: runs from the loop, not inside rpc_on_drain */
+  F.outq = 0;
+  rpc_on_drain(c, drain_cb);
+  ASSERT_EQ(svc.drained, 1);
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_EQ(svc.drained, 2);
+  /* cancelled with NULL */
+  rpc_on_drain(c, drain_cb);
+  rpc_on_drain(c, NULL);
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_EQ(svc.drained, 2);
+  send_chunk(c, "x");
+  svc_done(c, RPC_OK, NULL);
+  env e[4];
+  ASSERT_EQ(envs(e, 4), 2);
+  expect_stream_end("{}");
+  fake_done();
+}
+
+/* ------------------------------------------------------------ deadlines */
+
+/* Run the loop for about ms milliseconds. */
+static void on_guard(uv_timer_t *t) { uv_close((uv_handle_t *)t, NULL); }
+static void run_for(uint64_t ms) {
+  uv_timer_t guard;
+  uv_timer_init(loop, &guard);
+  uv_timer_start(&guard, on_guard, ms, 0);
+  uv_run(loop, UV_RUN_DEFAULT);
+}
+
+TEST(deadline) {
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/slow", 0));
+  /* the service holds the call; the deadline cancels it */
+  svc_reset(S_HOLD);
+  open_call(&m_sstream, "application/connect+proto", "connect-timeout-ms", "1", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/slow,0);");
+  ASSERT_EQ(svc.timeout, 1);
+  uv_run(loop, UV_RUN_DEFAULT); /* until the timer fired and the call is gone */
+  ASSERT_STR_EQ(svc.log, "req(/slow,0);cancel(deadline_exceeded);");
+  ASSERT(svc.call == NULL);
+  expect_stream_end("{\"error\":{\"code\":\"deadline_exceeded\",\"message\":\"the operation timed out\"}}");
+
+  /* before the request body arrived: the service never starts */
+  svc_reset(S_HOLD);
+  open_call(&m_sstream, "application/connect+proto", "connect-timeout-ms", "1", NULL);
+  feed(req.p, 3, 3);
+  uv_run(loop, UV_RUN_DEFAULT);
+  expect_stream_end("{\"error\":{\"code\":\"deadline_exceeded\",\"message\":\"the operation timed out\"}}");
+  feed(req.p + 3, req.len - 3, 100); /* dropped: the exchange ended */
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "");
+
+  /* unary: 504; client stream in the middle of the upload */
+  svc_reset(S_HOLD);
+  open_call(&m_unary, "application/proto", "connect-timeout-ms", "1", NULL);
+  feed_end();
+  uv_run(loop, UV_RUN_DEFAULT);
+  expect_unary(504, "{\"code\":\"deadline_exceeded\",\"message\":\"the operation timed out\"}");
+  ASSERT_STR_EQ(svc.log, "req(,0);cancel(deadline_exceeded);");
+  svc_reset(S_HOLD_END);
+  open_call(&m_cstream, "application/connect+proto", "connect-timeout-ms", "2", NULL);
+  feed("\x00\x00\x00\x00\x00", 5, 5);
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_STR_EQ(svc.log, "open;msg(,0,0);cancel(deadline_exceeded);");
+  expect_stream_end("{\"error\":{\"code\":\"deadline_exceeded\",\"message\":\"the operation timed out\"}}");
+
+  /* finished in time: the timer is stopped, nothing more happens */
+  svc_reset(S_REPLY);
+  open_call(&m_sstream, "application/connect+proto", "connect-timeout-ms", "5", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  run_for(20);
+  ASSERT_STR_EQ(svc.log, "req(/slow,0);");
+  expect_stream_end("{}");
+
+  /* RPC_F_OWN_DEADLINE: the layer leaves the call alone */
+  svc_reset(S_HOLD);
+  open_call(&m_sstream_own, "application/connect+proto", "connect-timeout-ms", "1", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  run_for(20);
+  ASSERT_STR_EQ(svc.log, "req(/slow,0);");
+  ASSERT_EQ(svc.timeout, 1);
+  ASSERT(svc.call != NULL);
+  svc_done(svc.call, RPC_DEADLINE_EXCEEDED, "process timed out");
+  expect_stream_end("{\"error\":{\"code\":\"deadline_exceeded\",\"message\":\"process timed out\"}}");
+  bb_free(&req);
+  fake_done();
+}
+
+/* ------------------------------------------------------------ transport abort */
+
+TEST(abort_while_service_holds) {
+  /* client stream in the middle of the upload */
+  svc_reset(S_HOLD_END);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed("\x00\x00\x00\x00\x00", 5, 5);
+  peer_abort();
+  ASSERT_STR_EQ(svc.log, "open;msg(,0,0);cancel(canceled);");
+  ASSERT(svc.call == NULL);
+  ASSERT_EQ(F.nrespond, 0);
+  ASSERT_EQ(F.nend, 0);
+  uv_run(loop, UV_RUN_DEFAULT);
+
+  /* server stream after some output, with a drain callback and a resume pending */
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/ab", 0));
+  svc_reset(S_HOLD);
+  open_call(&m_sstream, "application/connect+proto", "connect-timeout-ms", "100000", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  send_chunk(svc.call, "partial");
+  rpc_on_drain(svc.call, drain_cb);
+  peer_abort();
+  ASSERT_STR_EQ(svc.log, "req(/ab,0);cancel(canceled);");
+  uv_run(loop, UV_RUN_DEFAULT); /* returns: no timer left behind */
+  ASSERT_EQ(svc.drained, 0);
+  ASSERT_EQ(svc.send_fail, 0);
+
+  /* unary held by the service */
+  svc_reset(S_HOLD);
+  open_call(&m_unary, "application/json", NULL);
+  feed("{}", 2, 2);
+  feed_end();
+  peer_abort();
+  ASSERT_STR_EQ(svc.log, "req(,0);cancel(canceled);");
+  ASSERT_EQ(F.nrespond, 0);
+  uv_run(loop, UV_RUN_DEFAULT);
+
+  /* paused client stream with a resume pending */
+  svc_reset(S_PAUSE_FIRST);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  size_t bd[4];
+  bb in = three_chunks(bd);
+  feed_bb(&in, 0);
+  rpc_pause_input(svc.call, 0);
+  peer_abort();
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_STR_EQ(svc.log, "open;msg(a.txt,5,532);cancel(canceled);");
+  bb_free(&in);
+  bb_free(&req);
+  fake_done();
+}
+
+TEST(abort_before_service) {
+  /* server stream: a complete request message held, body not ended */
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/held", 0));
+  svc_reset(S_REPLY);
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed_bb(&req, 0);
+  peer_abort();
+  uv_run(loop, UV_RUN_DEFAULT);
+  /* unary: part of the body buffered */
+  open_call(&m_unary, "application/proto", NULL);
+  feed(req.p, req.len, 2);
+  peer_abort();
+  uv_run(loop, UV_RUN_DEFAULT);
+  /* streaming: part of an envelope buffered */
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed("\x00\x00\x00\x01\x00zz", 7, 7);
+  peer_abort();
+  ASSERT_STR_EQ(svc.log, "open;cancel(canceled);");
+  ASSERT_EQ(F.nrespond, 0);
+  bb_free(&req);
+  fake_done();
+}
+
+/* ------------------------------------------------------------ gRPC, gRPC-Web */
+
+TEST(grpc) {
+  svc_reset(S_REPLY2);
+  open_grpc(&m_sstream, "application/grpc", 0, NULL);
+  ASSERT_EQ(F.status, 415);
+  ASSERT_STR_EQ((char *)F.body.p, "gRPC requires HTTP/2\n");
+
+  /* trailers-only error: status in the response headers, no body */
+  fake_new("POST", m_unary.path, "content-type", "application/grpc", NULL);
+  F.x.http2 = 1;
+  connect_serve(&F.x, &m_unary);
+  ASSERT_EQ(F.status, 200);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc\ngrpc-status: 16\ngrpc-message: agent token is "
+                        "required\n");
+  ASSERT_EQ(F.body.len, 0);
+  ASSERT_EQ(F.nend, 1);
+  ASSERT_STR_EQ(F.trailers, "");
+
+  /* Connect-Protocol-Version does not matter to gRPC */
+  open_grpc(&m_unary, "application/grpc+proto", 1, "connect-protocol-version", "7", "grpc-timeout", "1x",
+            NULL);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc\ngrpc-status: 3\ngrpc-message: protocol error: "
+                        "invalid timeout 1x\n");
+
+  /* success: messages, then grpc-status 0 in the trailers */
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/g", 0));
+  open_grpc(&m_sstream, "application/grpc", 1, NULL);
+  feed_bb(&req, 1);
+  feed_end();
+  ASSERT_STR_EQ(svc.proto, "grpc");
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc\ngrpc-accept-encoding: gzip\n");
+  bb want = {0};
+  bb_env_msg(&want, 0, chunk("one", "hi", 2));
+  bb_env_msg(&want, 0, chunk("two", "hi", 2));
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+  ASSERT_STR_EQ(F.trailers, "grpc-status: 0\n");
+
+  /* a unary method over gRPC: one enveloped request, one enveloped answer */
+  svc_reset(S_REPLY);
+  open_grpc(&m_unary, "application/grpc", 1, NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  bb_env_msg(&want, 0, chunk("/g", "hi", 2));
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+  bb_free(&want);
+  ASSERT_STR_EQ(F.trailers, "grpc-status: 0\n");
+
+  /* error after a message: trailers, grpc-message percent-encoded */
+  svc_reset(S_REPLY_ERROR);
+  svc.ecode = RPC_NOT_FOUND;
+  svc.emsg = "50% caf\xc3\xa9\n";
+  open_grpc(&m_sstream, "application/grpc", 1, NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.trailers, "grpc-status: 5\ngrpc-message: 50%25 caf%C3%A9%0A\n");
+
+  /* error before any message: trailers-only */
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_PERMISSION_DENIED;
+  svc.emsg = "no";
+  open_grpc(&m_sstream, "application/grpc", 1, NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc\ngrpc-status: 7\ngrpc-message: no\n");
+  ASSERT_EQ(F.body.len, 0);
+  ASSERT_STR_EQ(F.trailers, "");
+
+  /* grpc-encoding gzip */
+  svc_reset(S_REPLY);
+  bb m = lfr("/gz", 4);
+  bb z = gz(m.p, m.len);
+  bb_free(&m);
+  bb zin = {0};
+  bb_env(&zin, 1, z.p, z.len);
+  bb_free(&z);
+  open_grpc(&m_sstream, "application/grpc", 1, "grpc-encoding", "gzip", NULL);
+  feed_bb(&zin, 3);
+  feed_end();
+  bb_free(&zin);
+  ASSERT_STR_EQ(svc.log, "req(/gz,4);");
+  ASSERT_STR_EQ(F.trailers, "grpc-status: 0\n");
+
+  /* grpc-timeout units */
+  struct {
+    const char *v;
+    int64_t ms;
+  } to[] = {{"5m", 5}, {"2S", 2000}, {"3M", 180000}, {"1H", 3600000}, {"1500u", 2}, {"1n", 1},
+            {"99999999m", 99999999}};
+  for (size_t i = 0; i < sizeof to / sizeof *to; i++) {
+    svc_reset(S_REPLY);
+    open_grpc(&m_sstream, "application/grpc", 1, "grpc-timeout", to[i].v, NULL);
+    feed_bb(&req, 0);
+    feed_end();
+    ASSERT_EQ(svc.timeout, to[i].ms);
+  }
+  const char *badto[] = {"5", "m", "5s", "123456789m", "-5m", "5 m"};
+  for (size_t i = 0; i < sizeof badto / sizeof *badto; i++) {
+    open_grpc(&m_sstream, "application/grpc", 1, "grpc-timeout", badto[i], NULL);
+    char want_h[200];
+    snprintf(want_h, sizeof want_h,
+             "content-type: application/grpc\ngrpc-status: 3\ngrpc-message: protocol error: invalid "
+             "timeout %s\n",
+             badto[i]);
+    ASSERT_STR_EQ(F.hdrs, want_h);
+  }
+  bb_free(&req);
+  fake_done();
+}
+
+/* The gRPC-Web trailer frame at the end of the body. */
+static void expect_grpc_web_trailer(const char *text) {
+  env e[8];
+  size_t n = envs(e, 8);
+  ASSERT(n >= 1);
+  ASSERT_EQ(e[n - 1].flags, 0x80);
+  ASSERT_EQ(e[n - 1].len, strlen(text));
+  ASSERT_MEM_EQ(e[n - 1].p, text, strlen(text));
+  ASSERT_EQ(F.status, 200);
+  ASSERT_EQ(F.nend, 1);
+  ASSERT_STR_EQ(F.trailers, "");
+}
+
+TEST(grpc_web) {
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/w", 0));
+  svc_reset(S_REPLY);
+  open_grpc(&m_sstream, "application/grpc-web+proto", 0, NULL);
+  feed_bb(&req, 2);
+  feed_end();
+  ASSERT_STR_EQ(svc.proto, "grpc-web");
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc-web+proto\ngrpc-accept-encoding: gzip\n");
+  env e[4];
+  ASSERT_EQ(envs(e, 4), 2);
+  bb m = chunk("/w", "hi", 2);
+  ASSERT_EQ(e[0].flags, 0);
+  ASSERT_EQ(e[0].len, m.len);
+  ASSERT_MEM_EQ(e[0].p, m.p, m.len);
+  bb_free(&m);
+  expect_grpc_web_trailer("grpc-status: 0\r\n");
+
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_NOT_FOUND;
+  svc.emsg = "no such file: \"/w\"";
+  open_grpc(&m_sstream, "application/grpc-web", 0, NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc-web+proto\ngrpc-accept-encoding: gzip\n");
+  ASSERT_EQ(envs(e, 4), 1);
+  expect_grpc_web_trailer("grpc-status: 5\r\ngrpc-message: no such file: \"/w\"\r\n");
+
+  /* auth failure (no token), JSON flavour */
+  fake_new("POST", m_unary.path, "content-type", "application/grpc-web+json", NULL);
+  connect_serve(&F.x, &m_unary);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc-web+json\ngrpc-accept-encoding: gzip\n");
+  ASSERT_EQ(envs(e, 4), 1);
+  expect_grpc_web_trailer("grpc-status: 16\r\ngrpc-message: agent token is required\r\n");
+
+  /* deadline over gRPC-Web */
+  svc_reset(S_HOLD);
+  open_grpc(&m_sstream, "application/grpc-web+proto", 0, "grpc-timeout", "1m", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_STR_EQ(svc.log, "req(/w,0);cancel(deadline_exceeded);");
+  expect_grpc_web_trailer("grpc-status: 4\r\ngrpc-message: the operation timed out\r\n");
+  bb_free(&req);
+  fake_done();
+}
+
+#ifdef CONNECT_KNOWN_BUGS
+/* KNOWN BUGS — excluded from `make unit`; build with -DCONNECT_KNOWN_BUGS
+ * to see them fail (reported to the lead, not fixed here: agent/ is not
+ * this test's to edit).
+ *
+ * 1. Error JSON carries the message bytes verbatim: a message that is not
+ *    valid UTF-8 (a file name from disk, an echoed header value, or a
+ *    %.200s / rpc_finishf cut inside a multi-byte character) yields a body
+ *    that is not valid JSON (RFC 8259 §8.1).  connect-go / encoding/json
+ *    emit U+FFFD for such bytes. */
+TEST(bug_error_json_utf8) {
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_NOT_FOUND;
+  svc.emsg = "no such file: /tmp/\xff";
+  open_call(&m_unary, "application/proto", NULL);
+  feed_end();
+  expect_unary(404, "{\"code\":\"not_found\",\"message\":\"no such file: /tmp/\\ufffd\"}");
+  /* an echoed header value, streaming */
+  fake_new("POST", m_sstream.path, "content-type", "application/connect+proto",
+           "connect-protocol-version", "\xe9", "conch-init-token", TOKEN, NULL);
+  connect_serve(&F.x, &m_sstream);
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"Connect-Protocol-Version "
+                    "must be \\\"1\\\": got \\\"\\ufffd\\\"\"}}");
+  fake_done();
+}
+
+/* 2. A gzip body made of several members (RFC 1952 §2.2; Go's gzip.Reader
+ *    reads them all) is cut after the first member without an error: here
+ *    the depth field is silently lost. */
+TEST(bug_gzip_multi_member) {
+  svc_reset(S_REPLY);
+  bb m = lfr("/multi", 5); /* 0a 06 "/multi" | 10 05 */
+  ASSERT_EQ(m.len, 10);
+  bb z1 = gz(m.p, 8), z2 = gz(m.p + 8, 2), body = {0};
+  bb_put(&body, z1.p, z1.len);
+  bb_put(&body, z2.p, z2.len);
+  open_call(&m_unary, "application/proto", "content-encoding", "gzip", NULL);
+  feed_bb(&body, 0);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "req(/multi,5);");
+  bb_free(&m);
+  bb_free(&z1);
+  bb_free(&z2);
+  bb_free(&body);
+  fake_done();
+}
+
+/* 3. rpc.h: rpc_send "Returns 0, or -1 if the call can no longer carry
+ *    messages (then on_cancel follows, or already ran)".  For a message
+ *    over RPC_MAX_MESSAGE (or a failed JSON encode / malloc) rpc_send
+ *    returns -1 but the call stays live and on_cancel never comes; a service
+ *    that trusts the contract (proc/service.c List and SendSignal:
+ *    `if (rpc_send(c, &resp.base) == 0) rpc_finish(...)`) leaves the client
+ *    waiting forever.  Same for rpc_send_packed with len > the cap. */
+TEST(bug_rpc_send_oversize_no_cancel) {
+  svc_reset(S_SEND_HUGE);
+  open_call(&m_unary, "application/proto", NULL);
+  feed_end();
+  ASSERT_EQ(svc.send_fail, 1);
+  ASSERT_STR_EQ(svc.log, "req(,0);cancel(resource_exhausted);");
+  expect_unary(429, "{\"code\":\"resource_exhausted\",\"message\":\"message is larger than configured "
+                    "max 16777216 bytes\"}");
+  fake_done();
+}
+#endif
+
+int main(void) {
+  loop = uv_default_loop();
+  conch.loop = loop;
+  daemon_set_token(TOKEN, strlen(TOKEN));
+  RUN(code_table);
+  RUN(method_and_content_type);
+  RUN(protocol_version);
+  RUN(auth);
+  RUN(check_order);
+  RUN(connect_timeout_header);
+  RUN(unary_proto_ok);
+  RUN(unary_json_ok);
+  RUN(unary_errors);
+  RUN(unary_decode_errors);
+  RUN(unary_size_limit);
+  RUN(unary_gzip);
+  RUN(envelopes_whole_and_batched);
+  RUN(envelopes_byte_by_byte);
+  RUN(envelopes_split_everywhere);
+  RUN(server_stream_request);
+  RUN(truncated_envelope);
+  RUN(oversized_envelope);
+  RUN(envelope_flags);
+  RUN(stream_compression);
+  RUN(stream_json_decode_error);
+  RUN(stream_output_proto_and_json);
+  RUN(pause_input);
+  RUN(drain_callback);
+  RUN(deadline);
+  RUN(abort_while_service_holds);
+  RUN(abort_before_service);
+  RUN(grpc);
+  RUN(grpc_web);
+#ifdef CONNECT_KNOWN_BUGS
+  RUN(bug_error_json_utf8);
+  RUN(bug_gzip_multi_member);
+  RUN(bug_rpc_send_oversize_no_cancel);
+#endif
+  fake_done();
+  uv_loop_close(loop);
+  return test_summary();
+}
