@@ -12,6 +12,7 @@
 #include "agent/auth.h"
 #include "agent/daemon.h"
 #include "agent/log.h"
+#include "proto/json.h"
 #include "proto/pbjson.h"
 #include "proto/pbwire.h"
 
@@ -84,19 +85,36 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
 }
 static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
+/* A JSON string of s: escapes per RFC 8259; bytes that are not valid UTF-8
+ * (a file name from disk, a cut message) become U+FFFD, so the document
+ * stays valid JSON. */
 static void sb_json_string(sbuf *b, const char *s) {
   sb_put(b, "\"", 1);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
     char esc[8];
     if (*p == '"' || *p == '\\') {
       esc[0] = '\\';
       esc[1] = (char)*p;
       sb_put(b, esc, 2);
+      p++;
     } else if (*p < 0x20) {
       snprintf(esc, sizeof esc, "\\u%04x", *p);
       sb_put(b, esc, 6);
-    } else {
+      p++;
+    } else if (*p < 0x80) {
       sb_put(b, (const char *)p, 1);
+      p++;
+    } else {
+      size_t n = strnlen((const char *)p, 4);
+      size_t l = json_utf8_seq(p, n);
+      if (l) {
+        sb_put(b, (const char *)p, l);
+        p += l;
+      } else {
+        sb_put(b, "\\ufffd", 6); /* as Go's encoding/json writes it */
+        p++;
+      }
     }
   }
   sb_put(b, "\"", 1);
@@ -427,6 +445,11 @@ static int gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *olen, rpc_
     z.avail_out = (uInt)(cap - len);
     r = inflate(&z, Z_NO_FLUSH);
     len = cap - z.avail_out;
+    if (r == Z_STREAM_END && z.avail_in > 0) { /* another gzip member follows */
+      if (inflateReset(&z) != Z_OK) break;
+      r = Z_OK;
+      if (z.avail_out) continue;
+    }
     if (r == Z_STREAM_END) break;
     if (r != Z_OK && r != Z_BUF_ERROR) break;
     if (z.avail_out != 0) { /* input exhausted without stream end */

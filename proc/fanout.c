@@ -206,7 +206,10 @@ void proc_send_final(rpc_call *c, struct proc *p) {
   st.pid = (int32_t)p->pid;
   ev.event_case = PB__PROCESS_EVENT__EVENT_START;
   ev.start = &st;
-  if (rpc_send(c, &ev.base) != 0) return;
+  if (rpc_send(c, &ev.base) != 0) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "cannot send process event");
+    return;
+  }
   proc_exit_info ei;
   proc_exit_describe(p->wstatus, &ei);
   Pb__ProcessEndEvent e = PB__PROCESS_END_EVENT__INIT;
@@ -216,6 +219,6 @@ void proc_send_final(rpc_call *c, struct proc *p) {
   e.error = ei.error;
   ev.event_case = PB__PROCESS_EVENT__EVENT_END;
   ev.end = &e;
-  if (rpc_send(c, &ev.base) != 0) return;
-  rpc_finish(c, RPC_OK, NULL);
+  rpc_finish(c, rpc_send(c, &ev.base) == 0 ? RPC_OK : RPC_RESOURCE_EXHAUSTED,
+             NULL);
 }

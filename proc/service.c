@@ -344,7 +344,10 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
   }
   resp.n_processes = n;
   resp.processes = iptr;
-  if (rpc_send(c, &resp.base) == 0) rpc_finish(c, RPC_OK, NULL);
+  if (rpc_send(c, &resp.base) == 0)
+    rpc_finish(c, RPC_OK, NULL);
+  else /* larger than 16 MiB (thousands of processes with huge configs) */
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "process list exceeds maximum message size 16777216 bytes");
 out:
   free(infos);
   free(iptr);
@@ -382,7 +385,7 @@ static void proc_signal_on_request(rpc_call *c, const ProtobufCMessage *m) {
   }
   LOG_INFO("signal sent pid=%d tag=%s signal=%d", (int)p->pid, p->tag, (int)req->signal);
   Pb__SendSignalResponse resp = PB__SEND_SIGNAL_RESPONSE__INIT;
-  if (rpc_send(c, &resp.base) == 0) rpc_finish(c, RPC_OK, NULL);
+  rpc_finish(c, rpc_send(c, &resp.base) == 0 ? RPC_OK : RPC_INTERNAL, NULL);
 }
 
 /* ---- cancel ---- */

@@ -59,8 +59,8 @@ PY
 H=(-H "conch-init-token: $TOK")
 get_h1()  { curl -s -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream; }
 get_h2()  { curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream; }
-post_h1() { rm -f "$W/uploaded"; curl -s -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
-post_h2() { rm -f "$W/uploaded"; curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
+post_h1() { rm -f "$W/uploaded"; curl -s -o /dev/null "${H[@]}" -H "Content-Type: application/connect+proto" -X POST -T "$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
+post_h2() { rm -f "$W/uploaded"; curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H "Content-Type: application/connect+proto" -X POST -T "$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
 ng_h2()   { curl -s --http2-prior-knowledge -o /dev/null http://127.0.0.1:$NGP/big; }
 
 # sanity: the download is the file, framed

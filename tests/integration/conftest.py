@@ -81,23 +81,32 @@ def sanitizer_report(text):
     return None
 
 
-@pytest.fixture(scope="session")
-def server():
-    s = Server()
+def serve(name, **kw):
+    """Run a server for a fixture's scope; fail on a sanitizer report."""
+    s = Server(name=name, **kw)
     yield s
     text = s.stop()
     rep = sanitizer_report(text)
     assert rep is None, f"sanitizer report in server log:\n{rep}"
+
+
+@pytest.fixture(scope="session")
+def server():
+    yield from serve("server")
+
+
+@pytest.fixture(scope="module")
+def own_server(request):
+    """A module's own conch-init: a module whose hostile or crash-prone
+    traffic must not take other suites down with it overrides `server` with
+    this, and a sanitizer report is charged to that module."""
+    yield from serve(request.module.__name__.rsplit(".", 1)[-1])
 
 
 @pytest.fixture()
 def fresh_server():
     """A private server for tests that may disturb others."""
-    s = Server(name="fresh")
-    yield s
-    text = s.stop()
-    rep = sanitizer_report(text)
-    assert rep is None, f"sanitizer report in server log:\n{rep}"
+    yield from serve("fresh")
 
 
 @pytest.fixture()

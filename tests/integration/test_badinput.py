@@ -32,15 +32,8 @@ CPV_MISSING = 'missing required header: set Connect-Protocol-Version to "1"'
 
 
 @pytest.fixture(scope="module")
-def server():
-    """This module's own conch-init (overrides the session one): hostile or
-    crash-prone traffic here must not take other suites down with it, and a
-    sanitizer report is charged to this module."""
-    s = Server(name=__name__.rsplit(".", 1)[-1])
-    yield s
-    text = s.stop()
-    rep = sanitizer_report(text)
-    assert rep is None, f"sanitizer report in server log:\n{rep}"
+def server(own_server):
+    return own_server  # this module's own conch-init (see conftest.own_server)
 
 
 # ---------------------------------------------------------------- helpers

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conch import Client, envelope
-from conftest import Server, sanitizer_report
+from conftest import serve
 
 DOWNLOAD = "/pb.FileService/GetFileStream"
 UPLOAD = "/pb.FileService/PostFileStream"
@@ -24,12 +24,8 @@ LIST = "/pb.FileService/ListFiles"
 @pytest.fixture()
 def lean_server():
     """A private server whose ASan quarantine is small, so RSS tracks live memory."""
-    s = Server(name="files-flow",
-               env={"ASAN_OPTIONS": "quarantine_size_mb=1:detect_leaks=1:abort_on_error=0"})
-    yield s
-    text = s.stop()
-    rep = sanitizer_report(text)
-    assert rep is None, f"sanitizer report in server log:\n{rep}"
+    yield from serve("files-flow",
+                     env={"ASAN_OPTIONS": "quarantine_size_mb=1:detect_leaks=1:abort_on_error=0"})
 
 
 def rss_kib(pid):
