@@ -97,6 +97,8 @@ static void conn_write_done(uv_write_t *req, int status) {
   if (c->proto && c->proto->on_written) c->proto->on_written(c);
 }
 
+static void conn_on_flush(uv_prepare_t *h);
+
 /* Hand the gathered batch to libuv (which tries to write it at once). */
 static int conn_submit(conn *c) {
   wreq *w = c->batch;
@@ -106,16 +108,27 @@ static int conn_submit(conn *c) {
   int r = c->closing ? UV_ECANCELED
                      : uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, w->nbuf, conn_write_done);
   if (r < 0) {
-    /* the callback never runs: undo; the read side will see the error */
+    /* the callback never runs: undo, and close from the loop (next prepare) */
     c->outq -= w->bytes;
     for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
     free(w);
+    if (!c->closing) {
+      c->write_failed = 1;
+      uv_prepare_start(&c->flush, conn_on_flush);
+    }
     return -1;
   }
   return 0;
 }
 
-static void conn_on_flush(uv_prepare_t *h) { conn_submit(h->data); }
+static void conn_on_flush(uv_prepare_t *h) {
+  conn *c = h->data;
+  conn_submit(c);
+  if (c->write_failed && !c->closing) {
+    LOG_DEBUG("write failed conn=%llu", (unsigned long long)c->id);
+    conn_close(c);
+  }
+}
 
 static void conn_batch_free(conn *c) {
   wreq *w = c->batch;

@@ -34,6 +34,7 @@ struct conn {
   size_t outq; /* bytes handed to uv_write, not yet completed */
   int read_paused;
   int closing;
+  int write_failed; /* closed from the loop, never inside a caller's stack */
   int handles_open;
   uint64_t id;
   char peer[64];

@@ -533,9 +533,19 @@ static void h2_on_written(conn *c) {
 
 static void h2_on_timeout(conn *c) {
   h2c *sc = c->p;
-  if (!sc->undispatched)
-    for (h2s *st = sc->streams; st; st = st->next)
+  if (!sc->undispatched) {
+    for (h2s *st = sc->streams; st; st = st->next) {
       if (!st->x.ended) return; /* an exchange is running */
+      if (!nghttp2_session_get_stream_local_close(sc->ng, st->id)) {
+        conn_timer(c, 60000); /* its response is still going out: no write timeout */
+        return;
+      }
+    }
+    if (c->outq) {
+      conn_timer(c, 60000);
+      return;
+    }
+  }
   LOG_DEBUG("h2 timeout conn=%llu open_header_blocks=%zu", (unsigned long long)c->id,
             sc->undispatched);
   nghttp2_session_terminate_session(sc->ng, NGHTTP2_NO_ERROR);
@@ -581,6 +591,12 @@ static long h2_b64url_decode(const char *in, uint8_t *out, size_t cap) {
     }
   }
   return (long)o;
+}
+
+int h2_settings_valid(const char *v) {
+  uint8_t buf[512];
+  long n = h2_b64url_decode(v, buf, sizeof buf);
+  return n >= 0 && n % 6 == 0;
 }
 
 int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {

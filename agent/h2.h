@@ -17,6 +17,8 @@
 #define H2_CONN_WINDOW (16u * 1024 * 1024)
 
 extern const conn_proto h2_conn_proto;
+/* An HTTP2-Settings header value that decodes (base64url, whole frames). */
+int h2_settings_valid(const char *v);
 /* upgrade: the HTTP/1.1 request (taken over, becomes stream 1) and its body
  * (malloc'd, taken over); NULL/0 for prior knowledge. */
 int h2_conn_init(conn *c, hx *upgrade, uint8_t *body, size_t body_len);

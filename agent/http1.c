@@ -39,6 +39,8 @@ typedef struct h1 {
   char head[1024];  /* response head waiting to go with the first body bytes */
   size_t head_len;
   int in_execute;
+  int failed;       /* unparseable input: close once the answer is out */
+  int head_only;    /* HEAD: the response has no body bytes */
 } h1;
 
 static const http_parser_settings h1_settings;
@@ -89,9 +91,10 @@ static void h1_fail(h1 *s, int status, const char *reason) {
     if (live) x->h->on_abort(x);
   }
   s->close_after = 1;
+  s->failed = 1;
   s->parser_paused = 1;
   conn_read_pause(s->c, 1);
-  if (s->c->outq == 0) conn_close(s->c);
+  conn_defer(s->c, h1_next); /* closes once the answer is out */
 }
 
 static int h1_grow(char **p, size_t *len, const char *at, size_t n) {
@@ -237,7 +240,12 @@ static int h1_on_headers_complete(http_parser *p) {
   const char *up = hx_get(x, "upgrade"), *settings = hx_get(x, "http2-settings");
   if (up && settings && h1_token_in(up, "h2c") && h1_token_in(hx_get(x, "connection"), "upgrade") &&
       (x->content_length < 0 || x->content_length <= (int64_t)RPC_MAX_MESSAGE + 64)) {
+    if (!h2_settings_valid(settings)) {
+      h1_fail(s, 400, "Bad Request: invalid HTTP2-Settings");
+      return -1;
+    }
     s->upgrade = 1;
+    conn_timer(s->c, HTTP1_IDLE_TIMEOUT_MS); /* the body must come, too */
     if (h1_token_in(hx_get(x, "expect"), "100-continue")) h1_send_continue(s);
     return 0;
   }
@@ -255,6 +263,7 @@ static int h1_on_body(http_parser *p, const char *at, size_t n) {
     if (s->ubody_len + n > s->ubody_cap) {
       size_t cap = s->ubody_cap ? s->ubody_cap : 4096;
       while (cap < s->ubody_len + n) cap *= 2;
+      if (cap > (size_t)RPC_MAX_MESSAGE + 64) cap = (size_t)RPC_MAX_MESSAGE + 64;
       uint8_t *nb = realloc(s->ubody, cap);
       if (!nb) return -1;
       s->ubody = nb;
@@ -341,6 +350,7 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
     len += (size_t)w;
   }
   s->chunked = clen < 0;
+  s->head_only = strcmp(x->method, "HEAD") == 0;
   /* a response that ends before the request body is in: keep reading and
    * dropping the body, then go on with keep-alive (or close if asked) */
   if (len < cap) {
@@ -354,6 +364,10 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
 
 static int h1_write(hx *x, uint8_t *buf, size_t off, size_t len) {
   h1 *s = x->tp;
+  if (s->head_only) { /* the head says what a GET would get; no body */
+    free(buf);
+    return 0;
+  }
   uv_buf_t bufs[4];
   void *owned[3];
   unsigned nb = 0, no = 0;
@@ -391,9 +405,11 @@ static int h1_end(hx *x, const hx_header *trailers, size_t n) {
   void *owned[2];
   unsigned nb = 0, no = 0;
   h1_flush_head(s, bufs, &nb, owned, &no);
-  if (s->chunked) bufs[nb++] = uv_buf_init("0\r\n\r\n", 5);
+  if (s->chunked && !s->head_only) bufs[nb++] = uv_buf_init("0\r\n\r\n", 5);
   if (nb) conn_write(s->c, bufs, nb, owned, no);
   if (!s->keep_alive) s->close_after = 1;
+  /* the rest of the request body is only thrown away now: bound the wait */
+  if (!s->msg_done) conn_timer(s->c, HTTP1_IDLE_TIMEOUT_MS);
   if (s->body_paused) {
     s->body_paused = 0;
     if (!s->msg_done) conn_read_pause(s->c, 0);
@@ -444,6 +460,8 @@ static void h1_switch_to_h2(h1 *s, const uint8_t *rest, size_t rest_len) {
     conn_close(c);
     return;
   }
+  /* the upgrade may have been parsed from held-back bytes, reading paused */
+  conn_read_pause(c, 0);
   if (rest_len) c->proto->on_read(c, rest, rest_len);
 }
 
@@ -515,6 +533,10 @@ static void h1_execute(h1 *s, const uint8_t *d, size_t n) {
 static void h1_next(conn *c) {
   h1 *s = c->p;
   if (!s) return;
+  if (s->failed) {
+    if (c->outq == 0) conn_close(c); /* else h1_on_written closes */
+    return;
+  }
   if (s->msg_done && s->x && s->x->ended) {
     if (s->close_after) {
       conn_read_pause(c, 1);
@@ -570,6 +592,10 @@ static void h1_on_written(conn *c) {
 static void h1_on_timeout(conn *c) {
   h1 *s = c->p;
   if (s->x && s->dispatched && !s->x->ended) return; /* an exchange is running */
+  if (c->outq) { /* a response is still going out: no write timeout */
+    conn_timer(c, HTTP1_IDLE_TIMEOUT_MS);
+    return;
+  }
   LOG_DEBUG("http1 timeout conn=%llu", (unsigned long long)c->id);
   conn_close(c);
 }
@@ -587,6 +613,10 @@ static void h1_on_close(conn *c) {
   c->p = NULL;
 }
 
+/* EOF from the client closes the connection at once, even with a request
+ * still being answered: a half-close cannot be told from a vanished client,
+ * and a vanished client must stop its foreground process (api.md §6) — as
+ * Go's server cancels the request context on EOF. */
 const conn_proto http1_conn_proto = {h1_on_read, h1_on_written, h1_on_timeout, h1_on_close};
 
 int http1_conn_init(conn *c) {

@@ -332,3 +332,56 @@ def test_h2_request_body_with_content_length_and_padding_free_frames(server, tmp
         assert [e.name for e in pb.ListFilesResponse.FromString(bytes(st.body)).entries] == ["x"]
     finally:
         c.close()
+
+
+# ---------------------------------------------------------------- review regressions
+
+def _drain(s, quiet=0.5):
+    s.settimeout(quiet)
+    out = b""
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                return out + b"<EOF>"
+            out += d
+    except socket.timeout:
+        return out
+
+
+def test_h2c_upgrade_after_pipelined_request_keeps_reading(server):
+    """The upgrade request parsed from held-back (pipelined) bytes: the
+    connection must resume reading as HTTP/2 (a PING is answered)."""
+    pre = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    up = (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+          b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n")
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + up + pre)
+    r = _drain(s)
+    assert b"101 Switching Protocols" in r
+    s.sendall(b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"pingpong")
+    r = _drain(s)
+    s.close()
+    assert b"\x00\x00\x08\x06\x01\x00\x00\x00\x00pingpong" in r
+
+
+def test_h2c_upgrade_with_bad_settings_is_400(server):
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+              b"Upgrade: h2c\r\nHTTP2-Settings: !!\r\n\r\n")
+    r = _drain(s, 2)
+    s.close()
+    assert r.startswith(b"HTTP/1.1 400 "), r[:100]
+    assert b"101" not in r.split(b"\r\n")[0]
+
+
+def test_head_response_has_no_body(server):
+    """A HEAD answer carries headers only, so keep-alive stays in sync."""
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    r = _drain(s, 1)
+    s.close()
+    first, _, rest = r.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 405 ")
+    assert rest.startswith(b"HTTP/1.1 200 OK"), rest[:80]
+    assert rest.endswith(HEALTH)
