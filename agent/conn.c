@@ -52,6 +52,7 @@ static void conn_free_cb(uv_handle_t *h) {
   if (--c->handles_open == 0) {
     conn_free_later_run(c);
     free(c->later);
+    free(c->rbuf);
     free(c);
   }
 }
@@ -194,17 +195,19 @@ int conn_write_copy(conn *c, const void *data, size_t len) {
   return conn_write(c, &buf, 1, &b, 1);
 }
 
+/* One read buffer per connection, reused: protocols copy what they keep
+ * before on_read returns (a fresh 64 KiB block per read made malloc trim
+ * and re-fault the heap top on every request). */
 static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   (void)hint;
-  (void)h;
-  char *b = malloc(CONN_READ_BUF);
-  *buf = uv_buf_init(b, b ? CONN_READ_BUF : 0);
+  conn *c = h->data;
+  if (!c->rbuf) c->rbuf = malloc(CONN_READ_BUF);
+  *buf = uv_buf_init(c->rbuf, c->rbuf ? CONN_READ_BUF : 0);
 }
 
 static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   conn *c = s->data;
   if (nread < 0) {
-    free(buf->base);
     if (nread != UV_EOF)
       LOG_DEBUG("read failed conn=%llu err=%s", (unsigned long long)c->id, uv_strerror((int)nread));
     conn_close(c);
@@ -218,13 +221,9 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     memcpy(c->sniff + c->sniff_len, d, take);
     c->sniff_len += take;
     int match = memcmp(c->sniff, h2_preface, c->sniff_len) == 0;
-    if (match && c->sniff_len < 24) {
-      free(buf->base);
-      return;
-    }
+    if (match && c->sniff_len < 24) return;
     c->proto = match ? &h2_conn_proto : &http1_conn_proto;
     if (match ? h2_conn_init(c, NULL, NULL, 0) : http1_conn_init(c)) {
-      free(buf->base);
       conn_close(c);
       return;
     }
@@ -237,7 +236,6 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     n -= take;
   }
   if (n > 0 && c->proto && !c->closing) c->proto->on_read(c, d, n);
-  free(buf->base);
 }
 
 void conn_read_pause(conn *c, int paused) {

@@ -80,6 +80,16 @@ static int main_token_file(const char *path) {
 
 /* Process-wide settings every mode shares. */
 static void main_common_setup(void) {
+  /* libuv's thread pool (disk work) defaults to 4 threads; on a guest with
+   * fewer CPUs their wake-ups cost more than they give (ListFiles rate on 2
+   * cores: 80 k/s with 4 threads, 115 k/s with 2).  One thread per CPU, 2 to
+   * 4, unless UV_THREADPOOL_SIZE says otherwise. */
+  if (!getenv("UV_THREADPOOL_SIZE")) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    char v[8];
+    snprintf(v, sizeof v, "%ld", n < 2 ? 2 : n > 4 ? 4 : n);
+    setenv("UV_THREADPOOL_SIZE", v, 0);
+  }
   signal(SIGPIPE, SIG_IGN);
   umask(022);
   struct rlimit rl;
