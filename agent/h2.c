@@ -450,6 +450,15 @@ static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   return 0;
 }
 
+/* More to send on st: wake its data provider and flush from the loop. */
+static void h2_resume(h2s *st) {
+  if (st->deferred) {
+    st->deferred = 0;
+    nghttp2_session_resume_data(st->sess->ng, st->id);
+  }
+  conn_defer(st->sess->c, h2_deferred);
+}
+
 static int h2_write(hx *x, uint8_t *buf, size_t off, size_t len) {
   h2s *st = x->tp;
   h2buf *b = malloc(sizeof *b);
@@ -464,11 +473,7 @@ static int h2_write(hx *x, uint8_t *buf, size_t off, size_t len) {
   st->outq += len;
   if (st->outq > HX_OUTQ_LOW) st->drain_armed = 1;
   if (!st->submitted) return h2_submit(st, 1);
-  if (st->deferred) {
-    st->deferred = 0;
-    nghttp2_session_resume_data(st->sess->ng, st->id);
-  }
-  conn_defer(st->sess->c, h2_deferred);
+  h2_resume(st);
   return 0;
 }
 
@@ -490,11 +495,7 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
     }
   }
   if (!st->submitted) return h2_submit(st, 1);
-  if (st->deferred) {
-    st->deferred = 0;
-    nghttp2_session_resume_data(st->sess->ng, st->id);
-  }
-  conn_defer(st->sess->c, h2_deferred);
+  h2_resume(st);
   return 0;
 }
 

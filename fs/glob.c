@@ -1,40 +1,10 @@
 /* fs/glob — Go path.Match port; see glob.h. */
 #include "fs/glob.h"
 
+#include "fs/utf8.h"
+
 #include <stdint.h>
 #include <string.h>
-
-#define RUNE_ERROR 0xFFFDu
-
-/* Go's utf8.DecodeRune: invalid or short input → (RUNE_ERROR, 1). */
-static uint32_t glob_rune(const unsigned char *s, size_t n, size_t *w) {
-  if (n == 0) {
-    *w = 0;
-    return RUNE_ERROR;
-  }
-  unsigned c = s[0];
-  *w = 1;
-  if (c < 0x80) return c;
-  uint32_t r, min;
-  size_t need;
-  if (c >= 0xC2 && c <= 0xDF) {
-    need = 2; r = c & 0x1F; min = 0x80;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    need = 3; r = c & 0x0F; min = 0x800;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    need = 4; r = c & 0x07; min = 0x10000;
-  } else {
-    return RUNE_ERROR;
-  }
-  if (n < need) return RUNE_ERROR;
-  for (size_t i = 1; i < need; i++) {
-    if ((s[i] & 0xC0) != 0x80) return RUNE_ERROR;
-    r = (r << 6) | (s[i] & 0x3F);
-  }
-  if (r < min || r > 0x10FFFF || (r >= 0xD800 && r <= 0xDFFF)) return RUNE_ERROR;
-  *w = need;
-  return r;
-}
 
 /* scanChunk: skip leading stars, then the chunk runs to the next '*'
  * outside a class.  Sets *star, the chunk [*c, *c + *clen), returns the
@@ -76,8 +46,8 @@ static int glob_get_esc(const char **c, size_t *cn, uint32_t *r) {
     if (n == 0) return -1;
   }
   size_t w;
-  *r = glob_rune((const unsigned char *)p, n, &w);
-  if (*r == RUNE_ERROR && w == 1) return -1;
+  *r = fs_utf8_rune((const unsigned char *)p, n, &w);
+  if (*r == FS_RUNE_ERROR && w == 1) return -1;
   p += w;
   n -= w;
   if (n == 0) return -1;
@@ -99,7 +69,7 @@ static int glob_match_chunk(const char *c, size_t cn, const char *s, size_t sn,
         uint32_t r = 0;
         if (!failed) {
           size_t w;
-          r = glob_rune((const unsigned char *)s, sn, &w);
+          r = fs_utf8_rune((const unsigned char *)s, sn, &w);
           s += w;
           sn -= w;
         }
@@ -136,7 +106,7 @@ static int glob_match_chunk(const char *c, size_t cn, const char *s, size_t sn,
         if (!failed) {
           if (s[0] == '/') failed = 1;
           size_t w;
-          glob_rune((const unsigned char *)s, sn, &w);
+          fs_utf8_rune((const unsigned char *)s, sn, &w);
           s += w;
           sn -= w;
         }

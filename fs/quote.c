@@ -1,35 +1,11 @@
 /* fs/quote — Go strconv.Quote; see quote.h. */
 #include "fs/quote.h"
 
+#include "fs/utf8.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* Decode one UTF-8 rune; invalid → -1 with width 1. */
-static int32_t quote_rune(const unsigned char *s, size_t n, size_t *w) {
-  unsigned c = s[0];
-  *w = 1;
-  if (c < 0x80) return (int32_t)c;
-  uint32_t r, min;
-  size_t need;
-  if (c >= 0xC2 && c <= 0xDF) {
-    need = 2; r = c & 0x1F; min = 0x80;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    need = 3; r = c & 0x0F; min = 0x800;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    need = 4; r = c & 0x07; min = 0x10000;
-  } else {
-    return -1;
-  }
-  if (n < need) return -1;
-  for (size_t i = 1; i < need; i++) {
-    if ((s[i] & 0xC0) != 0x80) return -1;
-    r = (r << 6) | (s[i] & 0x3F);
-  }
-  if (r < min || r > 0x10FFFF || (r >= 0xD800 && r <= 0xDFFF)) return -1;
-  *w = need;
-  return (int32_t)r;
-}
 
 static int quote_printable(uint32_t r) {
   if (r < 0x20 || r == 0x7F) return 0;
@@ -58,13 +34,13 @@ char *fs_go_quote(const char *s, size_t len) {
   size_t i = 0;
   while (i < len) {
     size_t w;
-    int32_t r = quote_rune(p + i, len - i, &w);
-    if (r < 0) {
+    uint32_t r = fs_utf8_rune(p + i, len - i, &w);
+    if (r == FS_RUNE_ERROR && w == 1) {
       k += (size_t)sprintf(out + k, "\\x%02x", p[i]);
     } else if (r == '"' || r == '\\') {
       out[k++] = '\\';
       out[k++] = (char)r;
-    } else if (quote_printable((uint32_t)r)) {
+    } else if (quote_printable(r)) {
       for (size_t j = 0; j < w; j++) out[k++] = (char)p[i + j];
     } else {
       switch (r) {

@@ -166,9 +166,10 @@ void proc_fanout_data_packed(struct proc *p, int kind, uint8_t *buf, size_t n) {
   }
 }
 
-void proc_sub_send_end(struct proc_sub *s) {
+/* Send the end event of p's exit status on c. */
+static int proc_send_end_event(rpc_call *c, const struct proc *p) {
   proc_exit_info ei;
-  proc_exit_describe(s->p->wstatus, &ei);
+  proc_exit_describe(p->wstatus, &ei);
   Pb__ProcessEndEvent e = PB__PROCESS_END_EVENT__INIT;
   Pb__ProcessEvent ev = PB__PROCESS_EVENT__INIT;
   e.exit_code = ei.exit_code;
@@ -177,13 +178,18 @@ void proc_sub_send_end(struct proc_sub *s) {
   e.error = ei.error;
   ev.event_case = PB__PROCESS_EVENT__EVENT_END;
   ev.end = &e;
+  return rpc_send(c, &ev.base);
+}
+
+void proc_sub_send_end(struct proc_sub *s) {
   rpc_call *c = s->call;
-  int r = proc_sub_send(s, &ev);
+  s->last_send = uv_now(s->p->t->loop);
+  int r = proc_send_end_event(c, s->p);
   if (s->dropped)
     LOG_INFO("subscriber dropped events pid=%d dropped=%llu", (int)s->p->pid,
              (unsigned long long)s->dropped);
   proc_sub_remove(s);
-  if (r == 0) rpc_finish(c, RPC_OK, NULL);
+  rpc_finish(c, r == 0 ? RPC_OK : RPC_RESOURCE_EXHAUSTED, r == 0 ? NULL : "cannot send process event");
 }
 
 void proc_fanout_end(struct proc *p) {
@@ -210,15 +216,6 @@ void proc_send_final(rpc_call *c, struct proc *p) {
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "cannot send process event");
     return;
   }
-  proc_exit_info ei;
-  proc_exit_describe(p->wstatus, &ei);
-  Pb__ProcessEndEvent e = PB__PROCESS_END_EVENT__INIT;
-  e.exit_code = ei.exit_code;
-  e.exited = 1;
-  e.status = (char *)ei.status;
-  e.error = ei.error;
-  ev.event_case = PB__PROCESS_EVENT__EVENT_END;
-  ev.end = &e;
-  rpc_finish(c, rpc_send(c, &ev.base) == 0 ? RPC_OK : RPC_RESOURCE_EXHAUSTED,
-             NULL);
+  int r = proc_send_end_event(c, p);
+  rpc_finish(c, r == 0 ? RPC_OK : RPC_RESOURCE_EXHAUSTED, r == 0 ? NULL : "cannot send process event");
 }
