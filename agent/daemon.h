@@ -16,6 +16,9 @@
 
 struct proc_table;   /* proc/ — ProcessService state */
 struct rpc_method;   /* agent/rpc.h */
+struct reaper;       /* init/reaper.c — the waitpid owner */
+struct initproto;    /* init/initproto.c — the init protocol server */
+struct pid1;         /* init/pid1.c — PID 1 boot state */
 struct server;       /* agent/server.c — the TCP listener(s) */
 
 typedef struct conch_daemon {
@@ -49,6 +52,9 @@ typedef struct conch_daemon {
   size_t nroutes;
 
   struct proc_table *procs;
+  struct reaper *reaper;
+  struct initproto *initproto;
+  struct pid1 *pid1;
   struct server *server;
 } conch_daemon;
 

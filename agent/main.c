@@ -114,8 +114,6 @@ static void main_register_services(void) {
   router_register(m, n);
 }
 
-static uv_signal_t main_sigterm, main_sigint;
-
 static void main_on_stop(uv_signal_t *s, int signum) {
   (void)s;
   LOG_INFO("stopping signal=%d", signum);
@@ -165,6 +163,7 @@ static int main_serve(int argc, char **argv) {
   if (!conch.token_set && !init_listen)
     LOG_WARN("no token configured: every RPC answers \"agent token is not initialized\"");
   main_register_services();
+  uv_signal_t main_sigterm, main_sigint; /* live as long as uv_run below */
   if (server_listen(listen) != 0) return 1;
   if (init_listen) {
     initproto_configure(&(initproto_opts){.apply_network = apply_network, .resolv_path = resolv});

@@ -3,8 +3,8 @@
  * Everything runs on conch.loop.  The only blocking work (rtnetlink and
  * the resolv.conf write) runs in the thread pool on a copy of the
  * validated message; the ready-file check is an async uv_fs_stat.  The
- * module's state is one static struct (the daemon context has no field for
- * it).
+ * module's state is conch.initproto (the daemon context), allocated on
+ * first use.
  */
 #include "init/initproto.h"
 
@@ -66,7 +66,7 @@ typedef struct ip_listener {
   char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 } ip_listener;
 
-static struct initproto {
+struct initproto {
   initproto_opts opts;
   char resolv_path[256];
   char ready_path[256];
@@ -80,27 +80,42 @@ static struct initproto {
   size_t nlst;
   ip_conn *active;
   uv_timer_t *backoff;                /* malloc'd on first use */
-} ip = {.state = INITPROTO_AWAITING_NETWORK};
+};
+
+/* The module's state lives in the daemon context (conch.initproto), allocated
+ * on first use; `ips` names it here. */
+static struct initproto *initproto_self(void) {
+  if (!conch.initproto) {
+    conch.initproto = calloc(1, sizeof *conch.initproto);
+    if (!conch.initproto) {
+      LOG_ERROR("out of memory for the initproto state");
+      abort();
+    }
+    conch.initproto->state = INITPROTO_AWAITING_NETWORK;
+  }
+  return conch.initproto;
+}
+#define ips (*initproto_self())
 
 static void listeners_resume(void);
 static void conn_finish(ip_conn *c);
 
 void initproto_configure(const initproto_opts *o) {
-  ip.opts = *o;
-  snprintf(ip.resolv_path, sizeof ip.resolv_path, "%s", o->resolv_path ? o->resolv_path : "/etc/resolv.conf");
-  snprintf(ip.ready_path, sizeof ip.ready_path, "%s",
+  ips.opts = *o;
+  snprintf(ips.resolv_path, sizeof ips.resolv_path, "%s", o->resolv_path ? o->resolv_path : "/etc/resolv.conf");
+  snprintf(ips.ready_path, sizeof ips.ready_path, "%s",
            o->services_ready_path ? o->services_ready_path : "/run/conch/services-ready");
-  ip.opts.resolv_path = ip.resolv_path;
-  ip.opts.services_ready_path = ip.ready_path;
+  ips.opts.resolv_path = ips.resolv_path;
+  ips.opts.services_ready_path = ips.ready_path;
 }
 
 void initproto_services_ready(void) {
-  if (!ip.sigusr1) LOG_INFO("rootfs services reported ready (SIGUSR1)");
-  ip.sigusr1 = 1;
+  if (!ips.sigusr1) LOG_INFO("rootfs services reported ready (SIGUSR1)");
+  ips.sigusr1 = 1;
 }
 
-const char *initproto_sandbox_id(void) { return ip.sandbox_id; }
-initproto_state initproto_get_state(void) { return ip.state; }
+const char *initproto_sandbox_id(void) { return ips.sandbox_id; }
+initproto_state initproto_get_state(void) { return ips.state; }
 
 /* ------------------------------------------------------------ connection */
 
@@ -134,7 +149,7 @@ static void conn_finish(ip_conn *c) {
   uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
   close(c->fd);
   c->fd = -1;
-  if (ip.active == c) ip.active = NULL;
+  if (ips.active == c) ips.active = NULL;
   listeners_resume();
 }
 
@@ -205,27 +220,27 @@ static void respond_simple(ip_conn *c, int ready, int retryable, const char *msg
 /* Enter the sticky terminal state with this reason and answer it. */
 static void go_terminal(ip_conn *c, const char *reason) {
   LOG_ERROR("init message failed (terminal): %s", reason);
-  free(ip.terminal);
-  ip.terminal = initmsg_response(0, 0, reason, &ip.terminal_len);
-  ip.state = INITPROTO_TERMINAL;
-  if (!ip.terminal) {
+  free(ips.terminal);
+  ips.terminal = initmsg_response(0, 0, reason, &ips.terminal_len);
+  ips.state = INITPROTO_TERMINAL;
+  if (!ips.terminal) {
     LOG_ERROR("init response not sent: out of memory");
     conn_finish(c);
     return;
   }
-  conn_respond(c, ip.terminal, ip.terminal_len);
+  conn_respond(c, ips.terminal, ips.terminal_len);
 }
 
 /* ---------------------------------------------------------- readiness */
 
 static int ready_now(int file_exists) {
-  if (!conch.api_serving || ip.opts.merge_missing) return 0;
-  if (!ip.opts.services_required) return 1;
-  return ip.sigusr1 || file_exists;
+  if (!conch.api_serving || ips.opts.merge_missing) return 0;
+  if (!ips.opts.services_required) return 1;
+  return ips.sigusr1 || file_exists;
 }
 
 static int needs_file_check(void) {
-  return conch.api_serving && !ip.opts.merge_missing && ip.opts.services_required && !ip.sigusr1;
+  return conch.api_serving && !ips.opts.merge_missing && ips.opts.services_required && !ips.sigusr1;
 }
 
 static void wait_decide(ip_conn *c, int file_exists);
@@ -247,8 +262,8 @@ static void wait_tick(uv_timer_t *t);
 /* Ready → answer ready; deadline passed → not_ready; else keep polling. */
 static void wait_decide(ip_conn *c, int file_exists) {
   if (ready_now(file_exists)) {
-    if (ip.state != INITPROTO_READY) LOG_INFO("sandbox ready");
-    ip.state = INITPROTO_READY;
+    if (ips.state != INITPROTO_READY) LOG_INFO("sandbox ready");
+    ips.state = INITPROTO_READY;
     uv_timer_stop(&c->timer);
     respond_simple(c, 1, 0, NULL);
     return;
@@ -266,7 +281,7 @@ static void wait_check(ip_conn *c) {
   if (c->fs_pending) return; /* a stat is in flight; its callback decides */
   if (needs_file_check()) {
     c->fsreq.data = c;
-    if (uv_fs_stat(conch.loop, &c->fsreq, ip.ready_path, wait_fs_cb) == 0) {
+    if (uv_fs_stat(conch.loop, &c->fsreq, ips.ready_path, wait_fs_cb) == 0) {
       c->fs_pending = 1;
       return;
     }
@@ -289,8 +304,8 @@ static int apply_identity(const initmsg_plan *p) {
     if (senv_set(p->env_k[i], p->env_v[i]) != 0) return -1;
   char *sid = strdup(p->sandbox_id);
   if (!sid) return -1;
-  free(ip.sandbox_id);
-  ip.sandbox_id = sid;
+  free(ips.sandbox_id);
+  ips.sandbox_id = sid;
   snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", sid);
   daemon_set_token(p->token, p->token_len);
   return 0;
@@ -329,11 +344,11 @@ static void work_done(uv_work_t *w, int status) {
   snprintf(ipbuf, sizeof ipbuf, "%u.%u.%u.%u", c->plan.guest_ip >> 24, (c->plan.guest_ip >> 16) & 255,
            (c->plan.guest_ip >> 8) & 255, c->plan.guest_ip & 255);
   LOG_INFO("init message applied guest_ip=%s/%u env=%zu network=%s", ipbuf, c->plan.prefix_len,
-           c->plan.nenv, ip.opts.apply_network ? "applied" : "skipped");
-  ip.state = INITPROTO_NETWORK_APPLIED;
-  if (!ip.first_done) {
-    ip.first_done = 1;
-    if (ip.opts.on_first) ip.opts.on_first(ip.opts.arg);
+           c->plan.nenv, ips.opts.apply_network ? "applied" : "skipped");
+  ips.state = INITPROTO_NETWORK_APPLIED;
+  if (!ips.first_done) {
+    ips.first_done = 1;
+    if (ips.opts.on_first) ips.opts.on_first(ips.opts.arg);
   }
   if (c->phase == PH_WORK) wait_start(c);
 }
@@ -347,11 +362,11 @@ static void start_work(ip_conn *c, int revalidate) {
       .prefix = c->plan.prefix_len,
       .resolv = c->plan.resolv,
       .resolv_len = c->plan.resolv_len,
-      .resolv_path = ip.resolv_path,
+      .resolv_path = ips.resolv_path,
       .do_links = 1,
   };
   c->work.data = c;
-  if (!ip.opts.apply_network) { /* standalone default: nothing to touch */
+  if (!ips.opts.apply_network) { /* standalone default: nothing to touch */
     c->work_result = NULL;
     c->work_pending = 1;
     work_done(&c->work, 0);
@@ -376,10 +391,10 @@ static void conn_on_frame(ip_conn *c) {
     conn_reject(c, err);
     return;
   }
-  if (ip.state == INITPROTO_TERMINAL) {
+  if (ips.state == INITPROTO_TERMINAL) {
     free(bad);
     LOG_WARN("init message answered with the earlier terminal failure");
-    conn_respond(c, ip.terminal, ip.terminal_len);
+    conn_respond(c, ips.terminal, ips.terminal_len);
     return;
   }
   if (rc == 1) {
@@ -387,7 +402,7 @@ static void conn_on_frame(ip_conn *c) {
     free(bad);
     return;
   }
-  switch (ip.state) {
+  switch (ips.state) {
     case INITPROTO_AWAITING_NETWORK: start_work(c, 0); break;
     case INITPROTO_NETWORK_APPLIED: wait_start(c); break;
     case INITPROTO_READY: start_work(c, 1); break;
@@ -493,7 +508,7 @@ static void conn_start(int fd) {
   uv_timer_init(conch.loop, &c->timer);
   c->poll.data = c->timer.data = c;
   c->handles_open = 2;
-  ip.active = c;
+  ips.active = c;
   uv_timer_start(&c->timer, conn_recv_timeout, IP_RECV_TIMEOUT_MS, 0);
   uv_poll_start(&c->poll, UV_READABLE, conn_on_io);
 }
@@ -501,22 +516,22 @@ static void conn_start(int fd) {
 /* ------------------------------------------------------------ listeners */
 
 static void listeners_pause(void) {
-  for (size_t i = 0; i < ip.nlst; i++)
-    if (ip.lst[i]->polling) {
-      uv_poll_stop(&ip.lst[i]->poll);
-      ip.lst[i]->polling = 0;
+  for (size_t i = 0; i < ips.nlst; i++)
+    if (ips.lst[i]->polling) {
+      uv_poll_stop(&ips.lst[i]->poll);
+      ips.lst[i]->polling = 0;
     }
 }
 
 static void on_accept(uv_poll_t *p, int status, int events);
 
 static void listeners_resume(void) {
-  if (ip.active) return;
-  if (ip.backoff && uv_is_active((uv_handle_t *)ip.backoff)) return;
-  for (size_t i = 0; i < ip.nlst; i++)
-    if (!ip.lst[i]->polling) {
-      uv_poll_start(&ip.lst[i]->poll, UV_READABLE, on_accept);
-      ip.lst[i]->polling = 1;
+  if (ips.active) return;
+  if (ips.backoff && uv_is_active((uv_handle_t *)ips.backoff)) return;
+  for (size_t i = 0; i < ips.nlst; i++)
+    if (!ips.lst[i]->polling) {
+      uv_poll_start(&ips.lst[i]->poll, UV_READABLE, on_accept);
+      ips.lst[i]->polling = 1;
     }
 }
 
@@ -528,7 +543,7 @@ static void backoff_done(uv_timer_t *t) {
 static void on_accept(uv_poll_t *p, int status, int events) {
   ip_listener *l = p->data;
   (void)events;
-  if (ip.active) {
+  if (ips.active) {
     listeners_pause();
     return;
   }
@@ -541,10 +556,10 @@ static void on_accept(uv_poll_t *p, int status, int events) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return;
     LOG_WARN("init listener accept failed: %s (pausing %d ms)", strerror(errno), IP_ACCEPT_BACKOFF_MS);
     listeners_pause();
-    if (!ip.backoff && (ip.backoff = malloc(sizeof *ip.backoff)) != NULL)
-      uv_timer_init(conch.loop, ip.backoff);
-    if (ip.backoff)
-      uv_timer_start(ip.backoff, backoff_done, IP_ACCEPT_BACKOFF_MS, 0);
+    if (!ips.backoff && (ips.backoff = malloc(sizeof *ips.backoff)) != NULL)
+      uv_timer_init(conch.loop, ips.backoff);
+    if (ips.backoff)
+      uv_timer_start(ips.backoff, backoff_done, IP_ACCEPT_BACKOFF_MS, 0);
     else
       listeners_resume();
     return;
@@ -592,8 +607,8 @@ static int listen_vsock(const char *port_s) {
 
 int initproto_listen(const char *spec) {
   if (!conch.loop) return -EINVAL;
-  if (ip.nlst == IP_MAX_LISTENERS) return -EMFILE;
-  if (!ip.resolv_path[0]) {
+  if (ips.nlst == IP_MAX_LISTENERS) return -EMFILE;
+  if (!ips.resolv_path[0]) {
     initproto_opts zero = {0};
     initproto_configure(&zero);
   }
@@ -619,7 +634,7 @@ int initproto_listen(const char *spec) {
     return rc;
   }
   l->poll.data = l;
-  ip.lst[ip.nlst++] = l;
+  ips.lst[ips.nlst++] = l;
   LOG_INFO("listening for init messages on %s", spec);
   listeners_resume();
   return 0;
@@ -635,25 +650,25 @@ static void free_handle_owner(uv_handle_t *h) {
 }
 
 void initproto_close(void) {
-  for (size_t i = 0; i < ip.nlst; i++) {
-    ip_listener *l = ip.lst[i];
+  for (size_t i = 0; i < ips.nlst; i++) {
+    ip_listener *l = ips.lst[i];
     uv_close((uv_handle_t *)&l->poll, free_handle_owner);
     close(l->fd);  /* after uv_close: the poll watcher is already stopped */
     l->fd = -1;
     if (l->unix_path[0]) unlink(l->unix_path);
   }
-  ip.nlst = 0;
-  if (ip.backoff) uv_close((uv_handle_t *)ip.backoff, free_handle_owner);
-  if (ip.active) {
-    ip_conn *c = ip.active;
-    ip.active = NULL;
+  ips.nlst = 0;
+  if (ips.backoff) uv_close((uv_handle_t *)ips.backoff, free_handle_owner);
+  if (ips.active) {
+    ip_conn *c = ips.active;
+    ips.active = NULL;
     c->phase = PH_CLOSED;
     uv_close((uv_handle_t *)&c->poll, conn_handle_closed);
     uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
     close(c->fd);
   }
-  free(ip.terminal);
-  free(ip.sandbox_id);
-  memset(&ip, 0, sizeof ip);
-  ip.state = INITPROTO_AWAITING_NETWORK;
+  free(ips.terminal);
+  free(ips.sandbox_id);
+  memset(&ips, 0, sizeof ips);
+  ips.state = INITPROTO_AWAITING_NETWORK;
 }

@@ -21,14 +21,28 @@
 #define PID1_PMEM_WAIT_MS 500
 #define PID1_PMEM_POLL_MS 10
 
-/* PID 1's state: one static struct (nothing of it belongs in conch). */
-static struct pid1 {
+/* PID 1's state (conch.pid1). */
+struct pid1 {
   boot_state boot;
   uv_signal_t sigusr1;
   uv_timer_t pmem_timer;
   uint64_t pmem_deadline;
   int fatal;
-} p1;
+};
+
+/* The module's state lives in the daemon context (conch.pid1), allocated
+ * on first use; `p1` names it here. */
+static struct pid1 *pid1_state(void) {
+  if (!conch.pid1) {
+    conch.pid1 = calloc(1, sizeof *conch.pid1);
+    if (!conch.pid1) {
+      LOG_ERROR("out of memory for the pid1 state");
+      abort();
+    }
+  }
+  return conch.pid1;
+}
+#define p1 (*pid1_state())
 
 static void fatal(const char *why) {
   p1.fatal = 1;

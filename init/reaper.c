@@ -1,7 +1,6 @@
 /* reaper — the one waitpid() owner; see reaper.h.
  *
- * State: one static struct (module-private; the daemon context has no field
- * for it).  Owners live in an open-addressing hash table keyed by pid
+ * State: conch.reaper (the daemon context), allocated on first use.  Owners live in an open-addressing hash table keyed by pid
  * (linear probing, backward-shift deletion, so no tombstones), grown by
  * doubling with a full rehash when it is half full, up to REAPER_MAX_WATCH
  * entries (then reaper_watch() fails with -ENOMEM).
@@ -18,6 +17,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "agent/daemon.h"
 #include "agent/log.h"
 
 #define REAPER_MIN_CAP 64u
@@ -29,14 +29,28 @@ struct reaper_slot {
   void *arg;
 };
 
-static struct {
+struct reaper {
   uv_signal_t sig;
   int started;
   struct reaper_slot *slots;
   size_t cap; /* power of two */
   size_t used;
   unsigned long orphans;
-} reaper;
+};
+
+/* The module's state lives in the daemon context (conch.reaper), allocated
+ * on first use; `reaper` names it here. */
+static struct reaper *reaper_state(void) {
+  if (!conch.reaper) {
+    conch.reaper = calloc(1, sizeof *conch.reaper);
+    if (!conch.reaper) {
+      LOG_ERROR("out of memory for the reaper state");
+      abort();
+    }
+  }
+  return conch.reaper;
+}
+#define reaper (*reaper_state())
 
 static size_t reaper_hash(pid_t pid, size_t cap) {
   uint32_t h = (uint32_t)pid * 2654435761u; /* Knuth multiplicative */
