@@ -24,6 +24,7 @@ struct conn {
   uv_timer_t defer; /* conn_defer(): run proto work on the next loop turn */
   uv_prepare_t flush; /* submits the corked batch before the loop blocks */
   struct wreq *batch; /* writes gathered during this loop turn */
+  struct wreq *spare; /* a finished write request kept for the next batch */
   char *rbuf;         /* the read buffer (CONN_READ_BUF), reused */
   void **later;       /* buffers to free once every queued write is done */
   size_t nlater, caplater;

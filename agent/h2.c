@@ -279,7 +279,7 @@ static int h2_out_flush(h2c *sc) {
 
 static int h2_out_put(h2c *sc, const uint8_t *p, size_t n) {
   if (sc->olen + n > sc->ocap) {
-    size_t cap = sc->ocap ? sc->ocap * 2 : 16384;
+    size_t cap = sc->ocap ? sc->ocap * 2 : 512; /* small answers stay small-bin sized */
     while (cap < sc->olen + n) cap *= 2;
     uint8_t *q = realloc(sc->out, cap);
     if (!q) return -1;
@@ -643,8 +643,9 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
     if (!st) return -1;
     nghttp2_session_set_stream_user_data(sc->ng, 1, st);
     /* move the request over */
-    memcpy(st->x.hdr, up->hdr, sizeof up->hdr);
+    st->x.hdr = up->hdr;
     st->x.nhdr = up->nhdr;
+    st->x.caphdr = up->caphdr;
     st->x.method = up->method;
     st->x.path = up->path;
     st->x.query = up->query;

@@ -71,6 +71,13 @@ size_t hx_outq(const hx *x) { return x->ops->outq(x); }
 
 int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_t vlen) {
   if (x->nhdr >= HX_MAX_HEADERS) return -1;
+  if (x->nhdr == x->caphdr) {
+    size_t cap = x->caphdr ? x->caphdr * 2 : 16;
+    hx_header *h = realloc(x->hdr, cap * sizeof *h);
+    if (!h) return -1;
+    x->hdr = h;
+    x->caphdr = cap;
+  }
   char *nm = malloc(nlen + 1), *v = malloc(vlen + 1);
   if (!nm || !v) {
     free(nm);
@@ -93,7 +100,9 @@ void hx_free_request(hx *x) {
     free((char *)x->hdr[i].name);
     free((char *)x->hdr[i].value);
   }
-  x->nhdr = 0;
+  x->nhdr = x->caphdr = 0;
+  free(x->hdr);
+  x->hdr = NULL;
   free(x->method);
   free(x->path);
   free(x->query);

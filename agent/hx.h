@@ -55,8 +55,8 @@ struct hx {
   char *method;
   char *path;   /* path without the query string */
   char *query;  /* after '?', or NULL */
-  hx_header hdr[HX_MAX_HEADERS];
-  size_t nhdr;
+  hx_header *hdr; /* grown as fields arrive, at most HX_MAX_HEADERS */
+  size_t nhdr, caphdr;
   int http2;
   int64_t content_length; /* -1 unknown */
   /* handler */
