@@ -32,20 +32,9 @@ size_t pbj_json_name(const char *name, char *out, size_t cap) {
 }
 
 int pbj_json_name_eq(const char *name, const char *key, size_t klen) {
-  size_t i = 0;
-  int up = 0;
-  for (const char *c = name; *c; c++) {
-    if (*c == '_') {
-      up = 1;
-      continue;
-    }
-    char ch = *c;
-    if (up && ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
-    up = 0;
-    if (i >= klen || key[i] != ch) return 0;
-    i++;
-  }
-  return i == klen;
+  char buf[256];
+  size_t n = pbj_json_name(name, buf, sizeof buf);
+  return n == klen && n < sizeof buf && memcmp(buf, key, klen) == 0;
 }
 
 /* protoc's MapEntryName: "exclude_patterns" → "ExcludePatternsEntry". */

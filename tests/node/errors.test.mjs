@@ -5,9 +5,9 @@
 import { after, describe, test } from "node:test";
 import assert from "node:assert/strict";
 
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 
-import { loadSchema, mkTmp, startServer, transports } from "./lib/harness.mjs";
+import { expectError, loadSchema, mkTmp, startServer, transports } from "./lib/harness.mjs";
 
 const schema = loadSchema();
 const srv = await startServer();
@@ -19,17 +19,6 @@ after(async () => {
   await noTokenSrv.stop();
 });
 
-async function expectError(promise, code, message) {
-  let err;
-  try {
-    await promise;
-  } catch (e) {
-    err = ConnectError.from(e);
-  }
-  assert.ok(err, "the call should have failed");
-  assert.equal(err.code, code, `code: got ${Code[err.code]} (${err.rawMessage})`);
-  if (message !== undefined) assert.equal(err.rawMessage, message);
-}
 
 async function drain(stream) {
   for await (const _ of stream) { /* nothing */ }

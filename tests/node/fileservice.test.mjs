@@ -6,9 +6,9 @@ import { createHash, randomBytes } from "node:crypto";
 import * as fs from "node:fs";
 import * as path from "node:path";
 
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 
-import { loadSchema, mkTmp, startServer, tokenHeader, transports } from "./lib/harness.mjs";
+import { expectError, loadSchema, mkTmp, startServer, tokenHeader, transports } from "./lib/harness.mjs";
 
 const schema = loadSchema();
 const srv = await startServer();
@@ -23,18 +23,6 @@ after(async () => {
 
 const sha = (b) => createHash("sha256").update(b).digest("hex");
 
-async function expectError(promise, code, message) {
-  let err;
-  try {
-    await promise;
-  } catch (e) {
-    err = ConnectError.from(e);
-  }
-  assert.ok(err, "the call should have failed");
-  assert.equal(err.code, code, `code: got ${Code[err.code]} (${err.rawMessage})`);
-  if (message !== undefined) assert.equal(err.rawMessage, message);
-  return err;
-}
 
 async function collect(stream) {
   const out = [];

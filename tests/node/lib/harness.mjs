@@ -17,7 +17,10 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 
+import assert from "node:assert/strict";
+
 import { createFileRegistry, fromBinary } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import { createConnectTransport } from "@connectrpc/connect-node";
 
@@ -138,4 +141,19 @@ export function tokenHeader(token) {
 
 export function mkTmp(prefix = "conch-node-") {
   return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+}
+
+/* Await a call that must fail with this Connect code (and message, when
+ * given); returns the ConnectError. */
+export async function expectError(promise, code, message) {
+  let err;
+  try {
+    await promise;
+  } catch (e) {
+    err = ConnectError.from(e);
+  }
+  assert.ok(err, "the call should have failed");
+  assert.equal(err.code, code, `code: got ${Code[err.code]} (${err.rawMessage})`);
+  if (message !== undefined) assert.equal(err.rawMessage, message);
+  return err;
 }
