@@ -301,6 +301,6 @@ void conn_accept(uv_stream_t *server) {
     if (ss.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer, sizeof c->peer);
     else uv_ip4_name((struct sockaddr_in *)&ss, c->peer, sizeof c->peer);
   }
-  conn_timer(c, 10000); /* request headers within 10 s (api.md §1) */
+  conn_timer(c, conch.http_header_ms); /* request headers within 10 s (api.md §1) */
   uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
 }

@@ -43,6 +43,9 @@ typedef struct conch_daemon {
   size_t log_file_bytes;
 
   unsigned long long conn_seq; /* connection ids for logs */
+  /* HTTP timers (api.md §1: 10 s for request headers, 60 s idle); tests
+   * shorten them with CONCH_HTTP_HEADER_MS / CONCH_HTTP_IDLE_MS. */
+  unsigned http_header_ms, http_idle_ms;
 
   /* set when the API listener serves /health (init readiness) */
   int api_serving;

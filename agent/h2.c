@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/router.h"
 
@@ -66,7 +67,7 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   sc->streams = st;
   sc->nstreams++;
   sc->undispatched++;
-  if (sc->undispatched == 1) conn_timer(sc->c, 10000); /* the header block within 10 s */
+  if (sc->undispatched == 1) conn_timer(sc->c, conch.http_header_ms); /* the header block within 10 s */
   return st;
 }
 
@@ -80,7 +81,7 @@ static void h2_timer_update(h2c *sc) {
       conn_timer(sc->c, 0);
       return;
     }
-  conn_timer(sc->c, 60000);
+  conn_timer(sc->c, conch.http_idle_ms);
 }
 
 static void h2_stream_free(h2s *st) {
@@ -538,12 +539,12 @@ static void h2_on_timeout(conn *c) {
     for (h2s *st = sc->streams; st; st = st->next) {
       if (!st->x.ended) return; /* an exchange is running */
       if (!nghttp2_session_get_stream_local_close(sc->ng, st->id)) {
-        conn_timer(c, 60000); /* its response is still going out: no write timeout */
+        conn_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
         return;
       }
     }
     if (c->outq) {
-      conn_timer(c, 60000);
+      conn_timer(c, conch.http_idle_ms);
       return;
     }
   }
@@ -627,7 +628,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_submit_settings(sc->ng, NGHTTP2_FLAG_NONE, iv, sizeof iv / sizeof iv[0]);
   nghttp2_session_set_local_window_size(sc->ng, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW);
   c->p = sc;
-  conn_timer(c, 10000);
+  conn_timer(c, conch.http_header_ms);
   if (up) {
     const char *set = hx_get(up, "http2-settings");
     uint8_t sbuf[512];

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "agent/daemon.h"
 #include "agent/h2.h"
 #include "agent/hx.h"
 #include "agent/log.h"

@@ -11,8 +11,9 @@
 #include "agent/conn.h"
 
 #define HTTP1_MAX_HEADER_BYTES (64u * 1024)
-#define HTTP1_HEADER_TIMEOUT_MS 10000
-#define HTTP1_IDLE_TIMEOUT_MS 60000
+/* the header (10 s) and idle (60 s) timers: conch.http_header_ms / http_idle_ms */
+#define HTTP1_HEADER_TIMEOUT_MS conch.http_header_ms
+#define HTTP1_IDLE_TIMEOUT_MS conch.http_idle_ms
 
 extern const conn_proto http1_conn_proto;
 int http1_conn_init(conn *c);

@@ -12,6 +12,7 @@ import pytest
 
 import agent_pb2 as pb
 from conch import Client, curl, envelope, parse_envelopes
+from conftest import serve
 from h2conn import H2Client
 
 FS = "/pb.FileService/"
@@ -385,3 +386,81 @@ def test_head_response_has_no_body(server):
     assert first.startswith(b"HTTP/1.1 405 ")
     assert rest.startswith(b"HTTP/1.1 200 OK"), rest[:80]
     assert rest.endswith(HEALTH)
+
+
+# ---------------------------------------------------------------- timers (shortened)
+
+@pytest.fixture(scope="module")
+def quick_timers():
+    """A server whose header timer is 1 s and idle timer 1.5 s."""
+    yield from serve("transport-timers", env={"CONCH_HTTP_HEADER_MS": "1000", "CONCH_HTTP_IDLE_MS": "1500"})
+
+
+def test_discarded_body_wait_is_bounded(quick_timers):
+    """An early answer (404) while the client never sends the body it
+    announced: the connection closes after the idle time, not never."""
+    s = socket.create_connection(("127.0.0.1", quick_timers.port))
+    s.sendall(b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
+    t0 = time.time()
+    s.settimeout(10)
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    s.close()
+    assert got.startswith(b"HTTP/1.1 404 ")
+    assert 1.0 <= time.time() - t0 <= 6, time.time() - t0
+
+
+def test_upgrade_body_wait_is_bounded(quick_timers):
+    """An h2c upgrade request whose body never comes (buffered before auth)."""
+    s = socket.create_connection(("127.0.0.1", quick_timers.port))
+    s.sendall(b"POST /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+              b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\nContent-Length: 100000\r\n\r\nabc")
+    t0 = time.time()
+    s.settimeout(10)
+    assert s.recv(65536) == b""
+    s.close()
+    assert time.time() - t0 <= 6
+
+
+def test_idle_timer_never_cuts_a_response_still_going_out(quick_timers, tmp_path):
+    """A reader that stalls for twice the idle time in the middle of an
+    8 MiB download: the service has long finished and the rest of the
+    response waits in the server's queue; the idle timer must not close the
+    connection under it (long streams have no write timeout)."""
+    data = os.urandom(8 * MiB)
+    f = tmp_path / "slow.bin"
+    f.write_bytes(data)
+    body = envelope(pb.GetFileRequest(filepath=str(f)).SerializeToString())
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    s.connect(("127.0.0.1", quick_timers.port))
+    s.sendall(b"POST /pb.FileService/GetFileStream HTTP/1.1\r\nHost: x\r\n"
+              b"Content-Type: application/connect+proto\r\nconch-init-token: " + quick_timers.token.encode() +
+              b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    s.settimeout(10)
+    raw = b""
+    while len(raw) < 1 * MiB:
+        raw += s.recv(65536)
+    time.sleep(3.5)  # > 2 x the 1.5 s idle timer
+    while not raw.endswith(b"\r\n0\r\n\r\n"):
+        d = s.recv(1 << 20)
+        assert d, "connection closed under the response (%d bytes)" % len(raw)
+        raw += d
+    s.close()
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    body, i = b"", 0
+    while True:
+        j = chunked.index(b"\r\n", i)
+        n = int(chunked[i:j], 16)
+        if n == 0:
+            break
+        body += chunked[j + 2:j + 2 + n]
+        i = j + 2 + n + 2
+    envs = parse_envelopes(body)
+    assert envs[-1] == (2, b"{}")
+    assert b"".join(pb.FileChunk.FromString(p).content for fl, p in envs[:-1]) == data
