@@ -11,15 +11,19 @@
 import hashlib
 import json
 import os
+import socket
 import time
 
+import h2.config
+import h2.connection
 import h2.errors
+import h2.events
 import h2.settings
 import pytest
 
 import agent_pb2 as pb
-from conch import curl
-from conftest import Server, sanitizer_report
+from conch import curl, envelope, parse_envelopes
+from conftest import Server, sanitizer_report, serve
 from h2conn import H2Client
 
 FS = "/pb.FileService/"
@@ -371,3 +375,50 @@ def test_h2c_upgrade_then_more_requests_on_the_connection(server):
     assert err.count("< HTTP/2 200") == 2, err
     assert "Re-using existing connection" in err or "Reusing existing connection" in err, err
     assert r.stdout == b'{"status":"OK","message":"OK"}' * 2
+
+
+@pytest.fixture(scope="module")
+def quick_idle():
+    """A server whose idle timer is 1.5 s."""
+    yield from serve("h2-timers", env={"CONCH_HTTP_IDLE_MS": "1500"})
+
+
+def test_idle_timer_never_cuts_a_response_still_going_out(quick_idle, tmp_path):
+    """HTTP/2 with huge windows and a reader that stalls for more than twice
+    the idle time mid-download: the stream's response is complete on the
+    server side, its bytes still queued; the connection must stay up until
+    every byte and END_STREAM are out."""
+    data = os.urandom(8 * MiB)
+    f = tmp_path / "slow.bin"
+    f.write_bytes(data)
+    body = envelope(pb.GetFileRequest(filepath=str(f)).SerializeToString())
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.connect(("127.0.0.1", quick_idle.port))
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    c.increment_flow_control_window(2**31 - 1 - 65535)
+    c.send_headers(1, [(":method", "POST"), (":path", FS + "GetFileStream"), (":scheme", "http"),
+                       (":authority", "x"), ("content-type", "application/connect+proto"),
+                       ("conch-init-token", quick_idle.token)])
+    c.send_data(1, body, end_stream=True)
+    s.sendall(c.data_to_send())
+    s.settimeout(10)
+    got, paused, ended = b"", False, False
+    while not ended:
+        d = s.recv(65536)
+        assert d, "connection closed under the response (%d bytes)" % len(got)
+        for e in c.receive_data(d):
+            if isinstance(e, h2.events.DataReceived):
+                got += e.data
+            elif isinstance(e, h2.events.StreamEnded):
+                ended = True
+        s.sendall(c.data_to_send())
+        if not paused and len(got) >= 3 * MiB:
+            paused = True
+            time.sleep(3.5)
+    s.close()
+    envs = parse_envelopes(got)
+    assert envs[-1] == (2, b"{}")
+    assert b"".join(pb.FileChunk.FromString(p).content for fl, p in envs[:-1]) == data
