@@ -50,6 +50,7 @@ void conn_free_later(conn *c, void *p) {
 static void conn_free_cb(uv_handle_t *h) {
   conn *c = h->data;
   if (--c->handles_open == 0) {
+    if (c->counted) conch.nconns--;
     conn_free_later_run(c);
     free(c->later);
     free(c->rbuf);
@@ -286,7 +287,10 @@ void conn_accept(uv_stream_t *server) {
   c->tcp.data = c->timer.data = c->defer.data = c;
   c->flush.data = c;
   c->id = ++conch.conn_seq;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+  int full = conch.nconns >= conch.max_conns;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || full) {
+    if (full && ++conch.conns_refused % 1000 == 1)
+      LOG_WARN("connection limit reached max=%u refused=%llu", conch.max_conns, conch.conns_refused);
     c->closing = 1;
     uv_close((uv_handle_t *)&c->flush, conn_free_cb);
     uv_close((uv_handle_t *)&c->timer, conn_free_cb);
@@ -294,6 +298,8 @@ void conn_accept(uv_stream_t *server) {
     uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
     return;
   }
+  c->counted = 1;
+  conch.nconns++;
   uv_tcp_nodelay(&c->tcp, 1);
   struct sockaddr_storage ss;
   int sl = sizeof ss;

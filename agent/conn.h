@@ -38,6 +38,7 @@ struct conn {
   int closing;
   int write_failed; /* closed from the loop, never inside a caller's stack */
   int handles_open;
+  int counted; /* in conch.nconns */
   uint64_t id;
   char peer[64];
 };

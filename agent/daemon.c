@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */, .http_header_ms = 10000, .http_idle_ms = 60000};
+conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */, .http_header_ms = 10000, .http_idle_ms = 60000, .max_conns = 1024};
 
 void daemon_set_token(const char *tok, size_t len) {
   if (len > CONCH_TOKEN_MAX) len = CONCH_TOKEN_MAX;

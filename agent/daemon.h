@@ -46,6 +46,10 @@ typedef struct conch_daemon {
   /* HTTP timers (api.md §1: 10 s for request headers, 60 s idle); tests
    * shorten them with CONCH_HTTP_HEADER_MS / CONCH_HTTP_IDLE_MS. */
   unsigned http_header_ms, http_idle_ms;
+  /* open API connections and their cap (CONCH_MAX_CONNS, default 1024):
+   * past it a new connection is closed at once and counted */
+  unsigned nconns, max_conns;
+  unsigned long long conns_refused;
 
   /* set when the API listener serves /health (init readiness) */
   int api_serving;

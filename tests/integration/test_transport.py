@@ -464,3 +464,34 @@ def test_idle_timer_never_cuts_a_response_still_going_out(quick_timers, tmp_path
     envs = parse_envelopes(body)
     assert envs[-1] == (2, b"{}")
     assert b"".join(pb.FileChunk.FromString(p).content for fl, p in envs[:-1]) == data
+
+
+def test_connection_cap_refuses_then_recovers():
+    """Past CONCH_MAX_CONNS open connections a new one is closed at once (and
+    counted in the log); when one closes, new connections are served again."""
+    gen = serve("transport-cap", env={"CONCH_MAX_CONNS": "3"})
+    srv = next(gen)
+    try:
+        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(3)]
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", srv.port))
+        extra.settimeout(5)
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            got = extra.recv(100)
+        except ConnectionResetError:
+            got = b""
+        assert got == b"", got
+        extra.close()
+        held.pop().close()
+        time.sleep(0.2)
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _drain(s, 1).endswith(HEALTH)
+        s.close()
+        for h in held:
+            h.close()
+        assert "connection limit reached max=3" in open(srv.log_path, errors="replace").read()
+    finally:
+        for _ in gen:
+            pass
