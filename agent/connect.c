@@ -165,6 +165,7 @@ static void call_closed(uv_handle_t *h) {
   rpc_call *c = h->data;
   if (--c->handles == 0) {
     free(c->in);
+    conch.rx_buffered -= c->in_cap;
     free(c->unary_out);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
     free(c);
@@ -621,11 +622,18 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
   if (c->in_len + n > c->in_cap) {
     size_t cap = c->in_cap ? c->in_cap : 16384;
     while (cap < c->in_len + n) cap *= 2;
+    /* all calls together hold at most conch.rx_budget bytes of request
+     * input (128 streams x 16 MiB on one connection would be 2 GiB) */
+    if (conch.rx_buffered - c->in_cap + cap > conch.rx_budget) {
+      call_fail(c, RPC_RESOURCE_EXHAUSTED, "server is busy: too much request data buffered");
+      return;
+    }
     uint8_t *q = realloc(c->in, cap);
     if (!q) {
       call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
       return;
     }
+    conch.rx_buffered += cap - c->in_cap;
     c->in = q;
     c->in_cap = cap;
   }
@@ -644,6 +652,7 @@ static void on_body_end(hx *x) {
   }
   ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in);
   free(c->in);
+  conch.rx_buffered -= c->in_cap;
   c->in = NULL;
   c->in_len = c->in_cap = 0;
   if (m) start_service(c, m);

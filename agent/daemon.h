@@ -50,6 +50,9 @@ typedef struct conch_daemon {
    * past it a new connection is closed at once and counted */
   unsigned nconns, max_conns;
   unsigned long long conns_refused;
+  /* request input buffered by all RPC calls, and its cap (CONCH_RX_BUDGET,
+   * default 256 MiB): a call that would pass it fails resource_exhausted */
+  size_t rx_buffered, rx_budget;
 
   /* set when the API listener serves /health (init readiness) */
   int api_serving;

@@ -495,3 +495,35 @@ def test_connection_cap_refuses_then_recovers():
     finally:
         for _ in gen:
             pass
+
+
+def test_request_input_budget_is_shared_and_bounded():
+    """All calls together buffer at most CONCH_RX_BUDGET bytes of request
+    input: a second large unary body that would pass it is refused with
+    resource_exhausted while the first goes on; once the first is done the
+    budget is free again."""
+    gen = serve("transport-rx", env={"CONCH_RX_BUDGET": str(4 * MiB)})
+    srv = next(gen)
+    try:
+        def start(n_announced, n_sent):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(b"POST /pb.FileService/ListFiles HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/proto\r\nConnect-Protocol-Version: 1\r\n"
+                      b"conch-init-token: " + srv.token.encode() +
+                      b"\r\nContent-Length: %d\r\n\r\n" % n_announced + b"\0" * n_sent)
+            return s
+        first = start(3 * MiB, int(2.5 * MiB))
+        time.sleep(0.3)
+        second = start(3 * MiB, 1 * MiB)
+        r = _drain(second, 2)
+        assert r.startswith(b"HTTP/1.1 429 "), r[:200]
+        assert b"too much request data buffered" in r
+        second.close()
+        first.close()
+        time.sleep(0.3)
+        c = Client(srv.url, srv.token)
+        st, body, _ = c.unary(FS + "ListFiles", {"path": "/", "depth": 1})
+        assert st == 200, body
+    finally:
+        for _ in gen:
+            pass
