@@ -472,8 +472,13 @@ def test_connection_cap_refuses_then_recovers():
     gen = serve("transport-cap", env={"CONCH_MAX_CONNS": "3"})
     srv = next(gen)
     try:
-        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(3)]
-        time.sleep(0.2)
+        time.sleep(0.3)  # the fixture's own /health connection is gone by now
+        held = []
+        for _ in range(3):  # each one served, so each one counted
+            h = socket.create_connection(("127.0.0.1", srv.port))
+            h.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _drain(h, 0.3).endswith(HEALTH)
+            held.append(h)
         extra = socket.create_connection(("127.0.0.1", srv.port))
         extra.settimeout(5)
         extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
