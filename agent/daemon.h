@@ -70,6 +70,10 @@ typedef struct conch_daemon {
 
 extern conch_daemon conch;
 
+/* Zeroed memory for a module's state kept in the daemon context (allocated
+ * on first use); out of memory at that point aborts with a log line. */
+void *daemon_alloc_state(size_t size, const char *name);
+
 /* Replace the token (trimmed by the caller). len <= CONCH_TOKEN_MAX. */
 void daemon_set_token(const char *tok, size_t len);
 

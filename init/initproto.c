@@ -82,15 +82,11 @@ struct initproto {
   uv_timer_t *backoff;                /* malloc'd on first use */
 };
 
-/* The module's state lives in the daemon context (conch.initproto), allocated
- * on first use; `ips` names it here. */
+/* The module's state lives in the daemon context (conch.initproto),
+ * allocated on first use; `ips` names it here. */
 static struct initproto *initproto_self(void) {
   if (!conch.initproto) {
-    conch.initproto = calloc(1, sizeof *conch.initproto);
-    if (!conch.initproto) {
-      LOG_ERROR("out of memory for the initproto state");
-      abort();
-    }
+    conch.initproto = daemon_alloc_state(sizeof *conch.initproto, "initproto");
     conch.initproto->state = INITPROTO_AWAITING_NETWORK;
   }
   return conch.initproto;

@@ -32,17 +32,11 @@ struct pid1 {
 
 /* The module's state lives in the daemon context (conch.pid1), allocated
  * on first use; `p1` names it here. */
-static struct pid1 *pid1_state(void) {
-  if (!conch.pid1) {
-    conch.pid1 = calloc(1, sizeof *conch.pid1);
-    if (!conch.pid1) {
-      LOG_ERROR("out of memory for the pid1 state");
-      abort();
-    }
-  }
+static struct pid1 *pid1_self(void) {
+  if (!conch.pid1) conch.pid1 = daemon_alloc_state(sizeof *conch.pid1, "pid1");
   return conch.pid1;
 }
-#define p1 (*pid1_state())
+#define p1 (*pid1_self())
 
 static void fatal(const char *why) {
   p1.fatal = 1;

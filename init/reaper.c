@@ -40,17 +40,11 @@ struct reaper {
 
 /* The module's state lives in the daemon context (conch.reaper), allocated
  * on first use; `reaper` names it here. */
-static struct reaper *reaper_state(void) {
-  if (!conch.reaper) {
-    conch.reaper = calloc(1, sizeof *conch.reaper);
-    if (!conch.reaper) {
-      LOG_ERROR("out of memory for the reaper state");
-      abort();
-    }
-  }
+static struct reaper *reaper_self(void) {
+  if (!conch.reaper) conch.reaper = daemon_alloc_state(sizeof *conch.reaper, "reaper");
   return conch.reaper;
 }
-#define reaper (*reaper_state())
+#define reaper (*reaper_self())
 
 static size_t reaper_hash(pid_t pid, size_t cap) {
   uint32_t h = (uint32_t)pid * 2654435761u; /* Knuth multiplicative */
