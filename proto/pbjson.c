@@ -39,20 +39,11 @@ int pbj_json_name_eq(const char *name, const char *key, size_t klen) {
 
 /* protoc's MapEntryName: "exclude_patterns" → "ExcludePatternsEntry". */
 static int map_entry_name_eq(const char *field, const char *entry) {
-  int up = 1;
-  size_t i = 0;
-  for (const char *c = field; *c; c++) {
-    if (*c == '_') {
-      up = 1;
-      continue;
-    }
-    char ch = *c;
-    if (up && ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
-    up = 0;
-    if (entry[i] != ch) return 0;
-    i++;
-  }
-  return strcmp(entry + i, "Entry") == 0;
+  char buf[256];
+  size_t n = pbj_json_name(field, buf, sizeof buf);
+  if (n + sizeof "Entry" > sizeof buf) return 0;
+  if (buf[0] >= 'a' && buf[0] <= 'z') buf[0] = (char)(buf[0] - 'a' + 'A');
+  return strncmp(entry, buf, n) == 0 && strcmp(entry + n, "Entry") == 0;
 }
 
 int pbj_is_map(const ProtobufCMessageDescriptor *parent, const ProtobufCFieldDescriptor *f) {

@@ -22,6 +22,8 @@ import h2.exceptions
 import h2.events
 import h2.settings
 
+from conch import parse_envelopes
+
 
 class Stream:
     def __init__(self, sid):
@@ -211,17 +213,7 @@ class H2Client:
     @staticmethod
     def envelopes(data):
         """[(flags, payload)]; raises ValueError on a truncated envelope."""
-        out, off = [], 0
-        data = bytes(data)
-        while off < len(data):
-            if len(data) - off < 5:
-                raise ValueError("truncated envelope header")
-            flags, n = struct.unpack(">BI", data[off:off + 5])
-            if len(data) - off - 5 < n:
-                raise ValueError("truncated envelope body")
-            out.append((flags, data[off + 5:off + 5 + n]))
-            off += 5 + n
-        return out
+        return parse_envelopes(bytes(data))
 
     def connect_headers(self, token, ctype, extra=None):
         h = {"content-type": ctype, "connect-protocol-version": "1"}

@@ -210,7 +210,8 @@ def gone(pid):
     return proc_state(pid) in (None, "Z")
 
 
-def children_of(pid):
+def proc_stats():
+    """(pid, state, ppid, pgid) of every process now in /proc."""
     out = []
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -220,24 +221,16 @@ def children_of(pid):
             except OSError:
                 continue
             fields = s[s.rindex(")") + 2:].split()
-            if int(fields[1]) == pid:
-                out.append((int(d), fields[0]))
+            out.append((int(d), fields[0], int(fields[1]), int(fields[2])))
     return out
+
+
+def children_of(pid):
+    return [(p, state) for p, state, ppid, _ in proc_stats() if ppid == pid]
 
 
 def group_members(pgid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    s = f.read()
-            except OSError:
-                continue
-            fields = s[s.rindex(")") + 2:].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d))
-    return out
+    return [p for p, state, _, g in proc_stats() if g == pgid and state != "Z"]
 
 
 @pytest.fixture()
