@@ -302,23 +302,13 @@ int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
   size_t hdr = c->w == W_CONNECT_UNARY ? 0 : 5;
   if (c->json) {
     size_t jl;
-    char *j = pbjson_encode(msg, &jl);
+    char *j = pbjson_encode_at(msg, hdr, &jl);
     if (!j) return -1;
     if (jl > RPC_MAX_MESSAGE) {
       free(j);
       return -1;
     }
-    if (hdr) {
-      buf = malloc(hdr + jl);
-      if (!buf) {
-        free(j);
-        return -1;
-      }
-      memcpy(buf + hdr, j, jl);
-      free(j);
-    } else {
-      buf = (uint8_t *)j;
-    }
+    buf = (uint8_t *)j;
     len = jl;
   } else {
     len = protobuf_c_message_get_packed_size(msg);
@@ -620,7 +610,13 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
     return;
   }
   if (c->in_len + n > c->in_cap) {
-    size_t cap = c->in_cap ? c->in_cap : 16384;
+    /* first block: the declared length when it is known and in bounds
+     * (a unary body then needs no regrowth), else what arrived */
+    size_t cap = c->in_cap;
+    if (!cap) {
+      int64_t cl = x->content_length;
+      cap = cl > 0 && (uint64_t)cl <= limit ? (size_t)cl : 1024;
+    }
     while (cap < c->in_len + n) cap *= 2;
     /* all calls together hold at most conch.rx_budget bytes of request
      * input (128 streams x 16 MiB on one connection would be 2 GiB) */

@@ -31,6 +31,8 @@ typedef struct h2s {
   size_t ntrailers;
   nghttp2_nv *head; /* response head not yet submitted */
   size_t nhead;
+  h2buf inl; /* the first queued write's node (a unary answer has one) */
+  int inl_used;
 } h2s;
 
 typedef struct h2c {
@@ -50,6 +52,19 @@ typedef struct h2c {
 static void h2_deferred(conn *c);
 static void h2_free_nv(nghttp2_nv *nv, size_t n);
 static const hx_ops h2_ops;
+
+static h2buf *h2_buf_new(h2s *st) {
+  if (!st->inl_used) {
+    st->inl_used = 1;
+    return &st->inl;
+  }
+  return malloc(sizeof(h2buf));
+}
+
+static void h2_buf_free(h2s *st, h2buf *b) {
+  if (b == &st->inl) st->inl_used = 0;
+  else free(b);
+}
 
 /* ---------------------------------------------------------------- streams */
 
@@ -97,13 +112,9 @@ static void h2_stream_free(h2s *st) {
       conn_free_later(sc->c, b->data); /* queued writes may point into it */
     else
       free(b->data);
-    free(b);
+    h2_buf_free(st, b);
   }
-  for (size_t i = 0; i < st->ntrailers; i++) {
-    free(st->trailers[i].name);
-    free(st->trailers[i].value);
-  }
-  free(st->trailers);
+  h2_free_nv(st->trailers, st->ntrailers);
   h2_free_nv(st->head, st->nhead);
   free(st->pend);
   hx_free_request(&st->x);
@@ -194,8 +205,9 @@ static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8
     if (dst && !*dst) {
       const uint8_t *q = dst == &st->x.path ? memchr(value, '?', vlen) : NULL;
       size_t l = q ? (size_t)(q - value) : vlen;
-      *dst = strndup((const char *)value, l);
-      if (q) st->x.query = strndup((const char *)q + 1, vlen - l - 1);
+      *dst = hx_strdup(&st->x, (const char *)value, l);
+      if (q) st->x.query = hx_strdup(&st->x, (const char *)q + 1, vlen - l - 1);
+      if (!*dst || (q && !st->x.query)) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
     return 0;
   }
@@ -310,7 +322,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
     if (!st->qhead) st->qtail = NULL;
     owned = b->data;
     nowned = 1;
-    free(b);
+    h2_buf_free(st, b);
   }
   if (st->drain_armed && st->outq <= HX_OUTQ_LOW) {
     st->drain_armed = 0;
@@ -388,28 +400,44 @@ static void h2_deferred(conn *c) {
 
 /* ---------------------------------------------------------------- hx ops */
 
+/* Header lists live in one block: the nv array, then the strings. */
 static void h2_free_nv(nghttp2_nv *nv, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    free(nv[i].name);
-    free(nv[i].value);
-  }
+  (void)n;
   free(nv);
 }
 
 static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
-  nghttp2_nv *nv = calloc(n ? n : 1, sizeof *nv);
+  size_t lens[2 * (HX_MAX_HEADERS + 2)], bytes = (n ? n : 1) * sizeof(nghttp2_nv);
+  for (size_t i = 0; i < 2 * n; i++) {
+    lens[i] = strlen(kv[i]);
+    bytes += lens[i] + 1;
+  }
+  nghttp2_nv *nv = malloc(bytes);
   if (!nv) return NULL;
+  uint8_t *p = (uint8_t *)(nv + (n ? n : 1));
   for (size_t i = 0; i < n; i++) {
-    nv[i].name = (uint8_t *)strdup(kv[2 * i]);
-    nv[i].value = (uint8_t *)strdup(kv[2 * i + 1]);
-    nv[i].namelen = strlen(kv[2 * i]);
-    nv[i].valuelen = strlen(kv[2 * i + 1]);
-    if (!nv[i].name || !nv[i].value) {
-      h2_free_nv(nv, i + 1);
-      return NULL;
-    }
+    nv[i].name = p;
+    memcpy(p, kv[2 * i], lens[2 * i] + 1);
+    p += lens[2 * i] + 1;
+    nv[i].value = p;
+    memcpy(p, kv[2 * i + 1], lens[2 * i + 1] + 1);
+    p += lens[2 * i + 1] + 1;
+    nv[i].namelen = lens[2 * i];
+    nv[i].valuelen = lens[2 * i + 1];
+    nv[i].flags = NGHTTP2_NV_FLAG_NONE;
   }
   return nv;
+}
+
+/* Decimal text of a non-negative number into b (>= 21 bytes). */
+static const char *h2_udec(char *b, size_t cap, uint64_t v) {
+  char *p = b + cap;
+  *--p = 0;
+  do {
+    *--p = (char)('0' + v % 10);
+    v /= 10;
+  } while (v);
+  return p;
 }
 
 /* The response head is held until the first body bytes or the end, so that
@@ -431,19 +459,17 @@ static int h2_submit(h2s *st, int with_body) {
 static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t clen) {
   h2s *st = x->tp;
   const char *kv[2 * (HX_MAX_HEADERS + 2)];
-  char sbuf[8], lbuf[24];
+  char sbuf[24], lbuf[24];
   size_t k = 0;
-  snprintf(sbuf, sizeof sbuf, "%d", status);
   kv[2 * k] = ":status";
-  kv[2 * k++ + 1] = sbuf;
+  kv[2 * k++ + 1] = h2_udec(sbuf, sizeof sbuf, (uint64_t)(status < 0 ? 0 : status));
   for (size_t i = 0; i < n && k < HX_MAX_HEADERS; i++) {
     kv[2 * k] = h[i].name;
     kv[2 * k++ + 1] = h[i].value;
   }
   if (clen >= 0) {
-    snprintf(lbuf, sizeof lbuf, "%lld", (long long)clen);
     kv[2 * k] = "content-length";
-    kv[2 * k++ + 1] = lbuf;
+    kv[2 * k++ + 1] = h2_udec(lbuf, sizeof lbuf, (uint64_t)clen);
   }
   st->head = h2_copy_nv(kv, k);
   if (!st->head) return -1;
@@ -462,7 +488,7 @@ static void h2_resume(h2s *st) {
 
 static int h2_write(hx *x, uint8_t *buf, size_t off, size_t len) {
   h2s *st = x->tp;
-  h2buf *b = malloc(sizeof *b);
+  h2buf *b = h2_buf_new(st);
   if (!b) {
     free(buf);
     return -1;
@@ -486,14 +512,15 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
   if (!st->body_ended) st->body_paused = 0;
   if (!st->submitted && !st->qhead && n == 0) return h2_submit(st, 0);
   if (n) {
-    st->trailers = calloc(n, sizeof *st->trailers);
-    if (st->trailers) {
-      for (size_t i = 0; i < n; i++) {
-        st->trailers[i] = (nghttp2_nv){(uint8_t *)strdup(tr[i].name), (uint8_t *)strdup(tr[i].value),
-                                       strlen(tr[i].name), strlen(tr[i].value), NGHTTP2_NV_FLAG_NONE};
-      }
-      st->ntrailers = n;
+    const char *kv[2 * HX_MAX_HEADERS];
+    if (n > HX_MAX_HEADERS) n = HX_MAX_HEADERS;
+    for (size_t i = 0; i < n; i++) {
+      kv[2 * i] = tr[i].name;
+      kv[2 * i + 1] = tr[i].value;
     }
+    h2_free_nv(st->trailers, st->ntrailers);
+    st->trailers = h2_copy_nv(kv, n);
+    st->ntrailers = st->trailers ? n : 0;
   }
   if (!st->submitted) return h2_submit(st, 1);
   h2_resume(st);
@@ -643,14 +670,14 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
     h2s *st = h2_stream_new(sc, 1);
     if (!st) return -1;
     nghttp2_session_set_stream_user_data(sc->ng, 1, st);
-    /* move the request over */
-    st->x.hdr = up->hdr;
-    st->x.nhdr = up->nhdr;
-    st->x.caphdr = up->caphdr;
-    st->x.method = up->method;
-    st->x.path = up->path;
-    st->x.query = up->query;
+    /* copy the request over (its strings may live inside up) */
+    int cr = hx_copy_request(&st->x, up);
+    hx_free_request(up);
     free(up);
+    if (cr != 0) {
+      free(body);
+      return -1;
+    }
     st->upgraded = 1;
     h2_dispatch(st);
     if (blen && !c->closing) h2_stream_body(st, body, blen, 0);

@@ -206,15 +206,15 @@ static int h1_parse_target(hx *x, const char *url, size_t len) {
     path = url + u.field_data[UF_PATH].off;
     plen = u.field_data[UF_PATH].len;
     if (u.field_set & (1 << UF_QUERY))
-      x->query = strndup(url + u.field_data[UF_QUERY].off, u.field_data[UF_QUERY].len);
+      x->query = hx_strdup(x, url + u.field_data[UF_QUERY].off, u.field_data[UF_QUERY].len);
   } else {
     const char *q = memchr(url, '?', len);
     if (q) {
       plen = (size_t)(q - url);
-      x->query = strndup(q + 1, len - plen - 1);
+      x->query = hx_strdup(x, q + 1, len - plen - 1);
     }
   }
-  x->path = strndup(path, plen);
+  x->path = hx_strdup(x, path, plen);
   return x->path ? 0 : -1;
 }
 
@@ -228,7 +228,8 @@ static int h1_on_headers_complete(http_parser *p) {
   if (h1_commit_header(s)) return -1;
   hx *x = s->x;
   conn_timer(s->c, 0);
-  x->method = strdup(http_method_str((enum http_method)p->method));
+  const char *mn = http_method_str((enum http_method)p->method);
+  x->method = hx_strdup(x, mn, strlen(mn));
   if (!x->method || h1_parse_target(x, s->url ? s->url : "", s->url_len) != 0) {
     h1_fail(s, 400, "Bad Request");
     return -1;

@@ -69,42 +69,73 @@ void hx_pause_body(hx *x, int paused) {
 
 size_t hx_outq(const hx *x) { return x->ops->outq(x); }
 
+char *hx_strdup(hx *x, const char *s, size_t n) {
+  char *d;
+  if (n < sizeof x->str_inl - x->str_used) {
+    d = x->str_inl + x->str_used;
+    x->str_used += n + 1;
+  } else if (!(d = malloc(n + 1))) {
+    return NULL;
+  }
+  memcpy(d, s, n);
+  d[n] = 0;
+  return d;
+}
+
+static void hx_str_free(hx *x, const char *s) {
+  if (s && !(s >= x->str_inl && s < x->str_inl + sizeof x->str_inl)) free((char *)s);
+}
+
 int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_t vlen) {
   if (x->nhdr >= HX_MAX_HEADERS) return -1;
+  if (!x->hdr) {
+    x->hdr = x->hdr_inl;
+    x->caphdr = HX_INLINE_HEADERS;
+  }
   if (x->nhdr == x->caphdr) {
-    size_t cap = x->caphdr ? x->caphdr * 2 : 16;
-    hx_header *h = realloc(x->hdr, cap * sizeof *h);
+    size_t cap = x->caphdr * 2;
+    hx_header *h = x->hdr == x->hdr_inl ? malloc(cap * sizeof *h) : realloc(x->hdr, cap * sizeof *h);
     if (!h) return -1;
+    if (x->hdr == x->hdr_inl) memcpy(h, x->hdr_inl, sizeof x->hdr_inl);
     x->hdr = h;
     x->caphdr = cap;
   }
-  char *nm = malloc(nlen + 1), *v = malloc(vlen + 1);
-  if (!nm || !v) {
-    free(nm);
-    free(v);
+  char *nm = hx_strdup(x, name, nlen);
+  char *v = nm ? hx_strdup(x, value, vlen) : NULL;
+  if (!v) {
+    hx_str_free(x, nm);
     return -1;
   }
   for (size_t i = 0; i < nlen; i++) {
-    char c = name[i];
-    nm[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+    char c = nm[i];
+    if (c >= 'A' && c <= 'Z') nm[i] = (char)(c + 32);
   }
-  nm[nlen] = 0;
-  memcpy(v, value, vlen);
-  v[vlen] = 0;
   x->hdr[x->nhdr++] = (hx_header){nm, v};
+  return 0;
+}
+
+int hx_copy_request(hx *dst, const hx *src) {
+  if (src->method && !(dst->method = hx_strdup(dst, src->method, strlen(src->method)))) return -1;
+  if (src->path && !(dst->path = hx_strdup(dst, src->path, strlen(src->path)))) return -1;
+  if (src->query && !(dst->query = hx_strdup(dst, src->query, strlen(src->query)))) return -1;
+  for (size_t i = 0; i < src->nhdr; i++) {
+    const hx_header *h = &src->hdr[i];
+    if (hx_add_header(dst, h->name, strlen(h->name), h->value, strlen(h->value)) != 0) return -1;
+  }
   return 0;
 }
 
 void hx_free_request(hx *x) {
   for (size_t i = 0; i < x->nhdr; i++) {
-    free((char *)x->hdr[i].name);
-    free((char *)x->hdr[i].value);
+    hx_str_free(x, x->hdr[i].name);
+    hx_str_free(x, x->hdr[i].value);
   }
-  x->nhdr = x->caphdr = 0;
-  free(x->hdr);
+  if (x->hdr != x->hdr_inl) free(x->hdr);
   x->hdr = NULL;
-  free(x->method);
-  free(x->path);
-  free(x->query);
+  x->nhdr = x->caphdr = 0;
+  hx_str_free(x, x->method);
+  hx_str_free(x, x->path);
+  hx_str_free(x, x->query);
   x->method = x->path = x->query = NULL;
+  x->str_used = 0;
 }

@@ -47,6 +47,8 @@ typedef struct hx_ops {
 } hx_ops;
 
 #define HX_MAX_HEADERS 128
+#define HX_INLINE_HEADERS 12
+#define HX_INLINE_STR 448
 
 struct hx {
   const hx_ops *ops;
@@ -57,6 +59,11 @@ struct hx {
   char *query;  /* after '?', or NULL */
   hx_header *hdr; /* grown as fields arrive, at most HX_MAX_HEADERS */
   size_t nhdr, caphdr;
+  /* Request strings and the first headers live inline (no malloc for a
+   * typical request); what does not fit is malloc'd (see hx_strdup). */
+  hx_header hdr_inl[HX_INLINE_HEADERS];
+  size_t str_used;
+  char str_inl[HX_INLINE_STR];
   int http2;
   int64_t content_length; /* -1 unknown */
   /* handler */
@@ -86,6 +93,12 @@ size_t hx_outq(const hx *x);
 
 /* Used by transports: fill the request part. Returns 0 or -1 (too many). */
 int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_t vlen);
+/* A NUL-terminated copy of s[0, n) owned by x (freed by hx_free_request):
+ * for method, path and query.  NULL when out of memory. */
+char *hx_strdup(hx *x, const char *s, size_t n);
+/* Copy src's request part (method, path, query, headers) into dst, which
+ * has none yet.  0 or -1 (out of memory). */
+int hx_copy_request(hx *dst, const hx *src);
 void hx_free_request(hx *x);
 
 #endif

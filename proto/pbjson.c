@@ -144,20 +144,42 @@ void pbj_path_pop(pbj_path *p, size_t len) {
 
 /* ------------------------------------------------------------ encoder */
 
-/* Output sink.  The encoder runs twice over the message: first with buf ==
- * NULL to measure, then into one buffer of exactly that size. */
+/* Output sink: one growing buffer, written in a single pass.  On a failed
+ * allocation it stops writing and remembers (oom); the caller then gets
+ * NULL. */
 typedef struct wbuf {
   char *buf;
-  size_t len;
+  size_t len, cap;
+  int oom;
 } wbuf;
 
+/* Room for n more bytes (and the final NUL).  0 ok, -1 out of memory. */
+static int w_grow(wbuf *w, size_t n) {
+  if (w->oom) return -1;
+  size_t need = w->len + n + 1, cap = w->cap ? w->cap : 256;
+  while (cap < need) cap *= 2;
+  char *nb = realloc(w->buf, cap);
+  if (!nb) {
+    w->oom = 1;
+    return -1;
+  }
+  w->buf = nb;
+  w->cap = cap;
+  return 0;
+}
+
+static inline int w_room(wbuf *w, size_t n) {
+  return w->len + n < w->cap ? 0 : w_grow(w, n);
+}
+
 static inline void w_mem(wbuf *w, const void *s, size_t n) {
-  if (w->buf) memcpy(w->buf + w->len, s, n);
+  if (w_room(w, n) < 0) return;
+  memcpy(w->buf + w->len, s, n);
   w->len += n;
 }
 static inline void w_ch(wbuf *w, char c) {
-  if (w->buf) w->buf[w->len] = c;
-  w->len++;
+  if (w_room(w, 1) < 0) return;
+  w->buf[w->len++] = c;
 }
 static void w_cstr(wbuf *w, const char *s) { w_mem(w, s, strlen(s)); }
 
@@ -208,8 +230,10 @@ static void w_string(wbuf *w, const char *str, size_t n) {
 static void w_bytes(wbuf *w, const ProtobufCBinaryData *b) {
   w_ch(w, '"');
   if (b->len && b->data) {
-    if (w->buf) pbjson_b64_encode(b->data, b->len, w->buf + w->len);
-    w->len += pbjson_b64_encoded_len(b->len);
+    size_t n = pbjson_b64_encoded_len(b->len);
+    if (w_room(w, n) < 0) return;
+    pbjson_b64_encode(b->data, b->len, w->buf + w->len);
+    w->len += n;
   }
   w_ch(w, '"');
 }
@@ -235,26 +259,40 @@ static void w_double(wbuf *w, double d, int is_float) {
 
 static void enc_msg(wbuf *w, const ProtobufCMessage *m);
 
+/* Decimal digits of u, optionally negative and/or quoted (64-bit
+ * integers are JSON strings). */
+static void w_uint(wbuf *w, uint64_t u, int neg, int quoted) {
+  char b[24];
+  int n = (int)sizeof b;
+  if (quoted) b[--n] = '"';
+  do {
+    b[--n] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (neg) b[--n] = '-';
+  if (quoted) b[--n] = '"';
+  w_mem(w, b + n, sizeof b - (size_t)n);
+}
+
+static void w_int(wbuf *w, int64_t v, int quoted) {
+  w_uint(w, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v, v < 0, quoted);
+}
+
 /* One value of field f's type stored at p (for strings/messages p points to
  * the pointer). */
 static void enc_value(wbuf *w, const ProtobufCFieldDescriptor *f, const void *p) {
-  char b[32];
   switch (f->type) {
   case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
-    snprintf(b, sizeof b, "%" PRId32, *(const int32_t *)p);
-    w_cstr(w, b);
+    w_int(w, *(const int32_t *)p, 0);
     break;
   case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
-    snprintf(b, sizeof b, "%" PRIu32, *(const uint32_t *)p);
-    w_cstr(w, b);
+    w_uint(w, *(const uint32_t *)p, 0, 0);
     break;
   case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
-    snprintf(b, sizeof b, "\"%" PRId64 "\"", *(const int64_t *)p);
-    w_cstr(w, b);
+    w_int(w, *(const int64_t *)p, 1);
     break;
   case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
-    snprintf(b, sizeof b, "\"%" PRIu64 "\"", *(const uint64_t *)p);
-    w_cstr(w, b);
+    w_uint(w, *(const uint64_t *)p, 0, 1);
     break;
   case PROTOBUF_C_TYPE_FLOAT:
     w_double(w, *(const float *)p, 1);
@@ -272,8 +310,7 @@ static void enc_value(wbuf *w, const ProtobufCFieldDescriptor *f, const void *p)
     if (ev) {
       w_string(w, ev->name, strlen(ev->name));
     } else {
-      snprintf(b, sizeof b, "%d", v);
-      w_cstr(w, b);
+      w_int(w, v, 0);
     }
     break;
   }
@@ -360,17 +397,26 @@ static int field_present(const ProtobufCMessage *m, const ProtobufCFieldDescript
 }
 
 static void enc_name(wbuf *w, const char *name) {
-  w_ch(w, '"');
-  int up = 0;
-  for (const char *c = name; *c; c++) {
-    if (*c == '_') {
-      up = 1;
-      continue;
+  char b[260];
+  size_t n = pbj_json_name(name, b + 1, sizeof b - 3);
+  if (n + 3 > sizeof b) { /* longer than any name in agent.proto: by hand */
+    int up = 0;
+    w_ch(w, '"');
+    for (const char *c = name; *c; c++) {
+      if (*c == '_') {
+        up = 1;
+        continue;
+      }
+      w_ch(w, up && *c >= 'a' && *c <= 'z' ? (char)(*c - 'a' + 'A') : *c);
+      up = 0;
     }
-    w_ch(w, up && *c >= 'a' && *c <= 'z' ? (char)(*c - 'a' + 'A') : *c);
-    up = 0;
+    w_mem(w, "\":", 2);
+    return;
   }
-  w_mem(w, "\":", 2);
+  b[0] = '"';
+  b[n + 1] = '"';
+  b[n + 2] = ':';
+  w_mem(w, b, n + 3);
 }
 
 static void enc_msg(wbuf *w, const ProtobufCMessage *m) {
@@ -422,18 +468,22 @@ static void enc_msg(wbuf *w, const ProtobufCMessage *m) {
   w_ch(w, '}');
 }
 
+char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len) {
+  wbuf w = {NULL, 0, 0, 0};
+  if (w_grow(&w, headroom + 255) < 0) return NULL;
+  w.len = headroom;
+  enc_msg(&w, msg);
+  if (w.oom) {
+    free(w.buf);
+    return NULL;
+  }
+  w.buf[w.len] = 0;
+  if (len) *len = w.len - headroom;
+  return w.buf;
+}
+
 char *pbjson_encode(const ProtobufCMessage *msg, size_t *len) {
-  wbuf w = {NULL, 0};
-  enc_msg(&w, msg);
-  size_t n = w.len;
-  char *out = malloc(n + 1);
-  if (!out) return NULL;
-  w.buf = out;
-  w.len = 0;
-  enc_msg(&w, msg);
-  out[w.len] = 0;
-  if (len) *len = w.len;
-  return out;
+  return pbjson_encode_at(msg, 0, len);
 }
 
 /* ------------------------------------------------------------ UTF-8 walk */

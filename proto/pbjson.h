@@ -21,10 +21,13 @@
 #include <protobuf-c/protobuf-c.h>
 
 /* Encode.  Returns a malloc'd, NUL-terminated buffer (length in *len) or NULL on ENOMEM.
- * The buffer is sized exactly in a first pass (no regrowth).  JSON cannot
+ * One pass into a buffer that grows by doubling.  JSON cannot
  * carry invalid UTF-8: such bytes in string fields come out as U+FFFD (run
  * pbjson_check_utf8 first where that matters). */
 char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
+/* The same with `headroom` bytes left free before the JSON (an envelope
+ * prefix, say): the JSON starts at the returned pointer + headroom. */
+char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len);
 
 /* Decode a complete JSON document into a new message of type desc (free it
  * with protobuf_c_message_free_unpacked(m, NULL)).  On failure returns NULL

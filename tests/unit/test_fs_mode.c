@@ -2,6 +2,9 @@
 #include "tests/unit/test.h"
 
 #include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -111,6 +114,46 @@ TEST(rfc3339) {
   ASSERT_STR_EQ(small, "");
 }
 
+/* The hand-written formatter agrees with gmtime_r across the range glibc
+ * can represent, and prints Go's forms beyond it. */
+TEST(rfc3339_matches_gmtime) {
+  char b[FS_RFC3339_MAX], want[64];
+  uint64_t seed = 88172645463325252ull;
+  for (int i = 0; i < 200000; i++) {
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    /* years -3000 .. 9999 and small values around the epoch */
+    int64_t t = (i & 1) ? (int64_t)(seed % 410000000000ull) - 156000000000ll
+                        : (int64_t)(seed % 20000000ull) - 10000000ll;
+    time_t tt = (time_t)t;
+    struct tm tm;
+    ASSERT(gmtime_r(&tt, &tm) != NULL);
+    long long y = (long long)tm.tm_year + 1900;
+    if (y < 0)
+      snprintf(want, sizeof want, "-%04lld-%02d-%02dT%02d:%02d:%02dZ", -y, tm.tm_mon + 1,
+               tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    else
+      snprintf(want, sizeof want, "%04lld-%02d-%02dT%02d:%02d:%02dZ", y, tm.tm_mon + 1,
+               tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    ASSERT_EQ(fs_rfc3339(tt, b, sizeof b), strlen(want));
+    if (strcmp(b, want) != 0) {
+      fprintf(stderr, "t=%lld got %s want %s\n", (long long)t, b, want);
+      ASSERT_STR_EQ(b, want);
+    }
+  }
+  fs_rfc3339(253402300800LL, b, sizeof b);
+  ASSERT_STR_EQ(b, "10000-01-01T00:00:00Z");
+  fs_rfc3339(-62135596800LL - 86400, b, sizeof b); /* the day before 0001-01-01 */
+  ASSERT_STR_EQ(b, "0000-12-31T00:00:00Z");
+  fs_rfc3339(-62167219200LL - 1, b, sizeof b); /* a second before year 0 */
+  ASSERT_STR_EQ(b, "-0001-12-31T23:59:59Z");
+  /* the ends of time_t: no overflow, some answer that fits */
+  ASSERT(fs_rfc3339((time_t)INT64_MAX, b, sizeof b) > 20);
+  ASSERT(fs_rfc3339((time_t)INT64_MIN, b, sizeof b) > 20);
+  ASSERT_EQ(b[0], '-');
+}
+
 TEST(rfc3339_is_utc) {
   char b[FS_RFC3339_MAX];
   setenv("TZ", "Asia/Shanghai", 1);
@@ -138,6 +181,7 @@ int main(void) {
   RUN(fifo_and_socket);
   RUN(synthetic_modes);
   RUN(rfc3339);
+  RUN(rfc3339_matches_gmtime);
   RUN(rfc3339_is_utc);
   cleanup();
   return test_summary();
