@@ -168,7 +168,7 @@ static void call_closed(uv_handle_t *h) {
     conch.rx_buffered -= c->in_cap;
     free(c->unary_out);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
-    free(c);
+    daemon_cache_put(&conch.cache_call, c, sizeof *c);
   }
 }
 
@@ -767,7 +767,7 @@ void connect_serve(hx *x, const rpc_method *m) {
     hx_simple(x, 415, "text/plain; charset=utf-8", "gRPC requires HTTP/2\n", NULL, 0);
     return;
   }
-  rpc_call *c = calloc(1, sizeof *c);
+  rpc_call *c = daemon_cache_get(&conch.cache_call, sizeof *c);
   if (!c) {
     hx_simple(x, 503, "text/plain", "out of memory\n", NULL, 0);
     return;

@@ -69,7 +69,7 @@ static void h2_buf_free(h2s *st, h2buf *b) {
 /* ---------------------------------------------------------------- streams */
 
 static h2s *h2_stream_new(h2c *sc, int32_t id) {
-  h2s *st = calloc(1, sizeof *st);
+  h2s *st = daemon_cache_get(&conch.cache_h2s, sizeof *st);
   if (!st) return NULL;
   st->sess = sc;
   st->id = id;
@@ -118,7 +118,7 @@ static void h2_stream_free(h2s *st) {
   h2_free_nv(st->head, st->nhead);
   free(st->pend);
   hx_free_request(&st->x);
-  free(st);
+  daemon_cache_put(&conch.cache_h2s, st, sizeof *st);
   h2_timer_update(sc);
 }
 

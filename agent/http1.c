@@ -54,7 +54,7 @@ static void h1_next(conn *c);
 static void h1_free_x(h1 *s) {
   if (!s->x) return;
   hx_free_request(s->x);
-  free(s->x);
+  daemon_cache_put(&conch.cache_hx, s->x, sizeof *s->x);
   s->x = NULL;
 }
 
@@ -149,7 +149,7 @@ static int h1_commit_header(h1 *s) {
 static int h1_on_message_begin(http_parser *p) {
   h1 *s = p->data;
   h1_reset_request(s);
-  s->x = calloc(1, sizeof *s->x);
+  s->x = daemon_cache_get(&conch.cache_hx, sizeof *s->x);
   if (!s->x) return -1;
   s->x->content_length = -1;
   conn_timer(s->c, HTTP1_HEADER_TIMEOUT_MS);

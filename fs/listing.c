@@ -2,7 +2,7 @@
  * answer the unary call; see handlers.h.
  *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
- * (call = NULL, cancel flag for the walk, uv_cancel when not started yet);
+ * (call = NULL, cancel flag for the walk, pool_cancel when not started yet);
  * the after-work callback then only frees.  rpc_send failing while the
  * call is still ours means the encoded response is too large (JSON is
  * bigger than the protobuf size the walk bounds): resource_exhausted.
@@ -14,11 +14,12 @@
 
 #include "agent/daemon.h"
 #include "agent/log.h"
+#include "agent/pool.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 
 struct fs_listing {
-  uv_work_t req;
+  pool_job job; /* first: the job is the listing */
   rpc_call *call; /* NULL once the call ended from outside */
   int busy;       /* work queued or running */
   atomic_int cancel;
@@ -31,11 +32,11 @@ struct fs_listing {
 static void listing_free(fs_listing *l) {
   fs_walk_free(&l->w);
   if (l->free_owned) l->free_owned(l->owned);
-  free(l);
+  daemon_cache_put(&conch.cache_listing, l, sizeof *l);
 }
 
 fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) {
-  fs_listing *l = calloc(1, sizeof *l);
+  fs_listing *l = daemon_cache_get(&conch.cache_listing, sizeof *l);
   if (!l) return NULL;
   l->call = c;
   l->resp = resp;
@@ -54,8 +55,8 @@ void fs_listing_own(fs_listing *l, void *owned, void (*free_owned)(void *)) {
   l->free_owned = free_owned;
 }
 
-static void listing_work(uv_work_t *req) {
-  fs_listing *l = req->data;
+static void listing_work(pool_job *j) {
+  fs_listing *l = (fs_listing *)j;
   fs_walk_run(&l->w);
 }
 
@@ -65,11 +66,15 @@ static void listing_work(uv_work_t *req) {
 static int listing_send(fs_listing *l) {
   rpc_call *c = l->call;
   fs_walk *w = &l->w;
-  Pb__FileEntry *ev = w->n ? calloc(w->n, sizeof *ev) : NULL;
-  Pb__FileEntry **ep = w->n ? calloc(w->n, sizeof *ep) : NULL;
-  if (w->n && (!ev || !ep)) {
-    free(ev);
-    free(ep);
+  Pb__FileEntry ev_small[FS_WALK_INLINE], *ep_small[FS_WALK_INLINE];
+  int small = w->n <= FS_WALK_INLINE;
+  Pb__FileEntry *ev = small ? ev_small : calloc(w->n, sizeof *ev);
+  Pb__FileEntry **ep = small ? ep_small : calloc(w->n, sizeof *ep);
+  if (!ev || !ep) {
+    if (!small) {
+      free(ev);
+      free(ep);
+    }
     return -2;
   }
   for (size_t i = 0; i < w->n; i++) {
@@ -96,22 +101,24 @@ static int listing_send(fs_listing *l) {
     m.entries = ep;
     r = rpc_send(c, &m.base);
   }
-  free(ev);
-  free(ep);
+  if (!small) {
+    free(ev);
+    free(ep);
+  }
   return r;
 }
 
-static void listing_after(uv_work_t *req, int status) {
-  fs_listing *l = req->data;
+static void listing_after(pool_job *j, int canceled) {
+  fs_listing *l = (fs_listing *)j;
   if (!l->call) { /* canceled meanwhile */
     listing_free(l);
     return;
   }
   rpc_call *c = l->call;
-  if (status != 0 || l->w.st.code != RPC_OK) {
+  if (canceled || l->w.st.code != RPC_OK) {
     l->busy = 0;
     rpc_set_user(c, NULL);
-    if (status != 0)
+    if (canceled)
       rpc_finish(c, RPC_INTERNAL, "file listing was canceled");
     else
       fs_finish_status(c, &l->w.st);
@@ -140,17 +147,9 @@ static void listing_after(uv_work_t *req, int status) {
 }
 
 void fs_listing_start(fs_listing *l) {
-  rpc_call *c = l->call;
-  l->req.data = l;
   l->busy = 1;
-  rpc_set_user(c, l);
-  int r = uv_queue_work(conch.loop, &l->req, listing_work, listing_after);
-  if (r != 0) {
-    l->busy = 0;
-    rpc_set_user(c, NULL);
-    rpc_finishf(c, RPC_INTERNAL, "queue file listing: %s", uv_strerror(r));
-    listing_free(l);
-  }
+  rpc_set_user(l->call, l);
+  pool_submit(&l->job, listing_work, listing_after);
 }
 
 void fs_listing_on_cancel(rpc_call *c, rpc_code why) {
@@ -159,7 +158,7 @@ void fs_listing_on_cancel(rpc_call *c, rpc_code why) {
   l->call = NULL;
   atomic_store(&l->cancel, 1);
   if (l->busy) {
-    uv_cancel((uv_req_t *)&l->req); /* fails harmlessly once running */
+    pool_cancel(&l->job); /* fails harmlessly once running */
     return;                        /* the after-work callback frees */
   }
   listing_free(l);

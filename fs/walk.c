@@ -11,16 +11,20 @@
 /* A growable path buffer (logical paths may exceed PATH_MAX through
  * symlinks; the kernel then answers ENAMETOOLONG and the entry is skipped). */
 typedef struct walk_path {
-  char *s;
+  char *s; /* inl, or malloc'd once longer */
   size_t len, cap;
+  char inl[512];
 } walk_path;
 
+typedef struct walk_link {
+  dev_t dev;
+  ino_t ino;
+} walk_link;
+
 typedef struct walk_chain {
-  struct {
-    dev_t dev;
-    ino_t ino;
-  } *v;
+  walk_link *v; /* inl, or malloc'd once deeper */
   size_t n, cap;
+  walk_link inl[16];
 } walk_chain;
 
 typedef struct walker {
@@ -36,8 +40,9 @@ static int path_append(walk_path *p, const char *name) {
   if (need > p->cap) {
     size_t nc = p->cap ? p->cap : 256;
     while (nc < need) nc *= 2;
-    char *ns = realloc(p->s, nc);
+    char *ns = p->s == p->inl ? malloc(nc) : realloc(p->s, nc);
     if (!ns) return -1;
+    if (p->s == p->inl) memcpy(ns, p->inl, p->len + 1);
     p->s = ns;
     p->cap = nc;
   }
@@ -54,10 +59,15 @@ static int chain_has(const walk_chain *c, const struct stat *st) {
 }
 
 static int chain_push(walk_chain *c, const struct stat *st) {
+  if (!c->v) {
+    c->v = c->inl;
+    c->cap = sizeof c->inl / sizeof c->inl[0];
+  }
   if (c->n == c->cap) {
-    size_t nc = c->cap ? c->cap * 2 : 16;
-    void *nv = realloc(c->v, nc * sizeof *c->v);
+    size_t nc = c->cap * 2;
+    walk_link *nv = c->v == c->inl ? malloc(nc * sizeof *nv) : realloc(c->v, nc * sizeof *nv);
     if (!nv) return -1;
+    if (c->v == c->inl) memcpy(nv, c->inl, sizeof c->inl);
     c->v = nv;
     c->cap = nc;
   }
@@ -115,6 +125,10 @@ static int walk_cancelled(const fs_walk *w) {
   return w->cancel && atomic_load_explicit(w->cancel, memory_order_relaxed);
 }
 
+static void walk_path_free(fs_walk *w, char *p) {
+  if (!(p >= w->paths && p < w->paths + sizeof w->paths)) free(p);
+}
+
 /* Offer the entry at wk->lp to the filter and keep it.  0 ok, -1 stop. */
 static int walk_emit(walker *wk, const struct stat *st) {
   fs_walk *w = wk->w;
@@ -134,22 +148,33 @@ static int walk_emit(walker *wk, const struct stat *st) {
   fs_entry e;
   memset(&e, 0, sizeof e);
   fs_entry_fill(&e, st);
-  e.path = strdup(path);
-  if (!e.path) goto nomem;
+  size_t pl = wk->lp.len;
+  if (pl < sizeof w->paths - w->paths_used) {
+    e.path = w->paths + w->paths_used;
+    memcpy(e.path, path, pl + 1);
+    w->paths_used += pl + 1;
+  } else if (!(e.path = strdup(path))) {
+    goto nomem;
+  }
   e.name = e.path + (base - path);
   size_t sz = fs_entry_wire_size(&e, w->json);
   if (w->bytes + sz > w->max_bytes) {
-    free(e.path);
+    walk_path_free(w, e.path);
     fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, WALK_TOO_BIG_FMT, w->max_bytes);
     return -1;
   }
+  if (!w->entries) {
+    w->entries = w->inl;
+    w->cap = FS_WALK_INLINE;
+  }
   if (w->n == w->cap) {
-    size_t nc = w->cap ? w->cap * 2 : 64;
-    fs_entry *nv = realloc(w->entries, nc * sizeof *nv);
+    size_t nc = w->cap < 64 ? 64 : w->cap * 2;
+    fs_entry *nv = w->entries == w->inl ? malloc(nc * sizeof *nv) : realloc(w->entries, nc * sizeof *nv);
     if (!nv) {
-      free(e.path);
+      walk_path_free(w, e.path);
       goto nomem;
     }
+    if (w->entries == w->inl) memcpy(nv, w->inl, w->n * sizeof *nv);
     w->entries = nv;
     w->cap = nc;
   }
@@ -286,11 +311,14 @@ int fs_walk_run(fs_walk *w) {
   w->bytes = w->json ? 16 : 0;
 
   size_t rl = strlen(w->root);
-  wk.lp.cap = rl + 256;
-  wk.lp.s = malloc(wk.lp.cap);
-  if (!wk.lp.s) {
-    fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory listing %s", w->root);
-    return w->st.code;
+  wk.lp.cap = sizeof wk.lp.inl;
+  wk.lp.s = wk.lp.inl;
+  if (rl + 1 > wk.lp.cap) {
+    wk.lp.cap = rl + 256;
+    if (!(wk.lp.s = malloc(wk.lp.cap))) {
+      fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory listing %s", w->root);
+      return w->st.code;
+    }
   }
   memcpy(wk.lp.s, w->root, rl + 1);
   wk.lp.len = rl;
@@ -313,15 +341,16 @@ int fs_walk_run(fs_walk *w) {
     else
       walk_dir(&wk, 1, 1);
   }
-  free(wk.lp.s);
-  free(wk.chain.v);
+  if (wk.lp.s != wk.lp.inl) free(wk.lp.s);
+  if (wk.chain.v != wk.chain.inl) free(wk.chain.v);
   return w->st.code;
 }
 
 void fs_walk_free(fs_walk *w) {
-  for (size_t i = 0; i < w->n; i++) free(w->entries[i].path);
-  free(w->entries);
+  for (size_t i = 0; i < w->n; i++) walk_path_free(w, w->entries[i].path);
+  if (w->entries != w->inl) free(w->entries);
   w->entries = NULL;
   w->n = w->cap = 0;
+  w->paths_used = 0;
   fs_status_clear(&w->st);
 }

@@ -37,8 +37,11 @@
 #include "fs/rfc3339.h"
 #include "fs/status.h"
 
+#define FS_WALK_INLINE 4
+#define FS_WALK_INLINE_PATHS 512
+
 typedef struct fs_entry {
-  char *path;       /* logical path, malloc'd */
+  char *path;       /* logical path (in the walk's inline store, or malloc'd) */
   const char *name; /* basename, points into path */
   int is_dir;
   int64_t size;
@@ -64,6 +67,13 @@ typedef struct fs_walk {
   /* out */
   fs_entry *entries;
   size_t n, cap;
+  /* The first entries and paths live here: a small listing allocates
+   * nothing in the pool thread (memory malloc'd there and freed on the
+   * loop crosses glibc arenas, which costs locks).  The struct must not be
+   * moved once run. */
+  fs_entry inl[FS_WALK_INLINE];
+  size_t paths_used;
+  char paths[FS_WALK_INLINE_PATHS];
   size_t bytes;  /* estimated encoded size of the response so far */
   size_t visits; /* entries examined */
   fs_status st;

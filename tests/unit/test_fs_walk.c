@@ -302,6 +302,28 @@ static void build_tree(void) {
   mkl("..", "loop/back");
 }
 
+/* Deeper than the walker's inline descent chain (16) and with logical
+ * paths longer than its inline path buffer (512): both grow onto the heap
+ * and the listing stays right (ASan checks the copies). */
+TEST(deep_and_long_paths) {
+  char base[128], p[1024];
+  snprintf(base, sizeof base, "%s/deep", root);
+  ASSERT_EQ(mkdir(base, 0755), 0);
+  size_t k = (size_t)snprintf(p, sizeof p, "%s", base);
+  for (int i = 0; i < 40; i++) {
+    k += (size_t)snprintf(p + k, sizeof p - k, "/level%02d-xxxxx", i);
+    ASSERT_EQ(mkdir(p, 0755), 0);
+  }
+  ASSERT(strlen(p) > 512);
+  fs_walk w;
+  ASSERT_EQ(run_walk(&w, base, 0), RPC_OK);
+  ASSERT_EQ(w.n, 40);
+  ASSERT_STR_EQ(w.entries[w.n - 1].path, p);
+  ASSERT_STR_EQ(w.entries[w.n - 1].name, "level39-xxxxx");
+  ASSERT(w.entries[w.n - 1].is_dir);
+  fs_walk_free(&w);
+}
+
 int main(void) {
   snprintf(root, sizeof root, "/tmp/test_fs_walk.XXXXXX");
   if (!mkdtemp(root)) return 1;
@@ -319,6 +341,7 @@ int main(void) {
   RUN(size_bound);
   RUN(visit_bound);
   RUN(wire_size);
+  RUN(deep_and_long_paths);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
   if (system(cmd) != 0) return 1;

@@ -1,0 +1,241 @@
+/* pool — batched short jobs for the thread pool; see pool.h.
+ *
+ * pool_submit only stages the job (loop thread, no lock); a uv_prepare
+ * handle moves everything staged in one loop turn into the shared FIFO
+ * just before the loop polls, under one lock, and wakes a runner only
+ * when none runs or the queue is deep.  Shared state (the FIFO, the
+ * finished list) is under one mutex; the runner count lives on the loop
+ * thread only.  A runner returns after
+ * POOL_RUNNER_BATCH jobs even when more are queued, so that other
+ * uv_queue_work users (uploads, downloads, process starts) get their turn
+ * in libuv's own FIFO; its after-work callback queues a new runner when
+ * jobs remain.
+ */
+#include "agent/pool.h"
+
+#include <stdlib.h>
+#include <uv.h>
+
+#include "agent/daemon.h"
+
+#define POOL_RUNNER_BATCH 32
+#define POOL_JOBS_PER_RUNNER 64 /* queue depth per free runner that asks for one more */
+
+enum { JOB_STAGED = 1, JOB_QUEUED, JOB_RUNNING, JOB_FINISHED };
+
+typedef struct pool {
+  /* staged by pool_submit during this loop turn (loop thread only); the
+   * prepare handle hands them to the FIFO just before the loop polls */
+  pool_job *shead, *stail;
+  uv_prepare_t prep;
+  uv_mutex_t lock;
+  pool_job *qhead, *qtail; /* FIFO, doubly linked (cancel unlinks) */
+  unsigned nqueued;
+  unsigned busy; /* runners inside a job's work */
+  pool_job *dhead, *dtail; /* finished or canceled, for the loop */
+  uv_async_t async;
+  unsigned runners, max_runners; /* loop thread only */
+  unsigned long long started;
+} pool;
+
+typedef struct runner {
+  uv_work_t req;
+  pool *p;
+} runner;
+
+static void pool_on_async(uv_async_t *a);
+static void pool_on_prepare(uv_prepare_t *h);
+
+static pool *pool_get(void) {
+  if (conch.pool) return conch.pool;
+  pool *p = daemon_alloc_state(sizeof *p, "job pool");
+  if (uv_mutex_init(&p->lock) != 0 || uv_async_init(conch.loop, &p->async, pool_on_async) != 0)
+    abort(); /* start-up resources; nothing sensible to do without them */
+  p->async.data = p;
+  uv_unref((uv_handle_t *)&p->async);
+  uv_prepare_init(conch.loop, &p->prep);
+  p->prep.data = p;
+  uv_unref((uv_handle_t *)&p->prep);
+  const char *e = getenv("UV_THREADPOOL_SIZE");
+  long n = e ? atol(e) : 4;
+  p->max_runners = (unsigned)(n < 1 ? 1 : n > 16 ? 16 : n);
+  conch.pool = p;
+  return p;
+}
+
+/* Append to the finished list; caller holds the lock. */
+static void finished_push(pool *p, pool_job *j) {
+  j->next = NULL;
+  j->state = JOB_FINISHED;
+  if (p->dtail) p->dtail->next = j;
+  else p->dhead = j;
+  p->dtail = j;
+}
+
+static void runner_work(uv_work_t *req) {
+  runner *r = req->data;
+  pool *p = r->p;
+  for (int done = 0; done < POOL_RUNNER_BATCH; done++) {
+    uv_mutex_lock(&p->lock);
+    pool_job *j = p->qhead;
+    if (j) {
+      p->qhead = j->next;
+      if (p->qhead) p->qhead->prev = NULL;
+      else p->qtail = NULL;
+      p->nqueued--;
+      p->busy++;
+      j->state = JOB_RUNNING;
+    }
+    uv_mutex_unlock(&p->lock);
+    if (!j) break;
+    j->work(j);
+    uv_mutex_lock(&p->lock);
+    p->busy--;
+    finished_push(p, j);
+    uv_mutex_unlock(&p->lock);
+    uv_async_send(&p->async); /* coalesced while one is pending */
+  }
+}
+
+static void runner_spawn(pool *p);
+
+/* Queued jobs and no runner free to take them (none at all, or every one
+ * inside a job that may be a long walk): one more runner, up to the cap.
+ * A free runner drains a deep queue by itself unless it is very deep. */
+static void pool_grow(pool *p, unsigned queued, unsigned busy) {
+  if (!queued || p->runners >= p->max_runners) return;
+  unsigned free_runners = p->runners > busy ? p->runners - busy : 0;
+  if (free_runners == 0 || queued > free_runners * POOL_JOBS_PER_RUNNER) runner_spawn(p);
+}
+
+static void runner_after(uv_work_t *req, int status) {
+  (void)status; /* runners are never canceled */
+  runner *r = req->data;
+  pool *p = r->p;
+  free(r);
+  p->runners--;
+  uv_mutex_lock(&p->lock);
+  unsigned left = p->nqueued, busy = p->busy;
+  uv_mutex_unlock(&p->lock);
+  pool_grow(p, left, busy);
+  /* finished jobs of this runner may still sit in the list */
+  pool_on_async(&p->async);
+}
+
+static void runner_spawn(pool *p) {
+  runner *r = malloc(sizeof *r);
+  if (r) {
+    r->p = p;
+    r->req.data = r;
+    if (uv_queue_work(conch.loop, &r->req, runner_work, runner_after) == 0) {
+      p->runners++;
+      p->started++;
+      return;
+    }
+    free(r);
+  }
+  /* No new runner.  With none running, fail what is queued rather than
+   * strand it. */
+  if (p->runners) return;
+  uv_mutex_lock(&p->lock);
+  for (pool_job *j = p->qhead, *n; j; j = n) {
+    n = j->next;
+    j->canceled = 1;
+    finished_push(p, j);
+  }
+  p->qhead = p->qtail = NULL;
+  p->nqueued = 0;
+  uv_mutex_unlock(&p->lock);
+  uv_async_send(&p->async);
+}
+
+static void pool_on_async(uv_async_t *a) {
+  pool *p = a->data;
+  uv_mutex_lock(&p->lock);
+  pool_job *j = p->dhead;
+  p->dhead = p->dtail = NULL;
+  uv_mutex_unlock(&p->lock);
+  while (j) {
+    pool_job *n = j->next; /* done may free j */
+    j->done(j, j->canceled);
+    j = n;
+  }
+}
+
+void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *, int)) {
+  pool *p = pool_get();
+  j->work = work;
+  j->done = done;
+  j->canceled = 0;
+  j->state = JOB_STAGED;
+  j->next = NULL;
+  j->prev = p->stail;
+  if (p->stail) p->stail->next = j;
+  else p->shead = j;
+  p->stail = j;
+  if (!uv_is_active((uv_handle_t *)&p->prep)) uv_prepare_start(&p->prep, pool_on_prepare);
+}
+
+/* Hand this turn's jobs to the runners: one lock, and a new runner only
+ * when none runs or the queue is deep. */
+static void pool_on_prepare(uv_prepare_t *h) {
+  pool *p = h->data;
+  uv_prepare_stop(h);
+  if (!p->shead) return;
+  uv_mutex_lock(&p->lock);
+  for (pool_job *j = p->shead; j; j = j->next) {
+    j->state = JOB_QUEUED;
+    p->nqueued++;
+  }
+  p->shead->prev = p->qtail;
+  if (p->qtail) p->qtail->next = p->shead;
+  else p->qhead = p->shead;
+  p->qtail = p->stail;
+  unsigned queued = p->nqueued, busy = p->busy;
+  uv_mutex_unlock(&p->lock);
+  p->shead = p->stail = NULL;
+  pool_grow(p, queued, busy);
+}
+
+int pool_cancel(pool_job *j) {
+  pool *p = pool_get();
+  int r = -1;
+  if (j->state == JOB_STAGED) { /* still ours alone */
+    if (j->prev) j->prev->next = j->next;
+    else p->shead = j->next;
+    if (j->next) j->next->prev = j->prev;
+    else p->stail = j->prev;
+    uv_mutex_lock(&p->lock);
+    j->canceled = 1;
+    finished_push(p, j);
+    uv_mutex_unlock(&p->lock);
+    uv_async_send(&p->async);
+    return 0;
+  }
+  uv_mutex_lock(&p->lock);
+  if (j->state == JOB_QUEUED) {
+    if (j->prev) j->prev->next = j->next;
+    else p->qhead = j->next;
+    if (j->next) j->next->prev = j->prev;
+    else p->qtail = j->prev;
+    p->nqueued--;
+    j->canceled = 1;
+    finished_push(p, j);
+    r = 0;
+  }
+  uv_mutex_unlock(&p->lock);
+  if (r == 0) uv_async_send(&p->async);
+  return r;
+}
+
+unsigned pool_pending(void) {
+  pool *p = pool_get();
+  unsigned n = 0;
+  for (pool_job *j = p->shead; j; j = j->next) n++;
+  uv_mutex_lock(&p->lock);
+  n += p->nqueued;
+  uv_mutex_unlock(&p->lock);
+  return n;
+}
+
+unsigned long long pool_runners_started(void) { return pool_get()->started; }

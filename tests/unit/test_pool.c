@@ -1,0 +1,163 @@
+/* test_pool — agent/pool on a real libuv loop: every job's work runs once
+ * off the loop thread and its done callback once on it; jobs canceled while
+ * staged or queued never run; a long job does not hold back a short one
+ * submitted after it; a burst costs far fewer runners than jobs. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "agent/daemon.h"
+#include "agent/pool.h"
+#include "test.h"
+
+typedef struct tjob {
+  pool_job job; /* first */
+  int id;
+  atomic_int ran;
+  int done_calls, canceled;
+  int off_loop; /* work ran on another thread */
+  atomic_int *gate; /* when set: work waits until it becomes non-zero */
+} tjob;
+
+static pthread_t loop_thread;
+static int ndone, want_done;
+
+static void tj_work(pool_job *j) {
+  tjob *t = (tjob *)j;
+  atomic_fetch_add(&t->ran, 1);
+  t->off_loop = !pthread_equal(pthread_self(), loop_thread);
+  if (t->gate)
+    while (!atomic_load(t->gate)) usleep(1000);
+}
+
+static void tj_done(pool_job *j, int canceled) {
+  tjob *t = (tjob *)j;
+  t->done_calls++;
+  t->canceled = canceled;
+  ndone++;
+  if (ndone >= want_done) uv_stop(conch.loop);
+}
+
+static void on_guard(uv_timer_t *h) {
+  (void)h;
+  uv_stop(conch.loop);
+}
+
+/* Run the loop until `want` done callbacks in all or ms passed. */
+static void run_until(int want, int ms) {
+  want_done = want;
+  if (ndone >= want) return;
+  uv_timer_t guard;
+  uv_timer_init(conch.loop, &guard);
+  uv_timer_start(&guard, on_guard, (uint64_t)ms, 0);
+  uv_run(conch.loop, UV_RUN_DEFAULT);
+  uv_close((uv_handle_t *)&guard, NULL);
+  uv_run(conch.loop, UV_RUN_NOWAIT);
+}
+
+TEST(burst_all_once) {
+  enum { N = 5000 };
+  tjob *v = calloc(N, sizeof *v);
+  ndone = 0;
+  unsigned long long r0 = pool_runners_started();
+  for (int i = 0; i < N; i++) {
+    v[i].id = i;
+    pool_submit(&v[i].job, tj_work, tj_done);
+  }
+  ASSERT_EQ(pool_pending(), N); /* staged until the loop turns */
+  run_until(N, 10000);
+  ASSERT_EQ(ndone, N);
+  for (int i = 0; i < N; i++) {
+    ASSERT_EQ(atomic_load(&v[i].ran), 1);
+    ASSERT_EQ(v[i].done_calls, 1);
+    ASSERT_EQ(v[i].canceled, 0);
+    ASSERT(v[i].off_loop);
+  }
+  ASSERT_EQ(pool_pending(), 0);
+  /* runners take up to 32 jobs each: a burst is not a wake-up per job */
+  unsigned long long runs = pool_runners_started() - r0;
+  fprintf(stderr, "  %d jobs took %llu runners\n", N, runs);
+  ASSERT(runs >= N / 32 && runs <= N / 16);
+  free(v);
+}
+
+TEST(cancel_staged_and_queued) {
+  atomic_int gate = 0;
+  tjob blockers[16], a, b;
+  memset(blockers, 0, sizeof blockers);
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  ndone = 0;
+  /* occupy every runner so that later jobs stay queued */
+  for (int i = 0; i < 16; i++) {
+    blockers[i].gate = &gate;
+    pool_submit(&blockers[i].job, tj_work, tj_done);
+  }
+  pool_submit(&a.job, tj_work, tj_done);
+  ASSERT_EQ(pool_cancel(&a.job), 0); /* staged: taken back at once */
+  ASSERT_EQ(a.done_calls, 0);        /* done comes later, from the loop */
+  uv_run(conch.loop, UV_RUN_NOWAIT); /* hands the blockers to runners */
+  usleep(50000);
+  pool_submit(&b.job, tj_work, tj_done);
+  uv_run(conch.loop, UV_RUN_NOWAIT); /* b reaches the shared queue */
+  ASSERT_EQ(pool_cancel(&b.job), 0); /* queued behind busy runners */
+  ASSERT_EQ(pool_cancel(&b.job), -1);
+  run_until(2, 2000);
+  ASSERT_EQ(a.done_calls, 1);
+  ASSERT_EQ(a.canceled, 1);
+  ASSERT_EQ(atomic_load(&a.ran), 0);
+  ASSERT_EQ(b.done_calls, 1);
+  ASSERT_EQ(b.canceled, 1);
+  ASSERT_EQ(atomic_load(&b.ran), 0);
+  /* a running job cannot be taken back */
+  int running = -1;
+  for (int i = 0; i < 16; i++)
+    if (atomic_load(&blockers[i].ran)) running = i;
+  ASSERT(running >= 0);
+  ASSERT_EQ(pool_cancel(&blockers[running].job), -1);
+  atomic_store(&gate, 1);
+  run_until(18, 10000);
+  ASSERT_EQ(ndone, 18);
+  for (int i = 0; i < 16; i++) {
+    ASSERT_EQ(atomic_load(&blockers[i].ran), 1);
+    ASSERT_EQ(blockers[i].canceled, 0);
+  }
+}
+
+/* One long job (a walk of "/") must not delay a short job submitted after
+ * it while a second runner is allowed. */
+TEST(long_job_does_not_block_short) {
+  atomic_int gate = 0;
+  tjob slow, fast;
+  memset(&slow, 0, sizeof slow);
+  memset(&fast, 0, sizeof fast);
+  slow.gate = &gate;
+  ndone = 0;
+  pool_submit(&slow.job, tj_work, tj_done);
+  uv_run(conch.loop, UV_RUN_NOWAIT);
+  for (int i = 0; i < 200 && !atomic_load(&slow.ran); i++) usleep(1000);
+  ASSERT_EQ(atomic_load(&slow.ran), 1);
+  pool_submit(&fast.job, tj_work, tj_done);
+  run_until(1, 3000);
+  ASSERT_EQ(fast.done_calls, 1);
+  ASSERT_EQ(slow.done_calls, 0);
+  atomic_store(&gate, 1);
+  run_until(2, 3000);
+  ASSERT_EQ(slow.done_calls, 1);
+}
+
+int main(void) {
+  setenv("UV_THREADPOOL_SIZE", "2", 1);
+  conch.loop = uv_default_loop();
+  loop_thread = pthread_self();
+  /* the daemon's listeners keep its loop alive; here an async handle does
+   * (the pool's own handles are unref'd) */
+  static uv_async_t keepalive;
+  uv_async_init(conch.loop, &keepalive, NULL);
+  RUN(burst_all_once);
+  RUN(cancel_staged_and_queued);
+  RUN(long_job_does_not_block_short);
+  return test_summary();
+}
