@@ -133,8 +133,41 @@ static int conn_submit(conn *c) {
   return 0;
 }
 
+/* The batch straight into the socket when libuv holds nothing unwritten
+ * for it (uv_try_write refuses otherwise, which keeps the order): most
+ * answers fit the socket buffer, and a finished uv_write costs a pending
+ * callback plus an epoll_ctl to clear POLLOUT.  Returns 1 when the whole
+ * batch went out (its completion has run), 0 when the rest of the batch
+ * (if any) is left for uv_write. */
+static int conn_try_batch(conn *c) {
+  wreq *w = c->batch;
+  ssize_t n = uv_try_write((uv_stream_t *)&c->tcp, w->bufs, w->nbuf);
+  if (n <= 0) return 0;
+  size_t done = (size_t)n;
+  c->outq -= done;
+  w->bytes -= done;
+  if (w->bytes > 0) { /* partly written: drop what went out */
+    unsigned k = 0;
+    while (done >= w->bufs[k].len) done -= w->bufs[k++].len;
+    w->bufs[k].base += done;
+    w->bufs[k].len -= (unsigned)done;
+    memmove(w->bufs, w->bufs + k, (w->nbuf - k) * sizeof w->bufs[0]);
+    w->nbuf -= k;
+    return 0;
+  }
+  c->batch = NULL;
+  for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
+  conn_wreq_release(c, w);
+  if (c->outq == 0 && c->nlater) conn_free_later_run(c);
+  if (c->proto && c->proto->on_written) c->proto->on_written(c);
+  return 1;
+}
+
 static void conn_on_flush(uv_prepare_t *h) {
   conn *c = h->data;
+  /* on_written may queue more: a few rounds, then uv_write */
+  for (int round = 0; round < 4 && c->batch && !c->closing; round++)
+    if (!conn_try_batch(c)) break;
   conn_submit(c);
   if (c->write_failed && !c->closing) {
     LOG_DEBUG("write failed conn=%llu", (unsigned long long)c->id);

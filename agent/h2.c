@@ -47,6 +47,7 @@ typedef struct h2c {
 } h2c;
 
 #define H2_WRITE_CHUNK (256u * 1024)
+#define H2_COPY_DATA_MAX 4096 /* DATA payloads up to this are copied, not referenced */
 #define H2_CONN_OUTQ_MAX (2u * 1024 * 1024)
 
 static void h2_deferred(conn *c);
@@ -311,6 +312,23 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   h2s *st = src->ptr;
   h2buf *b = st->qhead;
   if (!b || b->len - b->off < length || f->data.padlen) return NGHTTP2_ERR_CALLBACK_FAILURE;
+  if (length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len) {
+    /* a small buffer sent whole (a unary answer): copied behind the other
+     * frames, so that many answers leave in one buffer (no queued write
+     * can point into it: none of it was referenced before) */
+    if (h2_out_put(sc, framehd, 9) != 0 || h2_out_put(sc, b->data + b->off, length) != 0)
+      return NGHTTP2_ERR_CALLBACK_FAILURE;
+    st->outq -= length;
+    st->qhead = b->next;
+    if (!st->qhead) st->qtail = NULL;
+    free(b->data);
+    h2_buf_free(st, b);
+    if (st->drain_armed && st->outq <= HX_OUTQ_LOW) {
+      st->drain_armed = 0;
+      st->want_drain = 1;
+    }
+    return 0;
+  }
   if (h2_out_flush(sc) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE; /* keep the order */
   uv_buf_t slice = uv_buf_init((char *)b->data + b->off, (unsigned)length);
   void *owned = NULL;

@@ -106,10 +106,11 @@ int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_
     hx_str_free(x, nm);
     return -1;
   }
-  for (size_t i = 0; i < nlen; i++) {
-    char c = nm[i];
-    if (c >= 'A' && c <= 'Z') nm[i] = (char)(c + 32);
-  }
+  if (!x->http2) /* HTTP/2 field names are lower case already (nghttp2 checks) */
+    for (size_t i = 0; i < nlen; i++) {
+      char c = nm[i];
+      if (c >= 'A' && c <= 'Z') nm[i] = (char)(c + 32);
+    }
   x->hdr[x->nhdr++] = (hx_header){nm, v};
   return 0;
 }

@@ -397,6 +397,15 @@ static int field_present(const ProtobufCMessage *m, const ProtobufCFieldDescript
 }
 
 static void enc_name(wbuf *w, const char *name) {
+  size_t nl = strlen(name);
+  if (!memchr(name, '_', nl) && w_room(w, nl + 3) == 0) { /* already its JSON name */
+    w->buf[w->len] = '"';
+    memcpy(w->buf + w->len + 1, name, nl);
+    w->buf[w->len + 1 + nl] = '"';
+    w->buf[w->len + 2 + nl] = ':';
+    w->len += nl + 3;
+    return;
+  }
   char b[260];
   size_t n = pbj_json_name(name, b + 1, sizeof b - 3);
   if (n + 3 > sizeof b) { /* longer than any name in agent.proto: by hand */
