@@ -143,7 +143,7 @@ run: dev
 	echo "       curl -s http://127.0.0.1:4064/pb.ProcessService/List -H 'Connect-Protocol-Version: 1' -H 'Content-Type: application/json' -H \"conch-init-token: $$tok\" --data '{}'"; \
 	exec build/dev/conch-init serve --listen 0.0.0.0:4064 --token "$$tok"
 
-bench: dev
+bench: dev test-deps
 	tests/bench/run-all.sh
 
 # ---------------------------------------------------------------- install & package
