@@ -93,13 +93,18 @@ static void conn_wreq_release(conn *c, wreq *w) {
     free(w);
 }
 
-static void conn_write_done(uv_write_t *req, int status) {
-  wreq *w = (wreq *)req;
-  conn *c = w->c;
+/* A batch's bytes reached the kernel: give back what it owned. */
+static void conn_batch_written(conn *c, wreq *w) {
   c->outq -= w->bytes;
   for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
   conn_wreq_release(c, w);
   if (c->outq == 0 && c->nlater) conn_free_later_run(c);
+}
+
+static void conn_write_done(uv_write_t *req, int status) {
+  wreq *w = (wreq *)req;
+  conn *c = w->c;
+  conn_batch_written(c, w);
   if (c->closing) return;
   if (status < 0) {
     LOG_DEBUG("write failed conn=%llu err=%s", (unsigned long long)c->id, uv_strerror(status));
@@ -144,9 +149,9 @@ static int conn_try_batch(conn *c) {
   ssize_t n = uv_try_write((uv_stream_t *)&c->tcp, w->bufs, w->nbuf);
   if (n <= 0) return 0;
   size_t done = (size_t)n;
-  c->outq -= done;
-  w->bytes -= done;
-  if (w->bytes > 0) { /* partly written: drop what went out */
+  if (done < w->bytes) { /* partly written: drop what went out */
+    c->outq -= done;
+    w->bytes -= done;
     unsigned k = 0;
     while (done >= w->bufs[k].len) done -= w->bufs[k++].len;
     w->bufs[k].base += done;
@@ -156,9 +161,7 @@ static int conn_try_batch(conn *c) {
     return 0;
   }
   c->batch = NULL;
-  for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
-  conn_wreq_release(c, w);
-  if (c->outq == 0 && c->nlater) conn_free_later_run(c);
+  conn_batch_written(c, w);
   if (c->proto && c->proto->on_written) c->proto->on_written(c);
   return 1;
 }

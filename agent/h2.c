@@ -51,7 +51,6 @@ typedef struct h2c {
 #define H2_CONN_OUTQ_MAX (2u * 1024 * 1024)
 
 static void h2_deferred(conn *c);
-static void h2_free_nv(nghttp2_nv *nv, size_t n);
 static const hx_ops h2_ops;
 
 static h2buf *h2_buf_new(h2s *st) {
@@ -115,8 +114,8 @@ static void h2_stream_free(h2s *st) {
       free(b->data);
     h2_buf_free(st, b);
   }
-  h2_free_nv(st->trailers, st->ntrailers);
-  h2_free_nv(st->head, st->nhead);
+  free(st->trailers);
+  free(st->head);
   free(st->pend);
   hx_free_request(&st->x);
   daemon_cache_put(&conch.cache_h2s, st, sizeof *st);
@@ -312,24 +311,16 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   h2s *st = src->ptr;
   h2buf *b = st->qhead;
   if (!b || b->len - b->off < length || f->data.padlen) return NGHTTP2_ERR_CALLBACK_FAILURE;
-  if (length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len) {
-    /* a small buffer sent whole (a unary answer): copied behind the other
-     * frames, so that many answers leave in one buffer (no queued write
-     * can point into it: none of it was referenced before) */
-    if (h2_out_put(sc, framehd, 9) != 0 || h2_out_put(sc, b->data + b->off, length) != 0)
+  /* A small buffer sent whole (a unary answer) is copied behind the other
+   * frames, so that many answers leave in one buffer (no queued write can
+   * point into it: none of it was referenced before). */
+  int copy = length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len;
+  if (copy) {
+    if (h2_out_put(sc, framehd, 9) != 0 || h2_out_put(sc, b->data, length) != 0)
       return NGHTTP2_ERR_CALLBACK_FAILURE;
-    st->outq -= length;
-    st->qhead = b->next;
-    if (!st->qhead) st->qtail = NULL;
-    free(b->data);
-    h2_buf_free(st, b);
-    if (st->drain_armed && st->outq <= HX_OUTQ_LOW) {
-      st->drain_armed = 0;
-      st->want_drain = 1;
-    }
-    return 0;
+  } else if (h2_out_flush(sc) != 0) {
+    return NGHTTP2_ERR_CALLBACK_FAILURE; /* keep the order */
   }
-  if (h2_out_flush(sc) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE; /* keep the order */
   uv_buf_t slice = uv_buf_init((char *)b->data + b->off, (unsigned)length);
   void *owned = NULL;
   unsigned nowned = 0;
@@ -345,6 +336,10 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   if (st->drain_armed && st->outq <= HX_OUTQ_LOW) {
     st->drain_armed = 0;
     st->want_drain = 1;
+  }
+  if (copy) {
+    free(owned);
+    return 0;
   }
   if (conn_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
     return NGHTTP2_ERR_CALLBACK_FAILURE;
@@ -418,12 +413,7 @@ static void h2_deferred(conn *c) {
 
 /* ---------------------------------------------------------------- hx ops */
 
-/* Header lists live in one block: the nv array, then the strings. */
-static void h2_free_nv(nghttp2_nv *nv, size_t n) {
-  (void)n;
-  free(nv);
-}
-
+/* A header list in one block (free() it): the nv array, then the strings. */
 static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
   size_t lens[2 * (HX_MAX_HEADERS + 2)], bytes = (n ? n : 1) * sizeof(nghttp2_nv);
   for (size_t i = 0; i < 2 * n; i++) {
@@ -467,7 +457,7 @@ static int h2_submit(h2s *st, int with_body) {
   st->submitted = 1;
   nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
   int r = nghttp2_submit_response(sc->ng, st->id, st->head, st->nhead, with_body ? &prd : NULL);
-  h2_free_nv(st->head, st->nhead);
+  free(st->head);
   st->head = NULL;
   st->nhead = 0;
   conn_defer(sc->c, h2_deferred);
@@ -536,7 +526,7 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
       kv[2 * i] = tr[i].name;
       kv[2 * i + 1] = tr[i].value;
     }
-    h2_free_nv(st->trailers, st->ntrailers);
+    free(st->trailers);
     st->trailers = h2_copy_nv(kv, n);
     st->ntrailers = st->trailers ? n : 0;
   }
