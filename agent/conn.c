@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent/bufref.h"
 #include "agent/daemon.h"
 #include "agent/h2.h"
 #include "agent/http1.h"
@@ -28,13 +29,13 @@ typedef struct wreq {
 static void conn_batch_free(conn *c);
 
 static void conn_free_later_run(conn *c) {
-  for (size_t i = 0; i < c->nlater; i++) free(c->later[i]);
+  for (size_t i = 0; i < c->nlater; i++) bufref_owner_free(c->later[i]);
   c->nlater = 0;
 }
 
 void conn_free_later(conn *c, void *p) {
   if (c->outq == 0) {
-    free(p);
+    bufref_owner_free(p);
     return;
   }
   if (c->nlater == c->caplater) {
@@ -96,7 +97,7 @@ static void conn_wreq_release(conn *c, wreq *w) {
 /* A batch's bytes reached the kernel: give back what it owned. */
 static void conn_batch_written(conn *c, wreq *w) {
   c->outq -= w->bytes;
-  for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
+  for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
   conn_wreq_release(c, w);
   if (c->outq == 0 && c->nlater) conn_free_later_run(c);
 }
@@ -127,7 +128,7 @@ static int conn_submit(conn *c) {
   if (r < 0) {
     /* the callback never runs: undo, and close from the loop (next prepare) */
     c->outq -= w->bytes;
-    for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
+    for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
     free(w);
     if (!c->closing) {
       c->write_failed = 1;
@@ -183,21 +184,21 @@ static void conn_batch_free(conn *c) {
   c->batch = NULL;
   if (!w) return;
   c->outq -= w->bytes;
-  for (unsigned i = 0; i < w->nowned; i++) free(w->owned[i]);
+  for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
   free(w);
 }
 
 int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
                    void **owned, unsigned nowned) {
   if (c->closing || n + 1 > CONN_BATCH_BUFS || nowned > CONN_BATCH_BUFS || prelen > 64) {
-    for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+    for (unsigned i = 0; i < nowned; i++) bufref_owner_free(owned[i]);
     return -1;
   }
   wreq *w = c->batch;
   if (w && (w->nbuf + n + 1 > CONN_BATCH_BUFS || w->nowned + nowned > CONN_BATCH_BUFS ||
             w->prelen + prelen > CONN_BATCH_PRE)) {
     if (conn_submit(c) != 0) {
-      for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+      for (unsigned i = 0; i < nowned; i++) bufref_owner_free(owned[i]);
       return -1;
     }
     w = NULL;
@@ -206,7 +207,7 @@ int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs
     w = c->spare ? c->spare : malloc(sizeof *w);
     c->spare = NULL;
     if (!w) {
-      for (unsigned i = 0; i < nowned; i++) free(owned[i]);
+      for (unsigned i = 0; i < nowned; i++) bufref_owner_free(owned[i]);
       return -1;
     }
     w->c = c;

@@ -45,7 +45,8 @@ struct conn {
 
 #define CONN_READ_BUF (64u * 1024)
 
-/* Write n buffers; each owned[i] (may be NULL) is free()d once written.
+/* Write n buffers; each owned[i] (an owner word, see bufref.h; may be NULL)
+ * is released once written.
  * Writes made during one loop turn are gathered and go out as one writev
  * just before the loop polls again (fewer syscalls for streams of small
  * events); order is kept. */
@@ -54,8 +55,8 @@ int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned
  * (an HTTP/1.1 chunk-size line: no allocation per chunk). */
 int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
                    void **owned, unsigned nowned);
-/* Free p once every write queued so far has completed (a buffer that
- * queued writes may still point into). */
+/* Release owner p (see bufref.h) once every write queued so far has
+ * completed (a buffer that queued writes may still point into). */
 void conn_free_later(conn *c, void *p);
 /* Copying variant for small protocol bytes. */
 int conn_write_copy(conn *c, const void *data, size_t len);

@@ -358,6 +358,29 @@ int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
   return hx_write_at(c->x, buf, off - 5, len + 5);
 }
 
+int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
+                        size_t dlen, bufref *ref) {
+  if (c->finished || !c->hx_live || c->json || c->w == W_CONNECT_UNARY || off < RPC_HEADROOM ||
+      len > RPC_MAX_MESSAGE || dlen > RPC_MAX_MESSAGE - len) {
+    free(buf);
+    ref->release(ref);
+    return -1;
+  }
+  size_t total = len + dlen;
+  uint8_t *h = buf + off - 5;
+  h[0] = 0;
+  h[1] = (uint8_t)(total >> 24);
+  h[2] = (uint8_t)(total >> 16);
+  h[3] = (uint8_t)(total >> 8);
+  h[4] = (uint8_t)total;
+  start_stream(c, c->x);
+  if (hx_write_at(c->x, buf, off - 5, len + 5) != 0) {
+    ref->release(ref);
+    return -1;
+  }
+  return hx_write_ref(c->x, data, dlen, ref);
+}
+
 void rpc_finish(rpc_call *c, rpc_code code, const char *message) {
   if (c->finished) return;
   c->finished = 1;

@@ -11,7 +11,8 @@
 
 typedef struct h2buf {
   struct h2buf *next;
-  uint8_t *data;
+  void *owner; /* released once written (bufref.h) */
+  const uint8_t *data;
   size_t len, off;
 } h2buf;
 
@@ -41,6 +42,11 @@ typedef struct h2c {
   h2s *streams;
   size_t nstreams;
   int dead;
+  /* Upgraded from HTTP/1.1: nothing is sent after the 101 until the
+   * client's preface (its SETTINGS) is in.  curl 7.88 fails with "connection
+   * buffer size is too small to store data following HTTP Upgrade response
+   * header" when frames arrive in the same read as the 101. */
+  int await_preface;
   size_t undispatched; /* streams whose header block is still open */
   uint8_t *out;        /* frames from nghttp2 gathered for one write */
   size_t olen, ocap;
@@ -91,6 +97,10 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
  * client never finished its request does not keep the connection alive). */
 static void h2_timer_update(h2c *sc) {
   if (sc->dead || sc->undispatched) return;
+  if (sc->await_preface) { /* the client's preface within the header time */
+    conn_timer(sc->c, conch.http_header_ms);
+    return;
+  }
   for (h2s *st = sc->streams; st; st = st->next)
     if (!st->x.ended) {
       conn_timer(sc->c, 0);
@@ -109,9 +119,9 @@ static void h2_stream_free(h2s *st) {
   for (h2buf *b = st->qhead, *n; b; b = n) {
     n = b->next;
     if (b->off)
-      conn_free_later(sc->c, b->data); /* queued writes may point into it */
+      conn_free_later(sc->c, b->owner); /* queued writes may point into it */
     else
-      free(b->data);
+      bufref_owner_free(b->owner);
     h2_buf_free(st, b);
   }
   free(st->trailers);
@@ -217,7 +227,12 @@ static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8
 }
 
 static int h2_on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
-  (void)ud;
+  h2c *sc = ud;
+  if (sc->await_preface && f->hd.type == NGHTTP2_SETTINGS) { /* the client's preface */
+    sc->await_preface = 0;
+    h2_timer_update(sc);
+    conn_defer(sc->c, h2_deferred);
+  }
   if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
   if (!st) return 0;
@@ -313,8 +328,10 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   if (!b || b->len - b->off < length || f->data.padlen) return NGHTTP2_ERR_CALLBACK_FAILURE;
   /* A small buffer sent whole (a unary answer) is copied behind the other
    * frames, so that many answers leave in one buffer (no queued write can
-   * point into it: none of it was referenced before). */
-  int copy = length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len;
+   * point into it: none of it was referenced before).  Never a bufref's
+   * bytes: those only reach the kernel. */
+  int copy = length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len &&
+             !bufref_owner_is_ref(b->owner);
   if (copy) {
     if (h2_out_put(sc, framehd, 9) != 0 || h2_out_put(sc, b->data, length) != 0)
       return NGHTTP2_ERR_CALLBACK_FAILURE;
@@ -329,7 +346,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   if (b->off == b->len) { /* the last slice: the write frees the buffer */
     st->qhead = b->next;
     if (!st->qhead) st->qtail = NULL;
-    owned = b->data;
+    owned = b->owner;
     nowned = 1;
     h2_buf_free(st, b);
   }
@@ -338,7 +355,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
     st->want_drain = 1;
   }
   if (copy) {
-    free(owned);
+    bufref_owner_free(owned);
     return 0;
   }
   if (conn_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
@@ -350,7 +367,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
 
 static void h2_flush(h2c *sc) {
   conn *c = sc->c;
-  if (sc->dead || c->closing) return;
+  if (sc->dead || c->closing || sc->await_preface) return;
   while (c->outq + sc->olen < H2_CONN_OUTQ_MAX) {
     const uint8_t *p;
     ssize_t n = nghttp2_session_mem_send(sc->ng, &p);
@@ -494,14 +511,14 @@ static void h2_resume(h2s *st) {
   conn_defer(st->sess->c, h2_deferred);
 }
 
-static int h2_write(hx *x, uint8_t *buf, size_t off, size_t len) {
+static int h2_write(hx *x, void *owner, const uint8_t *data, size_t len) {
   h2s *st = x->tp;
   h2buf *b = h2_buf_new(st);
   if (!b) {
-    free(buf);
+    bufref_owner_free(owner);
     return -1;
   }
-  *b = (h2buf){NULL, buf, off + len, off};
+  *b = (h2buf){NULL, owner, data, len, 0};
   if (st->qtail) st->qtail->next = b;
   else st->qhead = b;
   st->qtail = b;
@@ -570,6 +587,12 @@ static void h2_on_written(conn *c) {
 
 static void h2_on_timeout(conn *c) {
   h2c *sc = c->p;
+  if (sc->await_preface) {
+    LOG_DEBUG("h2 timeout conn=%llu: no client preface after the upgrade",
+              (unsigned long long)c->id);
+    conn_close(c);
+    return;
+  }
   if (!sc->undispatched) {
     for (h2s *st = sc->streams; st; st = st->next) {
       if (!st->x.ended) return; /* an exchange is running */
@@ -687,10 +710,12 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
       return -1;
     }
     st->upgraded = 1;
+    sc->await_preface = 1;
     h2_dispatch(st);
     if (blen && !c->closing) h2_stream_body(st, body, blen, 0);
     free(body);
     if (!c->closing) h2_stream_body_end(st);
+    if (!c->closing) h2_timer_update(sc);
   }
   if (!c->closing) conn_defer(c, h2_deferred);
   return 0;

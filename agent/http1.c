@@ -364,10 +364,10 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   return 0;
 }
 
-static int h1_write(hx *x, uint8_t *buf, size_t off, size_t len) {
+static int h1_write(hx *x, void *owner, const uint8_t *data, size_t len) {
   h1 *s = x->tp;
   if (s->head_only) { /* the head says what a GET would get; no body */
-    free(buf);
+    bufref_owner_free(owner);
     return 0;
   }
   uv_buf_t bufs[4];
@@ -382,7 +382,7 @@ static int h1_write(hx *x, uint8_t *buf, size_t off, size_t len) {
       char *p = malloc((size_t)szl);
       if (!p) {
         for (unsigned i = 0; i < no; i++) free(owned[i]);
-        free(buf);
+        bufref_owner_free(owner);
         return -1;
       }
       memcpy(p, sz, (size_t)szl);
@@ -391,8 +391,8 @@ static int h1_write(hx *x, uint8_t *buf, size_t off, size_t len) {
       szl = 0;
     }
   }
-  bufs[nb++] = uv_buf_init((char *)buf + off, (unsigned)len);
-  owned[no++] = buf;
+  bufs[nb++] = uv_buf_init((char *)data, (unsigned)len);
+  owned[no++] = owner;
   if (s->chunked) bufs[nb++] = uv_buf_init("\r\n", 2);
   int r = conn_write_pre(s->c, sz, (size_t)szl, bufs, nb, owned, no);
   if (s->c->outq > HX_OUTQ_LOW) s->drain_armed = 1;

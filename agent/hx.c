@@ -23,16 +23,24 @@ int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_
   return x->ops->respond(x, status, h, n, content_length);
 }
 
-int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len) {
+static int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len) {
   if (!x->responded || x->ended) {
-    free(buf);
+    bufref_owner_free(owner);
     return -1;
   }
   if (len == 0) {
-    free(buf);
+    bufref_owner_free(owner);
     return 0;
   }
-  return x->ops->write(x, buf, off, len);
+  return x->ops->write(x, owner, data, len);
+}
+
+int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len) {
+  return hx_write_owned(x, buf, buf + off, len);
+}
+
+int hx_write_ref(hx *x, const uint8_t *data, size_t len, bufref *ref) {
+  return hx_write_owned(x, bufref_owner(ref), data, len);
 }
 
 int hx_write(hx *x, uint8_t *buf, size_t len) { return hx_write_at(x, buf, 0, len); }

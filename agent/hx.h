@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "agent/bufref.h"
+
 typedef struct hx hx;
 
 typedef struct hx_header {
@@ -40,7 +42,9 @@ typedef struct hx_handler {
 /* Transport side of an hx (a vtable; see http1.c, h2.c). */
 typedef struct hx_ops {
   int (*respond)(hx *x, int status, const hx_header *h, size_t n, int64_t content_length);
-  int (*write)(hx *x, uint8_t *buf, size_t off, size_t len); /* bytes buf[off, off+len); takes buf */
+  /* len > 0 bytes at data; owner (bufref.h) is released once they are
+   * written, or at once on failure */
+  int (*write)(hx *x, void *owner, const uint8_t *data, size_t len);
   int (*end)(hx *x, const hx_header *trailers, size_t n);
   void (*pause_body)(hx *x, int paused);
   size_t (*outq)(const hx *x);
@@ -83,6 +87,10 @@ int hx_write(hx *x, uint8_t *buf, size_t len);
 int hx_write_copy(hx *x, const void *data, size_t len);
 /* The bytes at buf + off (zero-copy framing: the caller keeps headroom). */
 int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len);
+/* len bytes at data that stay valid until ref->release(ref) runs (once per
+ * call, also on error) — memory the caller does not own through malloc,
+ * such as a mapped file window. */
+int hx_write_ref(hx *x, const uint8_t *data, size_t len, struct bufref *ref);
 /* Finish the response; trailers only reach HTTP/2 peers. */
 int hx_end(hx *x, const hx_header *trailers, size_t n);
 /* Whole small response in one call. */

@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "agent/bufref.h"
+
 typedef struct rpc_call rpc_call;
 
 /* Numbered as gRPC status codes. */
@@ -97,6 +99,13 @@ int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
 #define RPC_HEADROOM 5
 int rpc_is_proto(const rpc_call *c);
 int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len);
+/* The same for a message whose tail the caller does not own through malloc
+ * (a mapped file window): the message is buf[off, off+len) followed by
+ * data[0, dlen), and ref->release(ref) runs exactly once, when the tail is
+ * written or at once on failure.  The tail only ever reaches the kernel,
+ * never a user-space read.  Streaming calls only (-1 for a unary call). */
+int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
+                        size_t dlen, bufref *ref);
 
 /* End the call: RPC_OK or an error code with its message (NULL = none). */
 void rpc_finish(rpc_call *c, rpc_code code, const char *message);

@@ -10,6 +10,18 @@
  * (overlapping disk and network) unless the call's queue holds
  * RPC_OUTQ_HIGH bytes; then it waits for the drain callback.
  *
+ * Regular files with the proto codec are not read at all: the pool maps
+ * a window of DL_WINDOW bytes (mmap + MADV_POPULATE_READ, so any disk
+ * reading happens there, never on the loop) and each 1 MiB chunk goes out
+ * as a small framing buffer followed by the mapped bytes themselves
+ * (rpc_send_packed_ref): the page cache is copied once, straight into the
+ * socket.  The window is unmapped when its last chunk is written.  Only
+ * the kernel reads mapped bytes: a file truncated meanwhile makes the
+ * write fail with EFAULT (the connection closes) instead of SIGBUS.  The
+ * size is taken by fstat before each window; when mapping or populating
+ * fails the download falls back to reads from that offset, which report
+ * the real error.
+ *
  * Special files (FIFOs, character devices) stream until EOF: the fd is
  * non-blocking and watched with uv_poll; each readiness gives one read
  * (≤ 1 MiB) → one chunk.  A FIFO without a writer yet simply waits for
@@ -22,6 +34,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -30,6 +43,18 @@
 #include "agent/log.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
+
+/* Bytes mapped per pool job (whole chunks). */
+#define DL_WINDOW (2u * FS_CHUNK_MAX)
+
+/* A mapped window of the file; one reference per chunk in flight plus the
+ * producer's own while it sends.  Released on the loop thread only. */
+typedef struct dl_win {
+  bufref ref; /* first */
+  uint8_t *map;
+  size_t len;
+  unsigned refs;
+} dl_win;
 
 typedef struct fs_download {
   rpc_call *call; /* NULL once ended (finished or canceled) */
@@ -46,6 +71,9 @@ typedef struct fs_download {
   size_t data_off;    /* where file bytes go in buf: room for framing before them */
   size_t n;       /* bytes in buf from the last read */
   int eof;
+  int map_mode;   /* regular file, proto codec: windows are mapped, not read */
+  uint64_t off;   /* map mode: file offset of the next window */
+  dl_win *win;    /* map mode: the window from the last pool job */
   int sent;       /* chunks sent */
   uint64_t bytes;
   fs_status st;
@@ -71,7 +99,15 @@ static size_t dl_varint(uint8_t *out, uint64_t v) {
 }
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
+static void dl_win_release(bufref *r) {
+  dl_win *w = (dl_win *)r;
+  if (--w->refs) return;
+  munmap(w->map, w->len);
+  free(w);
+}
+
 static void dl_free(fs_download *d) {
+  if (d->win) dl_win_release(&d->win->ref);
   if (d->fd >= 0) close(d->fd);
   free(d->buf);
   free(d->path);
@@ -123,6 +159,49 @@ static void dl_fill(fs_download *d) {
   }
 }
 
+/* Map mode (pool thread): map and populate the next window, or set eof.
+ * Falls back to reads for good when mapping is not possible. */
+static void dl_map(fs_download *d) {
+  struct stat st;
+  if (fstat(d->fd, &st) != 0) {
+    fs_status_os(&d->st, "stat file", d->path, errno);
+    return;
+  }
+  if (st.st_size <= 0 || (uint64_t)st.st_size <= d->off) {
+    d->eof = 1;
+    return;
+  }
+  uint64_t left = (uint64_t)st.st_size - d->off;
+  size_t len = left < DL_WINDOW ? (size_t)left : DL_WINDOW;
+  dl_win *w = malloc(sizeof *w);
+  void *m = w ? mmap(NULL, len, PROT_READ, MAP_SHARED, d->fd, (off_t)d->off) : MAP_FAILED;
+  if (m != MAP_FAILED && madvise(m, len, MADV_POPULATE_READ) != 0) {
+    munmap(m, len); /* an I/O error or a truncation: the reads say which */
+    m = MAP_FAILED;
+  }
+  if (m == MAP_FAILED) {
+    free(w);
+    d->map_mode = 0;
+    if (lseek(d->fd, (off_t)d->off, SEEK_SET) < 0) {
+      fs_status_os(&d->st, "read file", d->path, errno);
+      return;
+    }
+    if (dl_alloc(d) != 0) {
+      fs_status_set(&d->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+    dl_fill(d);
+    return;
+  }
+  w->ref.release = dl_win_release;
+  w->map = m;
+  w->len = len;
+  w->refs = 1;
+  d->win = w;
+  d->off += len;
+  if (d->off >= (uint64_t)st.st_size) d->eof = 1;
+}
+
 static void dl_open_work(uv_work_t *req) {
   fs_download *d = req->data;
   int fd = open(d->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -150,37 +229,75 @@ static void dl_open_work(uv_work_t *req) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     d->first_read = 1;
-    dl_fill(d);
+    if (!S_ISREG(st.st_mode)) d->map_mode = 0;
+    if (d->map_mode) {
+      dl_map(d);
+    } else if (dl_alloc(d) != 0) {
+      fs_status_set(&d->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+      dl_fill(d);
+    }
   } else {
+    d->map_mode = 0;
     d->pollable = 1; /* decided on the loop: uv_poll or pool reads */
   }
 }
 
-static void dl_read_work(uv_work_t *req) { dl_fill(req->data); }
+static void dl_read_work(uv_work_t *req) {
+  fs_download *d = req->data;
+  if (d->map_mode) dl_map(d);
+  else dl_fill(d);
+}
 
 /* Send what is in buf (which goes with it); 0 ok, -1 failed: d->call NULL
  * when on_cancel ran meanwhile, else the call is still ours.  With the
  * proto codec the FileChunk is framed in place, in front of the data: no
  * copy of the file bytes on the loop. */
+/* The FileChunk fields in front of n content bytes at buf + data_off
+ * (filepath in the first chunk only); returns where the message starts. */
+static size_t dl_frame(const fs_download *d, unsigned char *buf, size_t n) {
+  size_t off = d->data_off;
+  uint8_t v[10];
+  size_t vl = dl_varint(v, n);
+  off -= vl;
+  memcpy(buf + off, v, vl);
+  buf[--off] = 0x12; /* field 2 (content), length-delimited */
+  if (d->sent == 0) {
+    size_t pl = strlen(d->path);
+    off -= pl;
+    memcpy(buf + off, d->path, pl);
+    vl = dl_varint(v, pl);
+    off -= vl;
+    memcpy(buf + off, v, vl);
+    buf[--off] = 0x0a; /* field 1 (filepath) */
+  }
+  return off;
+}
+
+/* Map mode: the window's chunks, each a small framing buffer followed by
+ * a reference to the mapped bytes.  Same contract as dl_send. */
+static int dl_send_window(fs_download *d, dl_win *w) {
+  for (size_t pos = 0; pos < w->len; pos += FS_CHUNK_MAX) {
+    size_t n = w->len - pos < FS_CHUNK_MAX ? w->len - pos : FS_CHUNK_MAX;
+    unsigned char *pb = malloc(d->data_off);
+    if (!pb) return -1;
+    size_t off = dl_frame(d, pb, n);
+    w->refs++;
+    d->sending = 1;
+    int r = rpc_send_packed_ref(d->call, pb, off, d->data_off - off, w->map + pos, n, &w->ref);
+    d->sending = 0;
+    if (r != 0 || !d->call) return -1;
+    d->sent++;
+    d->bytes += n;
+  }
+  return 0;
+}
+
 static int dl_send(fs_download *d, unsigned char *buf, size_t n) {
   int r;
   d->sending = 1;
   if (rpc_is_proto(d->call)) {
-    size_t off = d->data_off;
-    uint8_t v[10];
-    size_t vl = dl_varint(v, n);
-    off -= vl;
-    memcpy(buf + off, v, vl);
-    buf[--off] = 0x12; /* field 2 (content), length-delimited */
-    if (d->sent == 0) {
-      size_t pl = strlen(d->path);
-      off -= pl;
-      memcpy(buf + off, d->path, pl);
-      vl = dl_varint(v, pl);
-      off -= vl;
-      memcpy(buf + off, v, vl);
-      buf[--off] = 0x0a; /* field 1 (filepath) */
-    }
+    size_t off = dl_frame(d, buf, n);
     r = rpc_send_packed(d->call, buf, off, d->data_off + n - off);
   } else {
     Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
@@ -239,6 +356,28 @@ static void dl_after_read(uv_work_t *req, int status) {
     return;
   }
   int eof = d->eof;
+  if (d->win) { /* map mode: map the next window while this one goes out */
+    dl_win *w = d->win;
+    d->win = NULL;
+    int ahead = !eof && rpc_outq_bytes(d->call) < RPC_OUTQ_HIGH;
+    if (ahead && dl_read_more(d) != 0) {
+      dl_win_release(&w->ref);
+      dl_finish(d, RPC_INTERNAL, "queue file read failed");
+      return;
+    }
+    int r = dl_send_window(d, w);
+    dl_win_release(&w->ref); /* the producer's reference */
+    if (r < 0) {
+      if (!d->call)
+        dl_destroy(d); /* on_cancel ran inside rpc_send */
+      else
+        dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
+      return;
+    }
+    if (eof) dl_finish(d, RPC_OK, NULL);
+    else if (!ahead) rpc_on_drain(d->call, dl_on_drain);
+    return;
+  }
   /* read the next chunk while this one goes out */
   unsigned char *chunk = d->buf;
   size_t n = d->n;
@@ -270,7 +409,7 @@ static void dl_after_read(uv_work_t *req, int status) {
 }
 
 static int dl_read_more(fs_download *d) {
-  if (dl_alloc(d) != 0) return -1;
+  if (!d->map_mode && dl_alloc(d) != 0) return -1;
   d->busy = 1;
   int r = uv_queue_work(conch.loop, &d->req, dl_read_work, dl_after_read);
   if (r != 0) d->busy = 0;
@@ -358,13 +497,10 @@ void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
     d->path = strdup(req->filepath);
     /* headroom + field 1 (tag, varint, path) + field 2 (tag, 3-byte varint) */
     if (d->path) d->data_off = RPC_HEADROOM + 1 + 10 + strlen(d->path) + 1 + 3;
-    if (d->path) dl_alloc(d);
+    d->map_mode = rpc_is_proto(c); /* decided for good once the file is open */
   }
-  if (!d || !d->path || !d->buf) {
-    if (d) {
-      free(d->path);
-      free(d->buf);
-    }
+  if (!d || !d->path) {
+    if (d) free(d->path);
     free(d);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;

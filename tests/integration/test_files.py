@@ -394,6 +394,30 @@ def test_download_proto_codec(client, tmp_path):
     assert b"".join(c.content for c in chunks) == data
 
 
+@pytest.mark.parametrize("mode", list(HTTP_MODES))
+@pytest.mark.parametrize("size", [0, 1, 1 << 20, (1 << 20) + 4, 2 << 20, (2 << 20) + 1,
+                                  (5 << 20) + 7])
+def test_download_proto_mapped_sizes(server, tmp_path, mode, size):
+    """With the proto codec a regular file is sent from mapped windows of
+    2 MiB (fs/download.c): chunks still break at every 1 MiB, across window
+    edges, only the first names the file, and the bytes are the file's."""
+    pb = pytest.importorskip("agent_pb2")
+    p = str(tmp_path / "m")
+    data = os.urandom(size)
+    open(p, "wb").write(data)
+    body = envelope(pb.GetFileRequest(filepath=p).SerializeToString())
+    code, raw = curl_post(server.url, DOWNLOAD, body, "application/connect+proto", server.token,
+                          HTTP_MODES[mode])
+    assert code == 200
+    msgs, end = split_stream(raw, json_codec=False)
+    assert end == {}
+    chunks = [pb.FileChunk.FromString(m) for m in msgs]
+    assert len(chunks) == (size + (1 << 20) - 1) >> 20
+    assert all(len(c.content) == 1 << 20 for c in chunks[:-1])
+    assert [c.filepath for c in chunks] == ([p] + [""] * (len(chunks) - 1) if chunks else [])
+    assert b"".join(c.content for c in chunks) == data
+
+
 def test_download_fifo_streams_until_eof(client, tmp_path):
     p = str(tmp_path / "fifo")
     os.mkfifo(p)

@@ -120,6 +120,54 @@ def test_download_slow_reader_bounded(lean_server, tmp_path):
     assert got.hexdigest() == h.hexdigest()
 
 
+@pytest.fixture()
+def debug_server():
+    yield from serve("files-debug", extra_args=["--log-level", "debug"])
+
+
+def test_download_truncated_under_mapped_window(debug_server, tmp_path):
+    """A proto download sends mapped file pages (fs/download.c).  When the
+    file is truncated while such pages are still queued, the kernel refuses
+    the write (EFAULT, never SIGBUS in the daemon): that connection closes
+    before the end of the stream, and the daemon goes on serving."""
+    pb = pytest.importorskip("agent_pb2")
+    p = str(tmp_path / "shrinks")
+    size = 64 << 20
+    with open(p, "wb") as f:
+        for _ in range(size >> 20):
+            f.write(os.urandom(1 << 20))
+    srv = debug_server
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    body = envelope(pb.GetFileRequest(filepath=p).SerializeToString())
+    s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+proto\r\n"
+               "conch-init-token: %s\r\nContent-Length: %d\r\n\r\n"
+               % (DOWNLOAD, srv.token, len(body))).encode() + body)
+    recv_until(s, b"\r\n\r\n")
+    time.sleep(1.0)  # not reading: mapped windows wait in the server's queue
+    os.truncate(p, 0)
+    s.settimeout(30)
+    got = b""
+    while True:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        got += b
+    s.close()
+    assert len(got) < size
+    assert not got.endswith(b"0\r\n\r\n")  # cut off, not a finished stream
+    assert srv.alive()
+    with open(srv.log_path, errors="replace") as f:
+        assert "err=bad address" in f.read()
+    # the daemon still serves, downloads included
+    q = str(tmp_path / "after")
+    open(q, "wb").write(b"still here")
+    st, out, end = Client(srv.url, srv.token).stream(
+        DOWNLOAD, [pb.GetFileRequest(filepath=q).SerializeToString()], json_codec=False)
+    assert st == 200 and end == {}
+    assert pb.FileChunk.FromString(out[0]).content == b"still here"
+
+
 def test_upload_fast_writer_bounded(lean_server, tmp_path):
     """A 64 MiB upload in 1 MiB chunks: the server pauses input while a
     write is in flight, so its memory does not grow with the file."""

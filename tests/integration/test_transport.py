@@ -366,6 +366,67 @@ def test_h2c_upgrade_after_pipelined_request_keeps_reading(server):
     assert b"\x00\x00\x08\x06\x01\x00\x00\x00\x00pingpong" in r
 
 
+def _upgrade_download(port, token, path):
+    """Send an h2c upgrade request for a proto download of path; returns the
+    socket, the client-side h2 connection and what followed the 101 head."""
+    import h2.config
+    import h2.connection
+    hc = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    settings = hc.initiate_upgrade_connection()
+    body = envelope(pb.GetFileRequest(filepath=path).SerializeToString())
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(("POST /pb.FileService/GetFileStream HTTP/1.1\r\nHost: x\r\n"
+               "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               "HTTP2-Settings: %s\r\nContent-Type: application/connect+proto\r\n"
+               "conch-init-token: %s\r\nContent-Length: %d\r\n\r\n"
+               % (settings.decode(), token, len(body))).encode() + body)
+    s.settimeout(10)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        d = s.recv(65536)
+        assert d, got
+        got += d
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101 "), head
+    return s, hc, rest
+
+
+def test_h2c_upgrade_waits_for_client_preface(server, tmp_path):
+    """After the 101 the server sends nothing until the client's preface:
+    curl 7.88 (Debian 12) fails with "connection buffer size is too small to
+    store data following HTTP Upgrade response header" when a large answer
+    (here a 4 MiB download, ready at once) shares a read with the 101."""
+    import h2.events
+    data = os.urandom(4 * MiB + 5)
+    f = tmp_path / "up.bin"
+    f.write_bytes(data)
+    s, hc, rest = _upgrade_download(server.port, server.token, str(f))
+    assert rest == b""
+    s.settimeout(0.5)
+    with pytest.raises(socket.timeout):
+        early = s.recv(65536)
+        raise AssertionError(f"{len(early)} bytes before the client preface")
+    s.settimeout(30)
+    s.sendall(hc.data_to_send())  # the preface and SETTINGS
+    raw, ended = b"", False
+    while not ended:
+        d = s.recv(1 << 20)
+        assert d, "connection closed before the stream ended"
+        for ev in hc.receive_data(d):
+            if isinstance(ev, h2.events.DataReceived):
+                raw += ev.data
+                hc.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2.events.StreamEnded):
+                ended = True
+        s.sendall(hc.data_to_send())
+    s.close()
+    envs = list(parse_envelopes(raw))
+    assert envs[-1] == (2, b"{}")
+    chunks = [pb.FileChunk.FromString(p) for _, p in envs[:-1]]
+    assert len(chunks) == 5
+    assert b"".join(c.content for c in chunks) == data
+
+
 def test_h2c_upgrade_with_bad_settings_is_400(server):
     s = socket.create_connection(("127.0.0.1", server.port))
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
@@ -424,6 +485,21 @@ def test_upgrade_body_wait_is_bounded(quick_timers):
     assert s.recv(65536) == b""
     s.close()
     assert time.time() - t0 <= 6
+
+
+def test_upgrade_without_client_preface_is_closed(quick_timers, tmp_path):
+    """An upgraded client that never sends its preface holds nothing for
+    long: the connection closes after the header time (1 s here)."""
+    f = tmp_path / "never.bin"
+    f.write_bytes(b"x" * 1000)
+    t0 = time.time()
+    s, _, rest = _upgrade_download(quick_timers.port, quick_timers.token, str(f))
+    assert rest == b""
+    s.settimeout(10)
+    assert s.recv(65536) == b""
+    s.close()
+    assert 0.8 <= time.time() - t0 <= 6, time.time() - t0
+    assert quick_timers.alive()
 
 
 def test_idle_timer_never_cuts_a_response_still_going_out(quick_timers, tmp_path):

@@ -140,10 +140,10 @@ static int fk_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   for (size_t i = 0; i < n; i++) cat(f->hdrs, sizeof f->hdrs, h[i].name, h[i].value);
   return 0;
 }
-static int fk_write(hx *x, uint8_t *buf, size_t off, size_t len) {
+static int fk_write(hx *x, void *owner, const uint8_t *data, size_t len) {
   fake *f = (fake *)x;
-  bb_put(&f->body, buf + off, len);
-  free(buf);
+  bb_put(&f->body, data, len);
+  bufref_owner_free(owner);
   return 0;
 }
 static int fk_end(hx *x, const hx_header *t, size_t n) {
@@ -262,8 +262,16 @@ static void expect_unary(int status, const char *json) {
 
 /* ------------------------------------------------------------ fake services */
 
-enum { S_REPLY, S_HOLD, S_REPLY2, S_EMPTY, S_ERROR, S_REPLY_ERROR, S_PACKED, S_PAUSE_OPEN,
-       S_PAUSE_FIRST, S_HOLD_END, S_SEND_HUGE };
+enum { S_REPLY, S_HOLD, S_REPLY2, S_EMPTY, S_ERROR, S_REPLY_ERROR, S_PACKED, S_PACKED_REF,
+       S_PAUSE_OPEN, S_PAUSE_FIRST, S_HOLD_END, S_SEND_HUGE };
+
+/* A bufref that counts its releases (rpc_send_packed_ref's tail). */
+typedef struct {
+  bufref ref;
+  int released;
+} count_ref;
+static void count_ref_release(bufref *r) { ((count_ref *)r)->released++; }
+static count_ref tail_ref = {{count_ref_release}, 0};
 
 static struct {
   int mode;
@@ -334,6 +342,18 @@ static void svc_on_request(rpc_call *c, const ProtobufCMessage *req) {
       uint8_t *buf = malloc(off + m.len);
       memcpy(buf + off, m.p, m.len);
       svc.packed_rc = rpc_send_packed(c, buf, off, m.len);
+      bb_free(&m);
+      svc_done(c, RPC_OK, NULL);
+      break;
+    }
+    case S_PACKED_REF: { /* the message's last 2 bytes ("hi") by reference */
+      static const uint8_t tail[2] = {'h', 'i'};
+      bb m = chunk(r->path, "hi", 2);
+      size_t off = 8;
+      uint8_t *buf = malloc(off + m.len - 2);
+      memcpy(buf + off, m.p, m.len - 2);
+      tail_ref.released = 0;
+      svc.packed_rc = rpc_send_packed_ref(c, buf, off, m.len - 2, tail, 2, &tail_ref.ref);
       bb_free(&m);
       svc_done(c, RPC_OK, NULL);
       break;
@@ -722,6 +742,18 @@ TEST(unary_proto_ok) {
   ASSERT_EQ(F.body.len, want.len);
   ASSERT_MEM_EQ(F.body.p, want.p, want.len);
   bb_free(&want);
+
+  /* a referenced tail is for streams only: refused, released once */
+  svc_reset(S_PACKED_REF);
+  open_call(&m_unary, "application/proto", NULL);
+  req = lfr("/p", 0);
+  feed_bb(&req, 0);
+  bb_free(&req);
+  feed_end();
+  ASSERT_EQ(svc.packed_rc, -1);
+  ASSERT_EQ(tail_ref.released, 1);
+  ASSERT_EQ(F.status, 200);
+  ASSERT_EQ(F.clen, 0); /* no message was sent: the empty message */
 
   /* no message sent: the empty message */
   svc_reset(S_EMPTY);
@@ -1241,7 +1273,29 @@ TEST(stream_output_proto_and_json) {
   bb_env_str(&want, 2, "{}");
   ASSERT_EQ(F.body.len, want.len);
   ASSERT_MEM_EQ(F.body.p, want.p, want.len);
+
+  /* prefix + referenced tail: one envelope over both, the same bytes, the
+   * tail's owner released exactly once */
+  svc_reset(S_PACKED_REF);
+  open_call(&m_sstream, "application/connect+proto", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_EQ(svc.packed_rc, 0);
+  ASSERT_EQ(tail_ref.released, 1);
+  ASSERT_EQ(F.body.len, want.len);
+  ASSERT_MEM_EQ(F.body.p, want.p, want.len);
   bb_free(&want);
+
+  /* JSON calls cannot take packed bytes: refused, released once */
+  bb jreq = {0};
+  bb_env_str(&jreq, 0, "{\"path\":\"/o\"}");
+  svc_reset(S_PACKED_REF);
+  open_call(&m_sstream, "application/connect+json", NULL);
+  feed_bb(&jreq, 0);
+  feed_end();
+  ASSERT_EQ(svc.packed_rc, -1);
+  ASSERT_EQ(tail_ref.released, 1);
+  bb_free(&jreq);
   bb_free(&req);
 
   /* JSON */
