@@ -36,7 +36,7 @@ struct rpc_call {
   int in_paused, in_done, in_end_sent;
   /* output */
   uint8_t *unary_out;
-  size_t unary_len;
+  size_t unary_off, unary_len; /* the answer is unary_out[off, off+len) */
   int unary_set;
   int started; /* response head sent */
   /* lifetime */
@@ -203,14 +203,14 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
       if (!c->unary_set) { /* no message sent: the empty message */
         free(c->unary_out);
         c->unary_out = NULL;
-        c->unary_len = 0;
+        c->unary_off = c->unary_len = 0;
         if (c->json) {
           c->unary_out = (uint8_t *)strdup("{}");
           c->unary_len = 2;
         }
       }
       hx_respond(x, 200, h, 1, (int64_t)c->unary_len);
-      if (c->unary_len) hx_write(x, c->unary_out, c->unary_len);
+      if (c->unary_len) hx_write_at(x, c->unary_out, c->unary_off, c->unary_len);
       else free(c->unary_out);
       c->unary_out = NULL;
       hx_end(x, NULL, 0);
@@ -295,55 +295,30 @@ static void call_fail(rpc_call *c, rpc_code code, const char *msg) {
   call_maybe_free(c);
 }
 
-int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
-  if (c->finished || !c->hx_live) return -1;
-  uint8_t *buf;
-  size_t len;
-  size_t hdr = c->w == W_CONNECT_UNARY ? 0 : 5;
-  if (c->json) {
-    size_t jl;
-    char *j = pbjson_encode_at(msg, hdr, &jl);
-    if (!j) return -1;
-    if (jl > RPC_MAX_MESSAGE) {
-      free(j);
-      return -1;
-    }
-    buf = (uint8_t *)j;
-    len = jl;
-  } else {
-    len = protobuf_c_message_get_packed_size(msg);
-    if (len > RPC_MAX_MESSAGE) return -1;
-    buf = malloc(hdr + len + 1);
-    if (!buf) return -1;
-    protobuf_c_message_pack(msg, buf + hdr);
+uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
+  if (json) return (uint8_t *)pbjson_encode_at(msg, RPC_HEADROOM, len);
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  if (n > RPC_MAX_MESSAGE) { /* not worth packing: refused anyway */
+    *len = n;
+    return malloc(RPC_HEADROOM);
   }
-  if (c->w == W_CONNECT_UNARY) {
-    free(c->unary_out);
-    c->unary_out = buf;
-    c->unary_len = len;
-    c->unary_set = 1;
-    return 0;
-  }
-  buf[0] = 0;
-  buf[1] = (uint8_t)(len >> 24);
-  buf[2] = (uint8_t)(len >> 16);
-  buf[3] = (uint8_t)(len >> 8);
-  buf[4] = (uint8_t)len;
-  start_stream(c, c->x);
-  return hx_write(c->x, buf, hdr + len);
+  uint8_t *buf = malloc(RPC_HEADROOM + n + 1);
+  if (!buf) return NULL;
+  protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
+  *len = n;
+  return buf;
 }
 
-int rpc_is_proto(const rpc_call *c) { return !c->json; }
-
-int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
-  if (c->finished || !c->hx_live || c->json || off < RPC_HEADROOM || len > RPC_MAX_MESSAGE) {
+/* The message at buf + off (off >= 5), len bytes, in the call's codec. */
+static int send_at(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
+  if (c->finished || !c->hx_live || len > RPC_MAX_MESSAGE) {
     free(buf);
     return -1;
   }
   if (c->w == W_CONNECT_UNARY) {
-    memmove(buf, buf + off, len);
     free(c->unary_out);
     c->unary_out = buf;
+    c->unary_off = off;
     c->unary_len = len;
     c->unary_set = 1;
     return 0;
@@ -356,6 +331,28 @@ int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
   h[4] = (uint8_t)len;
   start_stream(c, c->x);
   return hx_write_at(c->x, buf, off - 5, len + 5);
+}
+
+int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len) {
+  if (!buf) return -1;
+  return send_at(c, buf, RPC_HEADROOM, len);
+}
+
+int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
+  if (c->finished || !c->hx_live) return -1;
+  size_t len;
+  uint8_t *buf = rpc_encode(c->json, msg, &len);
+  return rpc_send_encoded(c, buf, len);
+}
+
+int rpc_is_proto(const rpc_call *c) { return !c->json; }
+
+int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
+  if (c->json || off < RPC_HEADROOM) {
+    free(buf);
+    return -1;
+  }
+  return send_at(c, buf, off, len);
 }
 
 int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,

@@ -10,9 +10,21 @@
  * uv_queue_work users (uploads, downloads, process starts) get their turn
  * in libuv's own FIFO; its after-work callback queues a new runner when
  * jobs remain.
+ *
+ * Finished jobs wake the loop in groups: a runner signals the async
+ * handle when the FIFO is empty (so the last job of a burst, which may be
+ * long, never holds back the ones before it), after POOL_SIGNAL_JOBS
+ * finished jobs, or when the oldest unsignaled one is POOL_SIGNAL_NS old.
+ * A burst of one-file listings then costs a few loop wake-ups and a few
+ * socket writes per connection, not one per job.  What a group can still
+ * hold back — short jobs finished just before a long one taken from a
+ * non-empty FIFO — the loop collects itself: while jobs are out, a timer
+ * every POOL_POLL_MS picks up finished jobs and starts a runner for queued
+ * jobs that no free runner is taking.
  */
 #include "agent/pool.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <uv.h>
 
@@ -20,6 +32,9 @@
 
 #define POOL_RUNNER_BATCH 32
 #define POOL_JOBS_PER_RUNNER 64 /* queue depth per free runner that asks for one more */
+#define POOL_SIGNAL_JOBS 16
+#define POOL_SIGNAL_NS 100000u /* 100 µs */
+#define POOL_POLL_MS 1
 
 enum { JOB_STAGED = 1, JOB_QUEUED, JOB_RUNNING, JOB_FINISHED };
 
@@ -34,8 +49,10 @@ typedef struct pool {
   unsigned busy; /* runners inside a job's work */
   pool_job *dhead, *dtail; /* finished or canceled, for the loop */
   uv_async_t async;
+  uv_timer_t poll; /* while jobs are out (see above) */
   unsigned runners, max_runners; /* loop thread only */
-  unsigned long long started;
+  unsigned out;                  /* loop thread: submitted, done not yet run */
+  unsigned long long started, wakeups;
 } pool;
 
 typedef struct runner {
@@ -45,6 +62,7 @@ typedef struct runner {
 
 static void pool_on_async(uv_async_t *a);
 static void pool_on_prepare(uv_prepare_t *h);
+static void pool_on_poll(uv_timer_t *t);
 
 static pool *pool_get(void) {
   if (conch.pool) return conch.pool;
@@ -56,6 +74,9 @@ static pool *pool_get(void) {
   uv_prepare_init(conch.loop, &p->prep);
   p->prep.data = p;
   uv_unref((uv_handle_t *)&p->prep);
+  uv_timer_init(conch.loop, &p->poll);
+  p->poll.data = p;
+  uv_unref((uv_handle_t *)&p->poll);
   const char *e = getenv("UV_THREADPOOL_SIZE");
   long n = e ? atol(e) : 4;
   p->max_runners = (unsigned)(n < 1 ? 1 : n > 16 ? 16 : n);
@@ -72,28 +93,47 @@ static void finished_push(pool *p, pool_job *j) {
   p->dtail = j;
 }
 
+/* Take the FIFO's head; caller holds the lock. */
+static pool_job *fifo_take(pool *p) {
+  pool_job *j = p->qhead;
+  if (j) {
+    p->qhead = j->next;
+    if (p->qhead) p->qhead->prev = NULL;
+    else p->qtail = NULL;
+    p->nqueued--;
+    p->busy++;
+    j->state = JOB_RUNNING;
+  }
+  return j;
+}
+
 static void runner_work(uv_work_t *req) {
   runner *r = req->data;
   pool *p = r->p;
-  for (int done = 0; done < POOL_RUNNER_BATCH; done++) {
+  pool_job *prev = NULL; /* finished, not yet on the list */
+  unsigned unsignaled = 0;
+  uint64_t oldest = 0;
+  for (int taken = 0;; taken++) {
+    /* one lock per job: hand the last one over, take the next */
     uv_mutex_lock(&p->lock);
-    pool_job *j = p->qhead;
-    if (j) {
-      p->qhead = j->next;
-      if (p->qhead) p->qhead->prev = NULL;
-      else p->qtail = NULL;
-      p->nqueued--;
-      p->busy++;
-      j->state = JOB_RUNNING;
+    if (prev) {
+      p->busy--;
+      finished_push(p, prev);
     }
+    pool_job *j = taken < POOL_RUNNER_BATCH ? fifo_take(p) : NULL;
+    int empty = p->qhead == NULL;
     uv_mutex_unlock(&p->lock);
+    if (prev) {
+      uint64_t now = uv_hrtime();
+      if (unsignaled++ == 0) oldest = now;
+      if (!j || empty || unsignaled >= POOL_SIGNAL_JOBS || now - oldest >= POOL_SIGNAL_NS) {
+        uv_async_send(&p->async); /* coalesced while one is pending */
+        unsignaled = 0;
+      }
+    }
     if (!j) break;
     j->work(j);
-    uv_mutex_lock(&p->lock);
-    p->busy--;
-    finished_push(p, j);
-    uv_mutex_unlock(&p->lock);
-    uv_async_send(&p->async); /* coalesced while one is pending */
+    prev = j;
   }
 }
 
@@ -155,11 +195,25 @@ static void pool_on_async(uv_async_t *a) {
   pool_job *j = p->dhead;
   p->dhead = p->dtail = NULL;
   uv_mutex_unlock(&p->lock);
+  if (j) p->wakeups++;
   while (j) {
     pool_job *n = j->next; /* done may free j */
+    p->out--;
     j->done(j, j->canceled);
     j = n;
   }
+  if (!p->out) uv_timer_stop(&p->poll);
+}
+
+/* While jobs are out: collect finished ones a group may hold back, and
+ * give queued jobs a runner when every runner is inside a long job. */
+static void pool_on_poll(uv_timer_t *t) {
+  pool *p = t->data;
+  uv_mutex_lock(&p->lock);
+  unsigned queued = p->nqueued, busy = p->busy;
+  uv_mutex_unlock(&p->lock);
+  pool_grow(p, queued, busy);
+  pool_on_async(&p->async);
 }
 
 void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *, int)) {
@@ -169,6 +223,7 @@ void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *,
   j->canceled = 0;
   j->state = JOB_STAGED;
   j->next = NULL;
+  p->out++;
   j->prev = p->stail;
   if (p->stail) p->stail->next = j;
   else p->shead = j;
@@ -195,6 +250,8 @@ static void pool_on_prepare(uv_prepare_t *h) {
   uv_mutex_unlock(&p->lock);
   p->shead = p->stail = NULL;
   pool_grow(p, queued, busy);
+  if (!uv_is_active((uv_handle_t *)&p->poll))
+    uv_timer_start(&p->poll, pool_on_poll, POOL_POLL_MS, POOL_POLL_MS);
 }
 
 int pool_cancel(pool_job *j) {
@@ -239,3 +296,5 @@ unsigned pool_pending(void) {
 }
 
 unsigned long long pool_runners_started(void) { return pool_get()->started; }
+
+unsigned long long pool_wakeups(void) { return pool_get()->wakeups; }

@@ -42,5 +42,8 @@ unsigned pool_pending(void);
 /* Runners queued to libuv's pool so far (tests: a burst of jobs should
  * cost few). */
 unsigned long long pool_runners_started(void);
+/* Times the loop picked up finished jobs (tests: a burst should wake it
+ * a few times, not once per job). */
+unsigned long long pool_wakeups(void);
 
 #endif

@@ -92,6 +92,16 @@ typedef struct rpc_method {
  * service. */
 int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
 
+/* Encoding off the loop.  rpc_encode is a pure function (any thread):
+ * msg in the JSON (json != 0) or binary codec, in a malloc'd buffer with
+ * RPC_HEADROOM bytes free in front, *len bytes at buf + RPC_HEADROOM; NULL
+ * when out of memory.  A service may encode in the thread pool with the
+ * codec it read on the loop (!rpc_is_proto(c)), then hand the bytes over
+ * on the loop with rpc_send_encoded (takes buf, even NULL; same result as
+ * rpc_send, -1 also when *len is over RPC_MAX_MESSAGE). */
+uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
+int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len);
+
 /* Zero-copy send for producers of large messages (file chunks): when
  * rpc_is_proto(c), a caller may pack the message itself at buf + off, with
  * off >= RPC_HEADROOM bytes free in front for the framing, and hand the

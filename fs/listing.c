@@ -1,5 +1,6 @@
 /* fs/listing — run a ListFiles/SearchFiles walk in the thread pool and
- * answer the unary call; see handlers.h.
+ * answer the unary call; see handlers.h.  The answer is encoded in the
+ * pool thread too (rpc_encode), so the loop only hands the bytes over.
  *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
  * (call = NULL, cancel flag for the walk, pool_cancel when not started yet);
@@ -25,11 +26,14 @@ struct fs_listing {
   atomic_int cancel;
   const ProtobufCMessageDescriptor *resp;
   fs_walk w;
+  uint8_t *enc; /* the encoded answer (pool thread), for rpc_send_encoded */
+  size_t enc_len;
   void *owned;
   void (*free_owned)(void *);
 };
 
 static void listing_free(fs_listing *l) {
+  free(l->enc);
   fs_walk_free(&l->w);
   if (l->free_owned) l->free_owned(l->owned);
   daemon_cache_put(&conch.cache_listing, l, sizeof *l);
@@ -55,57 +59,50 @@ void fs_listing_own(fs_listing *l, void *owned, void (*free_owned)(void *)) {
   l->free_owned = free_owned;
 }
 
-static void listing_work(pool_job *j) {
-  fs_listing *l = (fs_listing *)j;
-  fs_walk_run(&l->w);
-}
-
-/* Send the entries as a ListFilesResponse / SearchFilesResponse (both are
- * `repeated FileEntry entries = 1`).  Returns rpc_send's result, or -2 when
- * out of memory. */
-static int listing_send(fs_listing *l) {
-  rpc_call *c = l->call;
+/* Encode the entries as a ListFilesResponse / SearchFilesResponse (both
+ * are `repeated FileEntry entries = 1`) into l->enc; pool thread.  Leaves
+ * enc NULL when out of memory. */
+static void listing_encode(fs_listing *l) {
   fs_walk *w = &l->w;
   Pb__FileEntry ev_small[FS_WALK_INLINE], *ep_small[FS_WALK_INLINE];
   int small = w->n <= FS_WALK_INLINE;
   Pb__FileEntry *ev = small ? ev_small : calloc(w->n, sizeof *ev);
   Pb__FileEntry **ep = small ? ep_small : calloc(w->n, sizeof *ep);
-  if (!ev || !ep) {
-    if (!small) {
-      free(ev);
-      free(ep);
+  if (ev && ep) {
+    for (size_t i = 0; i < w->n; i++) {
+      const fs_entry *e = &w->entries[i];
+      pb__file_entry__init(&ev[i]);
+      ev[i].name = (char *)e->name;
+      ev[i].path = e->path;
+      ev[i].type = e->is_dir ? "directory" : "file";
+      ev[i].size = e->size;
+      ev[i].permissions = (char *)e->perms;
+      ev[i].modified_time = (char *)e->mtime;
+      ev[i].is_directory = e->is_dir ? 1 : 0;
+      ep[i] = &ev[i];
     }
-    return -2;
-  }
-  for (size_t i = 0; i < w->n; i++) {
-    const fs_entry *e = &w->entries[i];
-    pb__file_entry__init(&ev[i]);
-    ev[i].name = (char *)e->name;
-    ev[i].path = e->path;
-    ev[i].type = e->is_dir ? "directory" : "file";
-    ev[i].size = e->size;
-    ev[i].permissions = (char *)e->perms;
-    ev[i].modified_time = (char *)e->mtime;
-    ev[i].is_directory = e->is_dir ? 1 : 0;
-    ep[i] = &ev[i];
-  }
-  int r;
-  if (l->resp == &pb__search_files_response__descriptor) {
-    Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
-    m.n_entries = w->n;
-    m.entries = ep;
-    r = rpc_send(c, &m.base);
-  } else {
-    Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
-    m.n_entries = w->n;
-    m.entries = ep;
-    r = rpc_send(c, &m.base);
+    if (l->resp == &pb__search_files_response__descriptor) {
+      Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
+      m.n_entries = w->n;
+      m.entries = ep;
+      l->enc = rpc_encode(w->json, &m.base, &l->enc_len);
+    } else {
+      Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
+      m.n_entries = w->n;
+      m.entries = ep;
+      l->enc = rpc_encode(w->json, &m.base, &l->enc_len);
+    }
   }
   if (!small) {
     free(ev);
     free(ep);
   }
-  return r;
+}
+
+static void listing_work(pool_job *j) {
+  fs_listing *l = (fs_listing *)j;
+  fs_walk_run(&l->w);
+  if (l->w.st.code == RPC_OK) listing_encode(l);
 }
 
 static void listing_after(pool_job *j, int canceled) {
@@ -128,7 +125,8 @@ static void listing_after(pool_job *j, int canceled) {
   LOG_DEBUG("file listing done root=%s entries=%zu", l->w.root, l->w.n);
   /* busy stays set while sending: an on_cancel run from inside rpc_send
    * then only marks the job. */
-  int r = listing_send(l);
+  int r = l->enc ? rpc_send_encoded(c, l->enc, l->enc_len) : -2;
+  l->enc = NULL; /* rpc_send_encoded took it */
   l->busy = 0;
   if (!l->call) { /* on_cancel ran inside rpc_send */
     listing_free(l);

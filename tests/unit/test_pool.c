@@ -148,6 +148,45 @@ TEST(long_job_does_not_block_short) {
   ASSERT_EQ(slow.done_calls, 1);
 }
 
+/* Short jobs finished just before a long one taken from a non-empty FIFO
+ * are not held back until the long one ends (the loop's poll collects
+ * them), and a job queued behind the long one gets a second runner. */
+TEST(short_before_long_not_held) {
+  atomic_int gate = 0;
+  tjob s[3], slow, after;
+  memset(s, 0, sizeof s);
+  memset(&slow, 0, sizeof slow);
+  memset(&after, 0, sizeof after);
+  slow.gate = &gate;
+  ndone = 0;
+  for (int i = 0; i < 3; i++) pool_submit(&s[i].job, tj_work, tj_done);
+  pool_submit(&slow.job, tj_work, tj_done);
+  pool_submit(&after.job, tj_work, tj_done);
+  run_until(4, 3000);
+  ASSERT_EQ(ndone, 4);
+  for (int i = 0; i < 3; i++) ASSERT_EQ(s[i].done_calls, 1);
+  ASSERT_EQ(after.done_calls, 1);
+  ASSERT_EQ(slow.done_calls, 0);
+  atomic_store(&gate, 1);
+  run_until(5, 3000);
+  ASSERT_EQ(slow.done_calls, 1);
+}
+
+/* A burst wakes the loop for finished jobs in groups, not once per job. */
+TEST(burst_wakes_loop_in_groups) {
+  enum { N = 2000 };
+  tjob *v = calloc(N, sizeof *v);
+  ndone = 0;
+  unsigned long long w0 = pool_wakeups();
+  for (int i = 0; i < N; i++) pool_submit(&v[i].job, tj_work, tj_done);
+  run_until(N, 10000);
+  ASSERT_EQ(ndone, N);
+  unsigned long long w = pool_wakeups() - w0;
+  fprintf(stderr, "  %d jobs woke the loop %llu times\n", N, w);
+  ASSERT(w >= 1 && w <= N / 4);
+  free(v);
+}
+
 int main(void) {
   setenv("UV_THREADPOOL_SIZE", "2", 1);
   conch.loop = uv_default_loop();
@@ -159,5 +198,7 @@ int main(void) {
   RUN(burst_all_once);
   RUN(cancel_staged_and_queued);
   RUN(long_job_does_not_block_short);
+  RUN(short_before_long_not_held);
+  RUN(burst_wakes_loop_in_groups);
   return test_summary();
 }
