@@ -81,6 +81,7 @@ typedef struct conch_daemon {
   struct pool *pool;
 
   conch_cache cache_h2s, cache_call, cache_listing, cache_hx;
+  conch_cache slab[7]; /* agent/slab.c: free blocks by size class */
 } conch_daemon;
 
 extern conch_daemon conch;

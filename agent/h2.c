@@ -8,6 +8,7 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/router.h"
+#include "agent/slab.h"
 
 typedef struct h2buf {
   struct h2buf *next;
@@ -48,6 +49,9 @@ typedef struct h2c {
    * header" when frames arrive in the same read as the 101. */
   int await_preface;
   size_t undispatched; /* streams whose header block is still open */
+  int seen_stream;     /* a request has begun on this connection */
+  int tmode;           /* what the connection timer is armed for (H2T_*) */
+  int tactivity;       /* an exchange ended since: restart the idle time */
   uint8_t *out;        /* frames from nghttp2 gathered for one write */
   size_t olen, ocap;
 } h2c;
@@ -58,6 +62,8 @@ typedef struct h2c {
 
 static void h2_deferred(conn *c);
 static const hx_ops h2_ops;
+
+enum { H2T_NONE, H2T_HEADER, H2T_IDLE };
 
 static h2buf *h2_buf_new(h2s *st) {
   if (!st->inl_used) {
@@ -88,25 +94,40 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   sc->streams = st;
   sc->nstreams++;
   sc->undispatched++;
-  if (sc->undispatched == 1) conn_timer(sc->c, conch.http_header_ms); /* the header block within 10 s */
+  sc->seen_stream = 1;
   return st;
 }
 
-/* The connection timer: 10 s while a header block is open, else 60 s idle
- * once no exchange is running (a stream whose response ended but whose
- * client never finished its request does not keep the connection alive). */
-static void h2_timer_update(h2c *sc) {
-  if (sc->dead || sc->undispatched) return;
-  if (sc->await_preface) { /* the client's preface within the header time */
-    conn_timer(sc->c, conch.http_header_ms);
-    return;
+/* The connection timer: 10 s (header time) before the first request, while
+ * the upgraded client's preface is awaited, and while a header block is
+ * open — measured from when that began, not re-armed; else 60 s idle once
+ * no exchange is running, restarted whenever one ends (a stream whose
+ * response ended but whose client never finished its request does not keep
+ * the connection alive); none while an exchange runs.  Worked out once per
+ * read or flush (h2_timer_apply), not per stream: a request whose header
+ * block arrives whole never arms the header timer. */
+static void h2_timer_touch(h2c *sc) { sc->tactivity = 1; }
+
+static void h2_timer_apply(h2c *sc) {
+  if (sc->dead || sc->c->closing) return;
+  int want;
+  if (sc->await_preface || sc->undispatched || !sc->seen_stream) {
+    want = H2T_HEADER;
+  } else {
+    want = H2T_IDLE;
+    for (h2s *st = sc->streams; st; st = st->next)
+      if (!st->x.ended) {
+        want = H2T_NONE;
+        break;
+      }
   }
-  for (h2s *st = sc->streams; st; st = st->next)
-    if (!st->x.ended) {
-      conn_timer(sc->c, 0);
-      return;
-    }
-  conn_timer(sc->c, conch.http_idle_ms);
+  int restart = want == H2T_IDLE && sc->tactivity;
+  sc->tactivity = 0;
+  if (want == sc->tmode && !restart) return;
+  sc->tmode = want;
+  conn_timer(sc->c, want == H2T_HEADER ? conch.http_header_ms
+                    : want == H2T_IDLE ? conch.http_idle_ms
+                                       : 0);
 }
 
 static void h2_stream_free(h2s *st) {
@@ -129,7 +150,7 @@ static void h2_stream_free(h2s *st) {
   free(st->pend);
   hx_free_request(&st->x);
   daemon_cache_put(&conch.cache_h2s, st, sizeof *st);
-  h2_timer_update(sc);
+  h2_timer_touch(sc);
 }
 
 static void h2_abort_stream(h2s *st) {
@@ -177,7 +198,7 @@ static void h2_stream_body_end(h2s *st) {
 
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
-  if (--st->sess->undispatched == 0) conn_timer(st->sess->c, 0); /* running now */
+  st->sess->undispatched--;
   const char *cl = hx_get(&st->x, "content-length");
   if (cl) st->x.content_length = strtoll(cl, NULL, 10);
   if (!st->x.method || !st->x.path) {
@@ -230,7 +251,7 @@ static int h2_on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *u
   h2c *sc = ud;
   if (sc->await_preface && f->hd.type == NGHTTP2_SETTINGS) { /* the client's preface */
     sc->await_preface = 0;
-    h2_timer_update(sc);
+    h2_timer_touch(sc);
     conn_defer(sc->c, h2_deferred);
   }
   if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
@@ -365,7 +386,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
 
 /* ---------------------------------------------------------------- sending */
 
-static void h2_flush(h2c *sc) {
+static void h2_flush_out(h2c *sc) {
   conn *c = sc->c;
   if (sc->dead || c->closing || sc->await_preface) return;
   while (c->outq + sc->olen < H2_CONN_OUTQ_MAX) {
@@ -402,6 +423,13 @@ static void h2_flush(h2c *sc) {
   }
   if (!nghttp2_session_want_read(sc->ng) && !nghttp2_session_want_write(sc->ng) && c->outq == 0)
     conn_close(c);
+}
+
+/* Send what there is, then set the connection timer for the new state. */
+static void h2_flush(h2c *sc) {
+  conn *c = sc->c; /* outlives sc: freed only once its handles closed */
+  h2_flush_out(sc);
+  if (!c->closing) h2_timer_apply(sc);
 }
 
 /* Deferred work: held bodies of un-paused streams, then sending. */
@@ -532,7 +560,7 @@ static int h2_write(hx *x, void *owner, const uint8_t *data, size_t len) {
 static int h2_end(hx *x, const hx_header *tr, size_t n) {
   h2s *st = x->tp;
   st->out_ended = 1;
-  h2_timer_update(st->sess);
+  h2_timer_touch(st->sess);
   /* the rest of the request body, if any, is not wanted any more */
   if (!st->body_ended) st->body_paused = 0;
   if (!st->submitted && !st->qhead && n == 0) return h2_submit(st, 0);
@@ -587,6 +615,7 @@ static void h2_on_written(conn *c) {
 
 static void h2_on_timeout(conn *c) {
   h2c *sc = c->p;
+  sc->tmode = H2T_NONE; /* fired: nothing armed now */
   if (sc->await_preface) {
     LOG_DEBUG("h2 timeout conn=%llu: no client preface after the upgrade",
               (unsigned long long)c->id);
@@ -597,11 +626,13 @@ static void h2_on_timeout(conn *c) {
     for (h2s *st = sc->streams; st; st = st->next) {
       if (!st->x.ended) return; /* an exchange is running */
       if (!nghttp2_session_get_stream_local_close(sc->ng, st->id)) {
+        sc->tmode = H2T_IDLE;
         conn_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
         return;
       }
     }
     if (c->outq) {
+      sc->tmode = H2T_IDLE;
       conn_timer(c, conch.http_idle_ms);
       return;
     }
@@ -659,6 +690,25 @@ int h2_settings_valid(const char *v) {
   return n >= 0 && n % 6 == 0;
 }
 
+/* nghttp2's allocations go through the loop's size-class cache. */
+static void *h2_mem_malloc(size_t n, void *ud) {
+  (void)ud;
+  return slab_alloc(n);
+}
+static void h2_mem_free(void *p, void *ud) {
+  (void)ud;
+  slab_free(p);
+}
+static void *h2_mem_calloc(size_t nmemb, size_t size, void *ud) {
+  (void)ud;
+  return slab_calloc(nmemb, size);
+}
+static void *h2_mem_realloc(void *p, size_t n, void *ud) {
+  (void)ud;
+  return slab_realloc(p, n);
+}
+static const nghttp2_mem h2_mem = {NULL, h2_mem_malloc, h2_mem_free, h2_mem_calloc, h2_mem_realloc};
+
 int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   h2c *sc = calloc(1, sizeof *sc);
   nghttp2_session_callbacks *cb = NULL;
@@ -673,7 +723,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_session_callbacks_set_send_data_callback(cb, h2_send_data);
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  if (nghttp2_session_server_new2(&sc->ng, cb, sc, opt) != 0) goto fail;
+  if (nghttp2_session_server_new3(&sc->ng, cb, sc, opt, (nghttp2_mem *)&h2_mem) != 0) goto fail;
   nghttp2_session_callbacks_del(cb);
   nghttp2_option_del(opt);
   cb = NULL;
@@ -686,6 +736,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_submit_settings(sc->ng, NGHTTP2_FLAG_NONE, iv, sizeof iv / sizeof iv[0]);
   nghttp2_session_set_local_window_size(sc->ng, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW);
   c->p = sc;
+  sc->tmode = H2T_HEADER; /* the client's first request within the header time */
   conn_timer(c, conch.http_header_ms);
   if (up) {
     const char *set = hx_get(up, "http2-settings");
@@ -715,7 +766,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
     if (blen && !c->closing) h2_stream_body(st, body, blen, 0);
     free(body);
     if (!c->closing) h2_stream_body_end(st);
-    if (!c->closing) h2_timer_update(sc);
+    if (!c->closing) h2_timer_apply(sc);
   }
   if (!c->closing) conn_defer(c, h2_deferred);
   return 0;

@@ -1,0 +1,100 @@
+/* slab — small blocks by size class; see slab.h. */
+#include "agent/slab.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/daemon.h"
+
+_Static_assert(sizeof conch.slab / sizeof conch.slab[0] == SLAB_CLASSES, "conch.slab size");
+
+#define SLAB_HDR 16u
+#define SLAB_BIG 0xffu
+
+typedef struct slab_hdr {
+  size_t cls; /* class index, or SLAB_BIG (then `size` is the block size) */
+  size_t size;
+} slab_hdr;
+
+static unsigned slab_class(size_t n) {
+  unsigned c = 0;
+  size_t sz = 32;
+  while (sz < n) {
+    sz <<= 1;
+    if (++c == SLAB_CLASSES) return SLAB_BIG;
+  }
+  return c;
+}
+
+static size_t slab_class_size(unsigned c) { return (size_t)32 << c; }
+
+static unsigned slab_class_cap(unsigned c) {
+  size_t n = SLAB_CLASS_BYTES / slab_class_size(c);
+  return n < SLAB_CLASS_MIN_BLOCKS ? SLAB_CLASS_MIN_BLOCKS : (unsigned)n;
+}
+
+void *slab_alloc(size_t n) {
+  unsigned c = slab_class(n);
+  slab_hdr *h;
+  if (c == SLAB_BIG) {
+    if (n > SIZE_MAX - SLAB_HDR) return NULL;
+    h = malloc(SLAB_HDR + n);
+    if (!h) return NULL;
+    h->size = n;
+  } else {
+    conch_cache *fl = &conch.slab[c];
+    if (fl->head) {
+      h = fl->head;
+      fl->head = *(void **)h;
+      fl->n--;
+    } else {
+      h = malloc(SLAB_HDR + slab_class_size(c));
+      if (!h) return NULL;
+    }
+    h->size = slab_class_size(c);
+  }
+  h->cls = c;
+  return (char *)h + SLAB_HDR;
+}
+
+void *slab_calloc(size_t nmemb, size_t size) {
+  if (size && nmemb > SIZE_MAX / size) return NULL;
+  void *p = slab_alloc(nmemb * size);
+  if (p) memset(p, 0, nmemb * size);
+  return p;
+}
+
+void slab_free(void *p) {
+  if (!p) return;
+  slab_hdr *h = (slab_hdr *)((char *)p - SLAB_HDR);
+  if (h->cls == SLAB_BIG) {
+    free(h);
+    return;
+  }
+  conch_cache *fl = &conch.slab[h->cls];
+  if (fl->n >= slab_class_cap((unsigned)h->cls)) {
+    free(h);
+    return;
+  }
+  *(void **)h = fl->head;
+  fl->head = h;
+  fl->n++;
+}
+
+void *slab_realloc(void *p, size_t n) {
+  if (!p) return slab_alloc(n);
+  if (n == 0) {
+    slab_free(p);
+    return NULL;
+  }
+  slab_hdr *h = (slab_hdr *)((char *)p - SLAB_HDR);
+  if (n <= h->size) return p; /* fits where it is */
+  void *q = slab_alloc(n);
+  if (!q) return NULL;
+  memcpy(q, p, h->size);
+  slab_free(p);
+  return q;
+}
+
+unsigned slab_kept(unsigned cls) { return cls < SLAB_CLASSES ? conch.slab[cls].n : 0; }
