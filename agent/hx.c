@@ -7,8 +7,9 @@
 #include <strings.h>
 
 const char *hx_get(const hx *x, const char *lname) {
+  size_t l = strlen(lname);
   for (size_t i = 0; i < x->nhdr; i++)
-    if (strcmp(x->hdr[i].name, lname) == 0) return x->hdr[i].value;
+    if (x->hdr[i].nlen == l && memcmp(x->hdr[i].name, lname, l) == 0) return x->hdr[i].value;
   return NULL;
 }
 
@@ -119,7 +120,7 @@ int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_
       char c = nm[i];
       if (c >= 'A' && c <= 'Z') nm[i] = (char)(c + 32);
     }
-  x->hdr[x->nhdr++] = (hx_header){nm, v};
+  x->hdr[x->nhdr++] = (hx_header){nm, v, nlen};
   return 0;
 }
 

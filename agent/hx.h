@@ -28,6 +28,7 @@ typedef struct hx hx;
 typedef struct hx_header {
   const char *name; /* lower case */
   const char *value;
+  size_t nlen; /* strlen(name) for request headers (hx_get compares it first); 0 elsewhere */
 } hx_header;
 
 typedef struct hx_handler {

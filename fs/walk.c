@@ -1,6 +1,8 @@
 /* fs/walk — directory walk for ListFiles/SearchFiles; see walk.h. */
 #include "fs/walk.h"
 
+#include "proto/json.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -91,21 +93,47 @@ static size_t pb_str_len(const char *s) {
   return l ? 1 + varint_len(l) + l : 0;
 }
 
-/* JSON string body, upper bound: control characters as \u00XX. */
-static size_t json_str_len(const char *s) {
-  size_t n = 2;
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-    n += (*p < 0x20) ? 6 : (*p == '"' || *p == '\\') ? 2 : 1;
-  return n;
+/* Bytes a JSON string body takes beyond its raw length: control
+ * characters as \u00XX (+5), '"' and '\\' escaped (+1); non-ASCII is
+ * looked at by json_path_lens. */
+static const unsigned char json_extra[256] = {
+    5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
+    ['"'] = 1, ['\\'] = 1};
+
+/* JSON string lengths (quotes included, upper bound) of a path and of its
+ * last `namelen` bytes, in one scan. */
+static void json_path_lens(const char *path, size_t namelen, size_t *pathj, size_t *namej) {
+  size_t n = 0, l = strlen(path), cut = l - namelen, atcut = 0;
+  const unsigned char *p = (const unsigned char *)path;
+  for (size_t i = 0; i < l; i++) {
+    if (i == cut) atcut = n;
+    if (p[i] < 0x80) {
+      n += 1u + json_extra[p[i]];
+      continue;
+    }
+    /* valid UTF-8 as is; an invalid byte becomes U+FFFD (3 bytes) */
+    size_t k = json_utf8_seq(p + i, l - i);
+    if (k == 0) {
+      n += 3;
+    } else {
+      n += k;
+      i += k - 1; /* the name starts after a '/', never inside a sequence */
+    }
+  }
+  if (cut == l) atcut = n;
+  *pathj = n + 2;
+  *namej = n - atcut + 2;
 }
 
 size_t fs_entry_wire_size(const fs_entry *e, int json) {
   const char *type = e->is_dir ? "directory" : "file";
   if (json) {
     /* {"name":…,"path":…,"type":…,"size":"N","permissions":…,
-     *  "modifiedTime":…,"metadata":{},"isDirectory":true}, */
-    return 120 + json_str_len(e->name) + json_str_len(e->path) + json_str_len(type) + 22 +
-           json_str_len(e->perms) + json_str_len(e->mtime);
+     *  "modifiedTime":…,"metadata":{},"isDirectory":true},
+     * permissions and times hold no character that JSON escapes */
+    size_t pj, nj;
+    json_path_lens(e->path, strlen(e->name), &pj, &nj);
+    return 120 + nj + pj + strlen(type) + 2 + 22 + strlen(e->perms) + 2 + strlen(e->mtime) + 2;
   }
   size_t n = pb_str_len(e->name) + pb_str_len(e->path) + pb_str_len(type) +
              pb_str_len(e->perms) + pb_str_len(e->mtime);

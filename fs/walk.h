@@ -86,7 +86,8 @@ int fs_walk_run(fs_walk *w);
 void fs_walk_free(fs_walk *w);
 
 /* Encoded size of one entry inside a ListFiles/SearchFilesResponse
- * (protobuf: exact; JSON: an upper bound). */
+ * (protobuf: exact; JSON: an upper bound).  e->name must be the last bytes
+ * of e->path, as the walk makes them. */
 size_t fs_entry_wire_size(const fs_entry *e, int json);
 
 /* Fill *e (except path/name) from a stat (or, for a dangling link, lstat)

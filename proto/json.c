@@ -254,19 +254,30 @@ static void value_clear(json_value *v);
 
 static int jp_value(jp *j, json_value *v, int depth);
 
-/* Grow arrays of items (and keys) to hold at least need members. */
+/* Room for one more member.  An object's items, keys and key lengths share
+ * one block (items first), so a small object costs one allocation. */
 static int grow(jp *j, json_value *v, size_t *cap, int with_keys) {
   if (v->n < *cap) return 0;
   size_t nc = *cap ? *cap * 2 : 4;
-  json_value *ni = realloc(v->items, nc * sizeof *ni);
-  if (!ni) goto oom;
-  v->items = ni;
-  if (with_keys) {
-    char **nk = realloc(v->keys, nc * sizeof *nk);
-    if (!nk) goto oom;
+  if (!with_keys) {
+    json_value *ni = realloc(v->items, nc * sizeof *ni);
+    if (!ni) goto oom;
+    v->items = ni;
+  } else {
+    size_t isz = nc * sizeof(json_value), ksz = nc * sizeof(char *);
+    char *blk = malloc(isz + ksz + nc * sizeof(size_t));
+    if (!blk) goto oom;
+    json_value *ni = (json_value *)blk;
+    char **nk = (char **)(blk + isz);
+    size_t *nl = (size_t *)(blk + isz + ksz);
+    if (v->n) {
+      memcpy(ni, v->items, v->n * sizeof *ni);
+      memcpy(nk, v->keys, v->n * sizeof *nk);
+      memcpy(nl, v->key_lens, v->n * sizeof *nl);
+    }
+    free(v->items); /* the old block, keys and lengths included */
+    v->items = ni;
     v->keys = nk;
-    size_t *nl = realloc(v->key_lens, nc * sizeof *nl);
-    if (!nl) goto oom;
     v->key_lens = nl;
   }
   *cap = nc;
@@ -419,9 +430,7 @@ static void value_clear(json_value *v) {
       value_clear(&v->items[i]);
       if (v->keys) free(v->keys[i]);
     }
-    free(v->items);
-    free(v->keys);
-    free(v->key_lens);
+    free(v->items); /* an object's keys and key lengths live in this block */
   }
   free(v->str);
   memset(v, 0, sizeof *v);

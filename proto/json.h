@@ -24,7 +24,8 @@ struct json_value {
                                NUMBER: the literal text as written */
   size_t n;                 /* ARRAY / OBJECT: number of members */
   json_value *items;        /* ARRAY: n values; OBJECT: n values, in document order */
-  char **keys; size_t *key_lens;   /* OBJECT: n decoded keys (NUL-terminated) */
+  char **keys; size_t *key_lens;   /* OBJECT: n decoded keys (NUL-terminated); both arrays
+                                      share the items block (freed with it) */
 };
 
 /* Parse exactly one JSON value; whitespace around it allowed, anything else

@@ -183,6 +183,12 @@ static inline void w_ch(wbuf *w, char c) {
 }
 static void w_cstr(wbuf *w, const char *s) { w_mem(w, s, strlen(s)); }
 
+/* Bytes w_string must look at: control characters, '"', '\\', non-ASCII. */
+static const unsigned char w_attn[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    ['"'] = 1, ['\\'] = 1,
+    [0x80 ... 0xff] = 1};
+
 /* A JSON string: '"', '\\' and control characters escaped, everything else
  * (incl. non-ASCII) as is.  Invalid UTF-8 cannot be represented in JSON and
  * is replaced by U+FFFD per invalid byte. */
@@ -191,11 +197,9 @@ static void w_string(wbuf *w, const char *str, size_t n) {
   const unsigned char *s = (const unsigned char *)str, *end = s + n, *run = s;
   w_ch(w, '"');
   while (s < end) {
+    while (s < end && !w_attn[*s]) s++; /* plain ASCII runs */
+    if (s == end) break;
     unsigned c = *s;
-    if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
-      s++;
-      continue;
-    }
     if (c >= 0x80) {
       size_t k = json_utf8_seq(s, (size_t)(end - s));
       if (k) {

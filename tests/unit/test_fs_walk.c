@@ -10,6 +10,7 @@
 
 #include "fs/glob.h"
 #include "fs/walk.h"
+#include "agent/rpc.h"
 #include "proto/agent.pb-c.h"
 
 static char root[64];
@@ -287,6 +288,50 @@ TEST(wire_size) {
   fs_walk_free(&w);
 }
 
+/* The JSON bound holds for names JSON must escape or replace: quotes,
+ * backslashes, control characters, valid and invalid UTF-8. */
+TEST(json_wire_size_bound) {
+  char dir[128];
+  snprintf(dir, sizeof dir, "%s/odd", root);
+  ASSERT_EQ(mkdir(dir, 0755), 0);
+  const char *names[] = {"q\"uote", "back\\slash", "ctl\x01x", "nl\nx", "\xc3\xa9t\xc3\xa9",
+                         "bad\xff\xfe" "byte", "\xe2\x82", "plain"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+    int fd = open(p, O_CREAT | O_WRONLY, 0644);
+    ASSERT(fd >= 0);
+    close(fd);
+  }
+  fs_walk w;
+  ASSERT_EQ(run_walk(&w, dir, 1), RPC_OK);
+  ASSERT_EQ(w.n, 8);
+  for (size_t i = 0; i < w.n; i++) {
+    Pb__FileEntry e = PB__FILE_ENTRY__INIT;
+    e.name = (char *)w.entries[i].name;
+    e.path = w.entries[i].path;
+    e.type = w.entries[i].is_dir ? "directory" : "file";
+    e.size = w.entries[i].size;
+    e.permissions = w.entries[i].perms;
+    e.modified_time = w.entries[i].mtime;
+    e.is_directory = w.entries[i].is_dir;
+    Pb__ListFilesResponse r = PB__LIST_FILES_RESPONSE__INIT;
+    Pb__FileEntry *ep = &e;
+    r.n_entries = 1;
+    r.entries = &ep;
+    size_t jl;
+    uint8_t *j = rpc_encode(1, &r.base, &jl);
+    ASSERT(j != NULL);
+    free(j);
+    /* {"entries":[…]} around one entry: 14 bytes */
+    size_t bound = fs_entry_wire_size(&w.entries[i], 1);
+    if (bound < jl - 14) fprintf(stderr, "  %s: bound %zu < %zu\n", w.entries[i].name, bound, jl - 14);
+    ASSERT(bound >= jl - 14);
+    ASSERT(bound <= jl - 14 + 200); /* and not wildly over */
+  }
+  fs_walk_free(&w);
+}
+
 static void build_tree(void) {
   mkfile("a.txt", "a");
   mkfile("B.txt", "B");
@@ -341,6 +386,7 @@ int main(void) {
   RUN(size_bound);
   RUN(visit_bound);
   RUN(wire_size);
+  RUN(json_wire_size_bound);
   RUN(deep_and_long_paths);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
