@@ -295,18 +295,27 @@ static void call_fail(rpc_call *c, rpc_code code, const char *msg) {
   call_maybe_free(c);
 }
 
-uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
-  if (json) return (uint8_t *)pbjson_encode_at(msg, RPC_HEADROOM, len);
+uint8_t *rpc_encode_into(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap,
+                         size_t *len) {
+  if (json) return (uint8_t *)pbjson_encode_into(msg, RPC_HEADROOM, (char *)buf, cap, len);
   size_t n = protobuf_c_message_get_packed_size(msg);
-  if (n > RPC_MAX_MESSAGE) { /* not worth packing: refused anyway */
-    *len = n;
-    return malloc(RPC_HEADROOM);
-  }
-  uint8_t *buf = malloc(RPC_HEADROOM + n + 1);
-  if (!buf) return NULL;
-  protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
   *len = n;
+  if (n > RPC_MAX_MESSAGE) /* not worth packing: refused anyway */
+    return buf ? buf : malloc(RPC_HEADROOM);
+  if (!buf || cap < RPC_HEADROOM + n + 1) {
+    uint8_t *nb = realloc(buf, RPC_HEADROOM + n + 1);
+    if (!nb) {
+      free(buf);
+      return NULL;
+    }
+    buf = nb;
+  }
+  protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
   return buf;
+}
+
+uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
+  return rpc_encode_into(json, msg, NULL, 0, len);
 }
 
 /* The message at buf + off (off >= 5), len bytes, in the call's codec. */

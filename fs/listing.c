@@ -1,6 +1,7 @@
 /* fs/listing — run a ListFiles/SearchFiles walk in the thread pool and
  * answer the unary call; see handlers.h.  The answer is encoded in the
- * pool thread too (rpc_encode), so the loop only hands the bytes over.
+ * pool thread too (rpc_encode_into, into a buffer the loop allocated), so
+ * the loop only hands the bytes over and frees them itself once written.
  *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
  * (call = NULL, cancel flag for the walk, pool_cancel when not started yet);
@@ -26,8 +27,8 @@ struct fs_listing {
   atomic_int cancel;
   const ProtobufCMessageDescriptor *resp;
   fs_walk w;
-  uint8_t *enc; /* the encoded answer (pool thread), for rpc_send_encoded */
-  size_t enc_len;
+  uint8_t *enc; /* the encoded answer (pool thread), for rpc_send_encoded; */
+  size_t enc_cap, enc_len; /* allocated on the loop (LISTING_ENC_INIT) */
   void *owned;
   void (*free_owned)(void *);
 };
@@ -39,9 +40,19 @@ static void listing_free(fs_listing *l) {
   daemon_cache_put(&conch.cache_listing, l, sizeof *l);
 }
 
+/* The answer's first buffer, allocated on the loop: a small listing is
+ * encoded into it in the pool and freed on the loop once written. */
+#define LISTING_ENC_INIT 512
+
 fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) {
   fs_listing *l = daemon_cache_get(&conch.cache_listing, sizeof *l);
   if (!l) return NULL;
+  l->enc = malloc(LISTING_ENC_INIT);
+  if (!l->enc) {
+    daemon_cache_put(&conch.cache_listing, l, sizeof *l);
+    return NULL;
+  }
+  l->enc_cap = LISTING_ENC_INIT;
   l->call = c;
   l->resp = resp;
   atomic_init(&l->cancel, 0);
@@ -68,7 +79,10 @@ static void listing_encode(fs_listing *l) {
   int small = w->n <= FS_WALK_INLINE;
   Pb__FileEntry *ev = small ? ev_small : calloc(w->n, sizeof *ev);
   Pb__FileEntry **ep = small ? ep_small : calloc(w->n, sizeof *ep);
-  if (ev && ep) {
+  if (!ev || !ep) { /* out of memory: no answer */
+    free(l->enc);
+    l->enc = NULL;
+  } else {
     for (size_t i = 0; i < w->n; i++) {
       const fs_entry *e = &w->entries[i];
       pb__file_entry__init(&ev[i]);
@@ -85,12 +99,12 @@ static void listing_encode(fs_listing *l) {
       Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode(w->json, &m.base, &l->enc_len);
+      l->enc = rpc_encode_into(w->json, &m.base, l->enc, l->enc_cap, &l->enc_len);
     } else {
       Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode(w->json, &m.base, &l->enc_len);
+      l->enc = rpc_encode_into(w->json, &m.base, l->enc, l->enc_cap, &l->enc_len);
     }
   }
   if (!small) {

@@ -481,9 +481,13 @@ static void enc_msg(wbuf *w, const ProtobufCMessage *m) {
   w_ch(w, '}');
 }
 
-char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len) {
-  wbuf w = {NULL, 0, 0, 0};
-  if (w_grow(&w, headroom + 255) < 0) return NULL;
+char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
+                         size_t *len) {
+  wbuf w = {buf, 0, buf ? cap : 0, 0};
+  if (w_room(&w, headroom + 255) < 0) {
+    free(w.buf);
+    return NULL;
+  }
   w.len = headroom;
   enc_msg(&w, msg);
   if (w.oom) {
@@ -493,6 +497,10 @@ char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len
   w.buf[w.len] = 0;
   if (len) *len = w.len - headroom;
   return w.buf;
+}
+
+char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len) {
+  return pbjson_encode_into(msg, headroom, NULL, 0, len);
 }
 
 char *pbjson_encode(const ProtobufCMessage *msg, size_t *len) {

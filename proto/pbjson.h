@@ -28,6 +28,12 @@ char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
 /* The same with `headroom` bytes left free before the JSON (an envelope
  * prefix, say): the JSON starts at the returned pointer + headroom. */
 char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len);
+/* The same into buf (malloc'd, cap bytes; NULL/0 for none), grown with
+ * realloc when the JSON does not fit: returns the buffer, which may have
+ * moved, or NULL when out of memory (buf is then freed).  Lets a caller
+ * encode in another thread into memory its own thread allocated. */
+char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
+                         size_t *len);
 
 /* Decode a complete JSON document into a new message of type desc (free it
  * with protobuf_c_message_free_unpacked(m, NULL)).  On failure returns NULL

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${CONCH_INIT_BIN:-build/dev/conch-init}
 SIZE_MIB=${1:-1024}
-REPS=${REPS:-3}
+REPS=${REPS:-5}
 for t in nghttpd h2load curl; do command -v $t >/dev/null || { echo "missing $t (apt-get install nghttp2-server nghttp2-client curl)"; exit 1; }; done
 
 W=$(mktemp -d /tmp/conch-bench.XXXXXX)
@@ -29,8 +29,6 @@ nghttpd --no-tls -d "$W" "$NGP" >/dev/null 2>&1 & NGPID=$!
 "$BIN" serve --listen 127.0.0.1:$CIP --token $TOK --log-level warn & CIPID=$!
 sleep 0.5
 
-# best-of-N wall time of a command, in seconds
-best() { local b=999999; for _ in $(seq $REPS); do local s e; s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N); b=$(echo "$e - $s" | bc -l | awk -v b=$b '{print ($1<b)?$1:b}'); done; echo $b; }
 
 # envelope of a proto GetFileRequest{filepath=$1}
 /usr/bin/python3 - "$W" <<'PY'
@@ -87,41 +85,50 @@ rm -f "$W/got"
 post_h1; cmp -s "$W/big" "$W/uploaded" || { echo "PostFileStream sanity check failed"; exit 1; }
 
 RSS_IDLE=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
-base=$(best ng_h2)
+# Rounds interleave the baseline and every candidate, so that a slow phase
+# of a noisy machine hits them alike; each figure is its best round.
+secs() { local s e; s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N); echo "$e - $s" | bc -l; }
+min() { echo "$1 $2" | awk '{print ($1<$2)?$1:$2}'; }
+base=999999; g1=999999; g2=999999; p1=999999; p2=999999
+for _ in $(seq $REPS); do
+  base=$(min "$(secs ng_h2)" $base)
+  g1=$(min "$(secs get_h1)" $g1); g2=$(min "$(secs get_h2)" $g2)
+  p1=$(min "$(secs post_h1)" $p1); p2=$(min "$(secs post_h2)" $p2)
+done
 r() { echo "$base / $1" | bc -l | awk '{printf "%.2f", $1}'; }
 mbps() { echo "$SIZE_MIB / $1" | bc -l | awk '{printf "%.0f", $1}'; }
-g1=$(best get_h1); g2=$(best get_h2); p1=$(best post_h1); p2=$(best post_h2)
 RSS_AFTER=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
 
-printf '%-38s %10s %10s %8s\n' "benchmark (${SIZE_MIB} MiB, best of $REPS)" "seconds" "MiB/s" "ratio"
+printf '%-38s %10s %10s %8s\n' "benchmark (${SIZE_MIB} MiB, best of $REPS rounds)" "seconds" "MiB/s" "ratio"
 printf '%-38s %10.3f %10s %8s\n' "nghttpd → curl h2c (baseline)" "$base" "$(mbps $base)" "1.00"
 printf '%-38s %10.3f %10s %8s\n' "GetFileStream HTTP/1.1" "$g1" "$(mbps $g1)" "$(r $g1)"
 printf '%-38s %10.3f %10s %8s\n' "GetFileStream h2c" "$g2" "$(mbps $g2)" "$(r $g2)"
 printf '%-38s %10.3f %10s %8s\n' "PostFileStream HTTP/1.1" "$p1" "$(mbps $p1)" "$(r $p1)"
 printf '%-38s %10.3f %10s %8s\n' "PostFileStream h2c" "$p2" "$(mbps $p2)" "$(r $p2)"
 
-# unary rate: h2load, 10 clients x 10 streams
+# unary rate: h2load, 10 clients x 10 streams; rounds interleave the
+# baseline and the three calls, each figure is its best round, and the
+# median of the per-round ListFiles/baseline ratios is printed too
 N=${N:-50000}
-# best of REPS runs (the same for the baseline and for conch-init)
-rate() {
-  local b=0 r
-  for _ in $(seq $REPS); do
-    r=$(h2load -n $N -c 10 -m 10 "$@" 2>/dev/null | awk '/^finished in/{gsub(",","");print $4}')
-    b=$(echo "$r $b" | awk '{print ($1>$2)?$1:$2}')
-  done
-  echo $b
-}
-crate() { local body=$1 path=$2; rate -d "$body" -H 'content-type: application/json' -H 'connect-protocol-version: 1' -H "conch-init-token: $TOK" http://127.0.0.1:$CIP/$path; }
+rate1() { h2load -n $N -c 10 -m 10 "$@" 2>/dev/null | awk '/^finished in/{gsub(",","");print $4}'; }
+crate1() { local body=$1 path=$2; rate1 -d "$body" -H 'content-type: application/json' -H 'connect-protocol-version: 1' -H "conch-init-token: $TOK" http://127.0.0.1:$CIP/$path; }
+max() { echo "$1 $2" | awk '{print ($1>$2)?$1:$2}'; }
 echo "{\"path\":\"$W/small\"}" > "$W/list1.json"; echo '{}' > "$W/empty.json"
-ngr=$(rate http://127.0.0.1:$NGP/small)
-l1=$(crate "$W/list1.json" pb.FileService/ListFiles)
-l10=$(crate "$W/list.json" pb.FileService/ListFiles)
-pl=$(crate "$W/empty.json" pb.ProcessService/List)
+ngr=0; l1=0; l10=0; pl=0; rounds=""
+for _ in $(seq $REPS); do
+  a=$(rate1 http://127.0.0.1:$NGP/small); b=$(crate1 "$W/list1.json" pb.FileService/ListFiles)
+  ngr=$(max $a $ngr); l1=$(max $b $l1)
+  rounds="$rounds $(echo "$b / $a" | bc -l)"
+  l10=$(max "$(crate1 "$W/list.json" pb.FileService/ListFiles)" $l10)
+  pl=$(max "$(crate1 "$W/empty.json" pb.ProcessService/List)" $pl)
+done
+median=$(echo $rounds | tr ' ' '\n' | sort -g | awk '{v[NR]=$1} END {printf "%.2f", (NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2}')
 ok=$(h2load -n 100 -c 1 -d "$W/list1.json" -H 'content-type: application/json' -H 'connect-protocol-version: 1' -H "conch-init-token: $TOK" http://127.0.0.1:$CIP/pb.FileService/ListFiles 2>/dev/null | awk '/^status codes/{print $3}')
 ratio() { echo "$1 / $ngr" | bc -l | awk '{printf "%.2f", $1}'; }
-printf '%-38s %10s %10s %8s\n' "unary rate (h2load -c10 -m10, best of $REPS)" "req/s" "" ""
+printf '%-38s %10s %10s %8s\n' "unary rate (h2load -c10 -m10, best of $REPS rounds)" "req/s" "" ""
 printf '%-38s %10.0f %10s %8s\n' "nghttpd small file (baseline)" "$ngr" "" "1.00"
 printf '%-38s %10.0f %10s %8s\n' "ListFiles of that file (JSON)" "$l1" "" "$(ratio $l1)"
+printf '%-38s %10s %10s %8s\n' "  (median of per-round ratios)" "" "" "$median"
 printf '%-38s %10.0f %10s %8s\n' "ListFiles of 10 files (JSON)" "$l10" "" "$(ratio $l10)"
 printf '%-38s %10.0f %10s %8s\n' "ProcessService/List (no disk work)" "$pl" "" "$(ratio $pl)"
 [ "$ok" = "100" ] || echo "WARNING: ListFiles sanity via h2load: $ok/100 answered 2xx"
