@@ -15,7 +15,8 @@
  * reading happens there, never on the loop) and each 1 MiB chunk goes out
  * as a small framing buffer followed by the mapped bytes themselves
  * (rpc_send_packed_ref): the page cache is copied once, straight into the
- * socket.  The window is unmapped when its last chunk is written.  Only
+ * socket.  The window is unmapped (in the pool) when its last chunk is
+ * written.  Only
  * the kernel reads mapped bytes: a file truncated meanwhile makes the
  * write fail with EFAULT (the connection closes) instead of SIGBUS.  The
  * size is taken by fstat before each window; when mapping or populating
@@ -31,6 +32,7 @@
  * fd is closed and the state freed once no pool work or handle is active.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +43,7 @@
 
 #include "agent/daemon.h"
 #include "agent/log.h"
+#include "agent/pool.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 
@@ -51,6 +54,7 @@
  * producer's own while it sends.  Released on the loop thread only. */
 typedef struct dl_win {
   bufref ref; /* first */
+  pool_job job; /* the unmap, in the pool (tearing down page tables) */
   uint8_t *map;
   size_t len;
   unsigned refs;
@@ -99,11 +103,23 @@ static size_t dl_varint(uint8_t *out, uint64_t v) {
 }
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
+static void dl_win_unmap(pool_job *j) {
+  dl_win *w = (dl_win *)((char *)j - offsetof(dl_win, job));
+  munmap(w->map, w->len);
+}
+
+static void dl_win_unmapped(pool_job *j, int canceled) {
+  dl_win *w = (dl_win *)((char *)j - offsetof(dl_win, job));
+  if (canceled) munmap(w->map, w->len); /* never: the pool only cancels on request */
+  free(w);
+}
+
+/* The last reference: unmap off the loop (a 2 MiB window is 512 page
+ * table entries to tear down). */
 static void dl_win_release(bufref *r) {
   dl_win *w = (dl_win *)r;
   if (--w->refs) return;
-  munmap(w->map, w->len);
-  free(w);
+  pool_submit(&w->job, dl_win_unmap, dl_win_unmapped);
 }
 
 static void dl_free(fs_download *d) {
