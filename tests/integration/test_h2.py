@@ -7,6 +7,8 @@
 * Flow control with a slow reader: a ~20 MiB GetFileStream read through a
   tiny window; the server's RSS stays bounded and the bytes are intact.
 * h2c upgrade (curl --http2).
+* The idle timer never cuts a response still going out: a stalled reader,
+  and a client whose stream window stays at 0 (bytes held in the stream).
 """
 import hashlib
 import json
@@ -422,3 +424,33 @@ def test_idle_timer_never_cuts_a_response_still_going_out(quick_idle, tmp_path):
     envs = parse_envelopes(got)
     assert envs[-1] == (2, b"{}")
     assert b"".join(pb.FileChunk.FromString(p).content for fl, p in envs[:-1]) == data
+
+
+def test_idle_timer_with_a_closed_stream_window(quick_idle, tmp_path):
+    """A client whose stream window is 0: the download's service finishes at
+    once and every byte waits in the stream's queue inside the server (none
+    in the socket, nothing for the kernel to push).  The idle timer fires
+    twice meanwhile; the connection must stay up because the response has
+    not ended (no END_STREAM yet), and everything arrives once the client
+    opens the window."""
+    data = os.urandom(300 * 1024)
+    f = tmp_path / "shut.bin"
+    f.write_bytes(data)
+    c = H2Client("127.0.0.1", quick_idle.port, stream_window=0)
+    try:
+        sid = c.connect_stream(FS + "GetFileStream", [pb.GetFileRequest(filepath=str(f)).SerializeToString()],
+                               quick_idle.token)
+        deadline = time.time() + 4.0  # > 2 idle times (1.5 s)
+        while time.time() < deadline:
+            c.pump(0.2)
+            assert not c.closed and c.terminated is None, "connection cut while the response waits"
+        st = c.streams[sid]
+        assert st.status == 200 and st.body == b"" and not st.done
+        c.conn.increment_flow_control_window(4 * MiB, stream_id=sid)
+        c.flush()
+        c.wait(sid, timeout=20)
+    finally:
+        c.close()
+    envs = H2Client.envelopes(st.body)
+    assert envs[-1] == (2, b"{}")
+    assert b"".join(pb.FileChunk.FromString(p).content for _, p in envs[:-1]) == data
