@@ -47,6 +47,8 @@ typedef struct pool {
   pool_job *qhead, *qtail; /* FIFO, doubly linked (cancel unlinks) */
   unsigned nqueued;
   unsigned busy; /* runners inside a job's work */
+  unsigned live; /* runners that will still take jobs (spawned, not yet
+                  * past their decision to return) */
   pool_job *dhead, *dtail; /* finished or canceled, for the loop */
   uv_async_t async;
   uv_timer_t poll; /* while jobs are out (see above) */
@@ -122,6 +124,7 @@ static void runner_work(uv_work_t *req) {
     }
     pool_job *j = taken < POOL_RUNNER_BATCH ? fifo_take(p) : NULL;
     int empty = p->qhead == NULL;
+    if (!j) p->live--; /* returning: no longer counts as free */
     uv_mutex_unlock(&p->lock);
     if (prev) {
       uint64_t now = uv_hrtime();
@@ -142,9 +145,9 @@ static void runner_spawn(pool *p);
 /* Queued jobs and no runner free to take them (none at all, or every one
  * inside a job that may be a long walk): one more runner, up to the cap.
  * A free runner drains a deep queue by itself unless it is very deep. */
-static void pool_grow(pool *p, unsigned queued, unsigned busy) {
+static void pool_grow(pool *p, unsigned queued, unsigned busy, unsigned live) {
   if (!queued || p->runners >= p->max_runners) return;
-  unsigned free_runners = p->runners > busy ? p->runners - busy : 0;
+  unsigned free_runners = live > busy ? live - busy : 0;
   if (free_runners == 0 || queued > free_runners * POOL_JOBS_PER_RUNNER) runner_spawn(p);
 }
 
@@ -155,9 +158,9 @@ static void runner_after(uv_work_t *req, int status) {
   free(r);
   p->runners--;
   uv_mutex_lock(&p->lock);
-  unsigned left = p->nqueued, busy = p->busy;
+  unsigned left = p->nqueued, busy = p->busy, live = p->live;
   uv_mutex_unlock(&p->lock);
-  pool_grow(p, left, busy);
+  pool_grow(p, left, busy, live);
   /* finished jobs of this runner may still sit in the list */
   pool_on_async(&p->async);
 }
@@ -167,11 +170,17 @@ static void runner_spawn(pool *p) {
   if (r) {
     r->p = p;
     r->req.data = r;
+    uv_mutex_lock(&p->lock);
+    p->live++; /* before it can start (and count itself out) */
+    uv_mutex_unlock(&p->lock);
     if (uv_queue_work(conch.loop, &r->req, runner_work, runner_after) == 0) {
       p->runners++;
       p->started++;
       return;
     }
+    uv_mutex_lock(&p->lock);
+    p->live--;
+    uv_mutex_unlock(&p->lock);
     free(r);
   }
   /* No new runner.  With none running, fail what is queued rather than
@@ -210,9 +219,9 @@ static void pool_on_async(uv_async_t *a) {
 static void pool_on_poll(uv_timer_t *t) {
   pool *p = t->data;
   uv_mutex_lock(&p->lock);
-  unsigned queued = p->nqueued, busy = p->busy;
+  unsigned queued = p->nqueued, busy = p->busy, live = p->live;
   uv_mutex_unlock(&p->lock);
-  pool_grow(p, queued, busy);
+  pool_grow(p, queued, busy, live);
   pool_on_async(&p->async);
 }
 
@@ -246,10 +255,10 @@ static void pool_on_prepare(uv_prepare_t *h) {
   if (p->qtail) p->qtail->next = p->shead;
   else p->qhead = p->shead;
   p->qtail = p->stail;
-  unsigned queued = p->nqueued, busy = p->busy;
+  unsigned queued = p->nqueued, busy = p->busy, live = p->live;
   uv_mutex_unlock(&p->lock);
   p->shead = p->stail = NULL;
-  pool_grow(p, queued, busy);
+  pool_grow(p, queued, busy, live);
   if (!uv_is_active((uv_handle_t *)&p->poll))
     uv_timer_start(&p->poll, pool_on_poll, POOL_POLL_MS, POOL_POLL_MS);
 }

@@ -10,7 +10,8 @@
  * (overlapping disk and network) unless the call's queue holds
  * RPC_OUTQ_HIGH bytes; then it waits for the drain callback.
  *
- * Regular files with the proto codec are not read at all: the pool maps
+ * Regular files with the proto codec are not read at all (unless their
+ * size is 0: procfs files have content all the same): the pool maps
  * a window of DL_WINDOW bytes (mmap + MADV_POPULATE_READ, so any disk
  * reading happens there, never on the loop) and each 1 MiB chunk goes out
  * as a small framing buffer followed by the mapped bytes themselves
@@ -245,7 +246,8 @@ static void dl_open_work(uv_work_t *req) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     d->first_read = 1;
-    if (!S_ISREG(st.st_mode)) d->map_mode = 0;
+    /* pseudo files (procfs: size 0, content on read) are read, not mapped */
+    if (!S_ISREG(st.st_mode) || st.st_size <= 0) d->map_mode = 0;
     if (d->map_mode) {
       dl_map(d);
     } else if (dl_alloc(d) != 0) {

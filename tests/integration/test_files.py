@@ -418,6 +418,30 @@ def test_download_proto_mapped_sizes(server, tmp_path, mode, size):
     assert b"".join(c.content for c in chunks) == data
 
 
+PSEUDO_FILES = ["/proc/version", "/sys/kernel/mm/transparent_hugepage/enabled"]
+
+
+@pytest.mark.parametrize("json_codec", [True, False])
+@pytest.mark.parametrize("path", PSEUDO_FILES)
+def test_download_pseudo_file_reads_its_content(client, json_codec, path):
+    """procfs files report size 0 and sysfs attributes 4096 yet produce their
+    content on read: they are read, never mapped (a mapped window would see
+    an empty or a zero-filled file)."""
+    pb = pytest.importorskip("agent_pb2")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not on this machine")
+    want = open(path, "rb").read()
+    assert want and len(want) != os.stat(path).st_size
+    if json_codec:
+        out, end = down(client, path)
+        assert end == {} and chunk_bytes(out) == want
+    else:
+        st, out, end = client.stream(DOWNLOAD, [pb.GetFileRequest(filepath=path).SerializeToString()],
+                                     json_codec=False)
+        assert st == 200 and end == {}
+        assert b"".join(pb.FileChunk.FromString(m).content for m in out) == want
+
+
 def test_download_fifo_streams_until_eof(client, tmp_path):
     p = str(tmp_path / "fifo")
     os.mkfifo(p)
