@@ -5,11 +5,13 @@
  * just before the loop polls, under one lock, and wakes a runner only
  * when none runs or the queue is deep.  Shared state (the FIFO, the
  * finished list) is under one mutex; the runner count lives on the loop
- * thread only.  A runner returns after
- * POOL_RUNNER_BATCH jobs even when more are queued, so that other
+ * thread only.  A runner returns once it has worked POOL_RUNNER_NS (or
+ * taken POOL_RUNNER_JOBS jobs) even when more are queued, so that other
  * uv_queue_work users (uploads, downloads, process starts) get their turn
  * in libuv's own FIFO; its after-work callback queues a new runner when
- * jobs remain.
+ * jobs remain.  A time budget rather than a small job count: under a
+ * stream of one-file listings a runner handed over every 32 jobs, and each
+ * hand-over cost a thread wake-up and two context switches.
  *
  * Finished jobs wake the loop in groups: a runner signals the async
  * handle when the FIFO is empty (so the last job of a burst, which may be
@@ -30,7 +32,8 @@
 
 #include "agent/daemon.h"
 
-#define POOL_RUNNER_BATCH 32
+#define POOL_RUNNER_NS 2000000u /* 2 ms */
+#define POOL_RUNNER_JOBS 4096
 #define POOL_JOBS_PER_RUNNER 64 /* queue depth per free runner that asks for one more */
 #define POOL_SIGNAL_JOBS 16
 #define POOL_SIGNAL_NS 100000u /* 100 µs */
@@ -114,7 +117,7 @@ static void runner_work(uv_work_t *req) {
   pool *p = r->p;
   pool_job *prev = NULL; /* finished, not yet on the list */
   unsigned unsignaled = 0;
-  uint64_t oldest = 0;
+  uint64_t oldest = 0, start = uv_hrtime(), now = start;
   for (int taken = 0;; taken++) {
     /* one lock per job: hand the last one over, take the next */
     uv_mutex_lock(&p->lock);
@@ -122,12 +125,12 @@ static void runner_work(uv_work_t *req) {
       p->busy--;
       finished_push(p, prev);
     }
-    pool_job *j = taken < POOL_RUNNER_BATCH ? fifo_take(p) : NULL;
+    int turn_over = taken >= POOL_RUNNER_JOBS || now - start >= POOL_RUNNER_NS;
+    pool_job *j = turn_over ? NULL : fifo_take(p);
     int empty = p->qhead == NULL;
     if (!j) p->live--; /* returning: no longer counts as free */
     uv_mutex_unlock(&p->lock);
     if (prev) {
-      uint64_t now = uv_hrtime();
       if (unsignaled++ == 0) oldest = now;
       if (!j || empty || unsignaled >= POOL_SIGNAL_JOBS || now - oldest >= POOL_SIGNAL_NS) {
         uv_async_send(&p->async); /* coalesced while one is pending */
@@ -137,6 +140,7 @@ static void runner_work(uv_work_t *req) {
     if (!j) break;
     j->work(j);
     prev = j;
+    now = uv_hrtime();
   }
 }
 
