@@ -3,7 +3,8 @@
  * pool_submit only stages the job (loop thread, no lock); a uv_prepare
  * handle moves everything staged in one loop turn into the shared FIFO
  * just before the loop polls, under one lock, and wakes a runner only
- * when none runs or the queue is deep.  Shared state (the FIFO, the
+ * when no runner is free (none runs, or every one has been inside one job
+ * for POOL_STUCK_NS — a long walk) or the queue is deep.  Shared state (the FIFO, the
  * finished list) is under one mutex; the runner count lives on the loop
  * thread only.  A runner returns once it has worked POOL_RUNNER_NS (or
  * taken POOL_RUNNER_JOBS jobs) even when more are queued, so that other
@@ -38,6 +39,7 @@
 #define POOL_SIGNAL_JOBS 16
 #define POOL_SIGNAL_NS 100000u /* 100 µs */
 #define POOL_POLL_MS 1
+#define POOL_STUCK_NS 500000u /* a runner this long in one job may be in a long walk */
 
 enum { JOB_STAGED = 1, JOB_QUEUED, JOB_RUNNING, JOB_FINISHED };
 
@@ -49,9 +51,9 @@ typedef struct pool {
   uv_mutex_t lock;
   pool_job *qhead, *qtail; /* FIFO, doubly linked (cancel unlinks) */
   unsigned nqueued;
-  unsigned busy; /* runners inside a job's work */
   unsigned live; /* runners that will still take jobs (spawned, not yet
                   * past their decision to return) */
+  struct runner *rlist; /* those runners */
   pool_job *dhead, *dtail; /* finished or canceled, for the loop */
   uv_async_t async;
   uv_timer_t poll; /* while jobs are out (see above) */
@@ -63,6 +65,9 @@ typedef struct pool {
 typedef struct runner {
   uv_work_t req;
   pool *p;
+  struct runner *prev, *next; /* p->rlist, under the lock */
+  uint64_t job_start;         /* under the lock */
+  int in_job;
 } runner;
 
 static void pool_on_async(uv_async_t *a);
@@ -99,6 +104,17 @@ static void finished_push(pool *p, pool_job *j) {
 }
 
 /* Take the FIFO's head; caller holds the lock. */
+/* Runners free to take queued jobs soon: all live ones except those inside
+ * one job for POOL_STUCK_NS already (perhaps a walk of "/"; a runner in a
+ * one-file stat is done in microseconds).  Caller holds the lock. */
+static unsigned pool_free_runners(pool *p) {
+  uint64_t now = uv_hrtime();
+  unsigned n = 0;
+  for (runner *r = p->rlist; r; r = r->next)
+    if (!r->in_job || now - r->job_start < POOL_STUCK_NS) n++;
+  return n;
+}
+
 static pool_job *fifo_take(pool *p) {
   pool_job *j = p->qhead;
   if (j) {
@@ -106,7 +122,6 @@ static pool_job *fifo_take(pool *p) {
     if (p->qhead) p->qhead->prev = NULL;
     else p->qtail = NULL;
     p->nqueued--;
-    p->busy++;
     j->state = JOB_RUNNING;
   }
   return j;
@@ -122,13 +137,19 @@ static void runner_work(uv_work_t *req) {
     /* one lock per job: hand the last one over, take the next */
     uv_mutex_lock(&p->lock);
     if (prev) {
-      p->busy--;
       finished_push(p, prev);
     }
     int turn_over = taken >= POOL_RUNNER_JOBS || now - start >= POOL_RUNNER_NS;
     pool_job *j = turn_over ? NULL : fifo_take(p);
     int empty = p->qhead == NULL;
-    if (!j) p->live--; /* returning: no longer counts as free */
+    r->in_job = j != NULL;
+    r->job_start = now;
+    if (!j) { /* returning: no longer counts as free */
+      p->live--;
+      if (r->prev) r->prev->next = r->next;
+      else p->rlist = r->next;
+      if (r->next) r->next->prev = r->prev;
+    }
     uv_mutex_unlock(&p->lock);
     if (prev) {
       if (unsignaled++ == 0) oldest = now;
@@ -149,9 +170,8 @@ static void runner_spawn(pool *p);
 /* Queued jobs and no runner free to take them (none at all, or every one
  * inside a job that may be a long walk): one more runner, up to the cap.
  * A free runner drains a deep queue by itself unless it is very deep. */
-static void pool_grow(pool *p, unsigned queued, unsigned busy, unsigned live) {
+static void pool_grow(pool *p, unsigned queued, unsigned free_runners) {
   if (!queued || p->runners >= p->max_runners) return;
-  unsigned free_runners = live > busy ? live - busy : 0;
   if (free_runners == 0 || queued > free_runners * POOL_JOBS_PER_RUNNER) runner_spawn(p);
 }
 
@@ -162,9 +182,9 @@ static void runner_after(uv_work_t *req, int status) {
   free(r);
   p->runners--;
   uv_mutex_lock(&p->lock);
-  unsigned left = p->nqueued, busy = p->busy, live = p->live;
+  unsigned left = p->nqueued, free_runners = pool_free_runners(p);
   uv_mutex_unlock(&p->lock);
-  pool_grow(p, left, busy, live);
+  pool_grow(p, left, free_runners);
   /* finished jobs of this runner may still sit in the list */
   pool_on_async(&p->async);
 }
@@ -174,8 +194,14 @@ static void runner_spawn(pool *p) {
   if (r) {
     r->p = p;
     r->req.data = r;
+    r->prev = NULL;
+    r->in_job = 0;
+    r->job_start = 0;
     uv_mutex_lock(&p->lock);
     p->live++; /* before it can start (and count itself out) */
+    r->next = p->rlist;
+    if (r->next) r->next->prev = r;
+    p->rlist = r;
     uv_mutex_unlock(&p->lock);
     if (uv_queue_work(conch.loop, &r->req, runner_work, runner_after) == 0) {
       p->runners++;
@@ -184,6 +210,9 @@ static void runner_spawn(pool *p) {
     }
     uv_mutex_lock(&p->lock);
     p->live--;
+    if (r->prev) r->prev->next = r->next;
+    else p->rlist = r->next;
+    if (r->next) r->next->prev = r->prev;
     uv_mutex_unlock(&p->lock);
     free(r);
   }
@@ -223,9 +252,9 @@ static void pool_on_async(uv_async_t *a) {
 static void pool_on_poll(uv_timer_t *t) {
   pool *p = t->data;
   uv_mutex_lock(&p->lock);
-  unsigned queued = p->nqueued, busy = p->busy, live = p->live;
+  unsigned queued = p->nqueued, free_runners = pool_free_runners(p);
   uv_mutex_unlock(&p->lock);
-  pool_grow(p, queued, busy, live);
+  pool_grow(p, queued, free_runners);
   pool_on_async(&p->async);
 }
 
@@ -245,7 +274,8 @@ void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *,
 }
 
 /* Hand this turn's jobs to the runners: one lock, and a new runner only
- * when none runs or the queue is deep. */
+ * when no runner is free (none runs, or every one has been inside one job
+ * for POOL_STUCK_NS — a long walk) or the queue is deep. */
 static void pool_on_prepare(uv_prepare_t *h) {
   pool *p = h->data;
   uv_prepare_stop(h);
@@ -259,10 +289,10 @@ static void pool_on_prepare(uv_prepare_t *h) {
   if (p->qtail) p->qtail->next = p->shead;
   else p->qhead = p->shead;
   p->qtail = p->stail;
-  unsigned queued = p->nqueued, busy = p->busy, live = p->live;
+  unsigned queued = p->nqueued, free_runners = pool_free_runners(p);
   uv_mutex_unlock(&p->lock);
   p->shead = p->stail = NULL;
-  pool_grow(p, queued, busy, live);
+  pool_grow(p, queued, free_runners);
   if (!uv_is_active((uv_handle_t *)&p->poll))
     uv_timer_start(&p->poll, pool_on_poll, POOL_POLL_MS, POOL_POLL_MS);
 }
