@@ -41,6 +41,10 @@ struct rpc_call {
   int started; /* response head sent */
   /* lifetime */
   int svc_live, finished, hx_live, freeing;
+  int in_cancel; /* inside the service's on_cancel */
+  int end_held;  /* rpc_defer_end: the final answer waits for rpc_end_deferred */
+  rpc_code held_code;
+  char *held_msg;
   int had_nul;
   void (*drain_cb)(rpc_call *);
   void *user;
@@ -174,7 +178,7 @@ static void call_closed(uv_handle_t *h) {
 
 /* Free once neither the service nor the transport can reach the call. */
 static void call_maybe_free(rpc_call *c) {
-  if (c->svc_live || c->hx_live || c->freeing) return;
+  if (c->svc_live || c->hx_live || c->end_held || c->freeing) return;
   c->freeing = 1;
   uv_close((uv_handle_t *)&c->deadline, call_closed);
   uv_close((uv_handle_t *)&c->soon, call_closed);
@@ -288,10 +292,30 @@ static void call_fail(rpc_call *c, rpc_code code, const char *msg) {
   uv_timer_stop(&c->deadline);
   if (c->svc_live) {
     c->svc_live = 0;
+    c->in_cancel = 1;
     if (c->m->on_cancel) c->m->on_cancel(c, code);
+    c->in_cancel = 0;
   }
   LOG_DEBUG("rpc failed path=%s code=%s msg=%s", c->m->path, rpc_code_name(code), msg);
+  if (c->end_held) { /* the service finishes its cleanup first */
+    c->held_code = code;
+    c->held_msg = msg ? strdup(msg) : NULL;
+    return;
+  }
   call_render_end(c, code, msg);
+  call_maybe_free(c);
+}
+
+void rpc_defer_end(rpc_call *c) {
+  if (c->in_cancel) c->end_held = 1;
+}
+
+void rpc_end_deferred(rpc_call *c) {
+  if (!c->end_held) return;
+  c->end_held = 0;
+  if (c->hx_live) call_render_end(c, c->held_code, c->held_msg);
+  free(c->held_msg);
+  c->held_msg = NULL;
   call_maybe_free(c);
 }
 
@@ -692,7 +716,9 @@ static void on_abort(hx *x) {
     uv_timer_stop(&c->deadline);
     if (c->svc_live) {
       c->svc_live = 0;
+      c->in_cancel = 1;
       if (c->m->on_cancel) c->m->on_cancel(c, RPC_CANCELED);
+      c->in_cancel = 0;
     }
   }
   call_maybe_free(c);

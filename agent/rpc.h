@@ -10,7 +10,9 @@
  *
  * Lifetime: a call is live from the first service callback until the service
  * calls rpc_finish() or the layer calls on_cancel(); after either the service
- * must not touch the call again.  Everything runs on the loop thread.
+ * must not touch the call again — except that on_cancel may call
+ * rpc_defer_end() and then owes one rpc_end_deferred().  Everything runs on
+ * the loop thread.
  *
  * Backpressure out: rpc_send() always queues (bounded only by the caller);
  * a producer that can outpace the client checks rpc_outq_bytes() against
@@ -134,6 +136,14 @@ size_t rpc_outq_bytes(const rpc_call *c);
 /* One-shot: cb runs once the queue falls below RPC_OUTQ_HIGH/2 (or at once,
  * from the loop, if it already is).  NULL cancels. */
 void rpc_on_drain(rpc_call *c, void (*cb)(rpc_call *c));
+
+/* From inside on_cancel only: hold the call's final answer (the error the
+ * layer raised — bad input, deadline) until the service has undone what the
+ * client must not see afterwards (an upload's temp file), and then calls
+ * rpc_end_deferred(c) exactly once; the call stays valid for that call alone.
+ * A peer that went away gets no answer either way. */
+void rpc_defer_end(rpc_call *c);
+void rpc_end_deferred(rpc_call *c);
 
 /* Client streaming: stop (1) / resume (0) delivering messages. */
 void rpc_pause_input(rpc_call *c, int paused);

@@ -51,6 +51,7 @@ typedef enum up_op { UP_OPEN, UP_WRITE, UP_COMMIT, UP_CLEANUP } up_op;
 
 typedef struct fs_upload {
   rpc_call *call; /* NULL once the call ended (finished or canceled) */
+  rpc_call *held; /* canceled with the answer held until the temp file is gone */
   char *target;
   char *tmp; /* temp file path while it exists */
   int fd;
@@ -77,6 +78,7 @@ static void up_chunks_free(up_chunk *k) {
 }
 
 static void up_free(fs_upload *u) {
+  if (u->held) rpc_end_deferred(u->held); /* the cleanup is done: answer now */
   up_chunks_free(u->batch);
   up_chunks_free(u->q_head);
   free(u->target);
@@ -478,6 +480,12 @@ void fs_upload_on_cancel(rpc_call *c, rpc_code why) {
   u->call = NULL;
   atomic_store(&u->canceled, 1);
   if (u->sending) return; /* up_succeed frees */
+  /* an error the layer raised (a broken envelope, the deadline) is only
+   * answered once the temp file is gone, as for the service's own errors */
+  if (u->busy || u->fd >= 0 || u->tmp) {
+    rpc_defer_end(c);
+    u->held = c;
+  }
   if (u->busy) uv_cancel((uv_req_t *)&u->req); /* up_after then disposes */
   up_dispose(u);
 }

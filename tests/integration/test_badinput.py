@@ -150,12 +150,11 @@ MALFORMED_REQUEST_LINES = [
 ]
 
 
-def no_leftovers(d, timeout=3.0):
-    """The directory is empty once the server's cleanup ran: a temp file
-    removed in the thread pool may outlive the error answer by a moment."""
-    deadline = time.time() + timeout
-    while os.listdir(d) and time.time() < deadline:
-        time.sleep(0.02)
+def no_leftovers(d):
+    """The directory is empty when the client has the error answer: the
+    server answers an upload's error — its own or one the protocol layer
+    raised (a broken envelope, the deadline) — only after the temp file is
+    gone (rpc_defer_end)."""
     return os.listdir(d) == []
 
 

@@ -300,3 +300,48 @@ def test_list_proto_response_over_cap(server, tmp_path):
     assert st == 429
     assert body == {"code": "resource_exhausted",
                     "message": "file list exceeds maximum message size 16777216 bytes"}
+
+
+@pytest.fixture()
+def one_thread_server():
+    """A private server with one thread-pool thread: a long walk holds every
+    disk operation behind it."""
+    yield from serve("files-one-thread", env={"UV_THREADPOOL_SIZE": "1"})
+
+
+def test_layer_error_answered_after_temp_removed(one_thread_server, tmp_path):
+    """An upload ended by an error the protocol layer raises (a broken
+    envelope) is answered only once its temp file is gone, even when the
+    removal waits behind a long walk in the thread pool: a client that gets
+    the error never finds a .conch-upload-* file."""
+    srv = one_thread_server
+    target = str(tmp_path / "held.txt")
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\n"
+               "conch-init-token: %s\r\nTransfer-Encoding: chunked\r\n\r\n"
+               % (UPLOAD, srv.token)).encode())
+    env = envelope(b'{"filepath": "%s", "content": "aGVsbG8="}' % target.encode())
+    s.sendall(b"%x\r\n%s\r\n" % (len(env), env))
+    deadline = time.time() + 10
+    while not [n for n in os.listdir(tmp_path) if n.startswith(".conch-upload-")]:
+        assert time.time() < deadline, "temp file never appeared"
+        time.sleep(0.02)
+    # occupy the only pool thread with a walk of /usr (about a second)
+    c = Client(srv.url, srv.token)
+    t = threading.Thread(target=lambda: c.unary(SEARCH, {"path": "/usr", "pattern": "no-such-*.xyz"}))
+    t.start()
+    time.sleep(0.2)
+    bad = b"\x00\x00\x00\x00\x05{\"no"  # an envelope whose JSON is cut short
+    s.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(bad), bad))
+    s.settimeout(30)
+    resp = b""
+    while not resp.endswith(b"0\r\n\r\n"):
+        d = s.recv(65536)
+        assert d, resp
+        resp += d
+    left = [n for n in os.listdir(tmp_path) if n.startswith(".conch-upload-")]
+    s.close()
+    t.join(30)
+    assert b"invalid_argument" in resp, resp
+    assert left == [], "the error came before the temp file was removed"
+    assert not os.path.exists(target)

@@ -280,6 +280,7 @@ static struct {
   rpc_call *call;
   char log[4096];
   int nmsg, send_fail, drained, packed_rc;
+  int hold_end; /* on_cancel calls rpc_defer_end */
   int64_t timeout;
   const char *proto;
 } svc;
@@ -395,9 +396,15 @@ static void svc_on_input_end(rpc_call *c) {
   svc_done(c, RPC_OK, NULL);
 }
 
+static rpc_call *held_call; /* on_cancel held the answer (svc.hold_end) */
+
 static void svc_on_cancel(rpc_call *c, rpc_code why) {
   logf_("cancel(%s);", rpc_code_name(why));
   svc.call = NULL;
+  if (svc.hold_end) {
+    rpc_defer_end(c);
+    held_call = c;
+  }
 }
 
 static const rpc_method m_unary = {"/pb.FileService/ListFiles", RPC_UNARY,
@@ -1346,6 +1353,52 @@ TEST(stream_output_proto_and_json) {
   fake_done();
 }
 
+/* rpc_defer_end: an error the layer raised is answered only when the
+ * service says its cleanup is done; a peer gone meanwhile gets nothing and
+ * the call is freed once (ASan checks). */
+TEST(deferred_end) {
+  svc_reset(S_REPLY);
+  svc.hold_end = 1;
+  held_call = NULL;
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed("\x00\x00\x00\x00\x0a" "abc", 8, 100);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, "open;cancel(invalid_argument);");
+  ASSERT(held_call != NULL);
+  ASSERT_EQ(F.nend, 0); /* held */
+  uv_run(loop, UV_RUN_NOWAIT);
+  ASSERT_EQ(F.nend, 0);
+  rpc_end_deferred(held_call);
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: incomplete "
+                    "envelope: 8 bytes left over\"}}");
+
+  /* the peer goes away while the answer is held */
+  svc_reset(S_REPLY);
+  svc.hold_end = 1;
+  held_call = NULL;
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed("\x00\x00\x00\x00\x0a" "abc", 8, 100);
+  feed_end();
+  ASSERT(held_call != NULL);
+  F.x.ended = 1;
+  F.x.h->on_abort(&F.x);
+  ASSERT_EQ(F.nend, 0);
+  rpc_end_deferred(held_call); /* frees; nothing to answer */
+  ASSERT_EQ(F.nend, 0);
+  fake_done();
+
+  /* outside on_cancel rpc_defer_end does nothing */
+  svc_reset(S_HOLD);
+  open_call(&m_sstream, "application/connect+json", NULL);
+  feed("\x00\x00\x00\x00\x02{}", 7, 100);
+  feed_end();
+  ASSERT(svc.call != NULL);
+  rpc_defer_end(svc.call);
+  rpc_finish(svc.call, RPC_OK, NULL);
+  expect_stream_end("{}");
+  fake_done();
+}
+
 /* ------------------------------------------------------------ backpressure */
 
 TEST(pause_input) {
@@ -1850,6 +1903,7 @@ int main(void) {
   RUN(envelopes_split_everywhere);
   RUN(server_stream_request);
   RUN(truncated_envelope);
+  RUN(deferred_end);
   RUN(oversized_envelope);
   RUN(envelope_flags);
   RUN(stream_compression);
