@@ -313,6 +313,7 @@ void rpc_defer_end(rpc_call *c) {
 void rpc_end_deferred(rpc_call *c) {
   if (!c->end_held) return;
   c->end_held = 0;
+  if (c->in_cancel) return; /* still inside on_cancel: its caller answers as usual */
   if (c->hx_live) call_render_end(c, c->held_code, c->held_msg);
   free(c->held_msg);
   c->held_msg = NULL;
@@ -404,11 +405,7 @@ int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const
   h[3] = (uint8_t)(total >> 8);
   h[4] = (uint8_t)total;
   start_stream(c, c->x);
-  if (hx_write_at(c->x, buf, off - 5, len + 5) != 0) {
-    ref->release(ref);
-    return -1;
-  }
-  return hx_write_ref(c->x, data, dlen, ref);
+  return hx_write_pair(c->x, buf, off - 5, len + 5, data, dlen, ref);
 }
 
 void rpc_finish(rpc_call *c, rpc_code code, const char *message) {

@@ -539,18 +539,22 @@ static void h2_resume(h2s *st) {
   conn_defer(st->sess->c, h2_deferred);
 }
 
-static int h2_write(hx *x, void *owner, const uint8_t *data, size_t len) {
+static int h2_write(hx *x, const hx_part *parts, unsigned n) {
   h2s *st = x->tp;
-  h2buf *b = h2_buf_new(st);
-  if (!b) {
-    bufref_owner_free(owner);
-    return -1;
+  h2buf *b[2] = {NULL, NULL};
+  for (unsigned i = 0; i < n; i++) /* every node first: all or nothing */
+    if (!(b[i] = h2_buf_new(st))) {
+      for (unsigned k = 0; k < i; k++) h2_buf_free(st, b[k]);
+      for (unsigned k = 0; k < n; k++) bufref_owner_free(parts[k].owner);
+      return -1;
+    }
+  for (unsigned i = 0; i < n; i++) {
+    *b[i] = (h2buf){NULL, parts[i].owner, parts[i].data, parts[i].len, 0};
+    if (st->qtail) st->qtail->next = b[i];
+    else st->qhead = b[i];
+    st->qtail = b[i];
+    st->outq += parts[i].len;
   }
-  *b = (h2buf){NULL, owner, data, len, 0};
-  if (st->qtail) st->qtail->next = b;
-  else st->qhead = b;
-  st->qtail = b;
-  st->outq += len;
   if (st->outq > HX_OUTQ_LOW) st->drain_armed = 1;
   if (!st->submitted) return h2_submit(st, 1);
   h2_resume(st);

@@ -364,17 +364,20 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   return 0;
 }
 
-static int h1_write(hx *x, void *owner, const uint8_t *data, size_t len) {
+/* The pieces go out as one chunk (chunked) or back to back. */
+static int h1_write(hx *x, const hx_part *parts, unsigned n) {
   h1 *s = x->tp;
   if (s->head_only) { /* the head says what a GET would get; no body */
-    bufref_owner_free(owner);
+    for (unsigned i = 0; i < n; i++) bufref_owner_free(parts[i].owner);
     return 0;
   }
-  uv_buf_t bufs[4];
-  void *owned[3];
+  uv_buf_t bufs[5];
+  void *owned[4];
   unsigned nb = 0, no = 0;
   char sz[24];
   int szl = 0;
+  size_t len = 0;
+  for (unsigned i = 0; i < n; i++) len += parts[i].len;
   h1_flush_head(s, bufs, &nb, owned, &no);
   if (s->chunked) {
     szl = snprintf(sz, sizeof sz, "%zx\r\n", len);
@@ -382,7 +385,7 @@ static int h1_write(hx *x, void *owner, const uint8_t *data, size_t len) {
       char *p = malloc((size_t)szl);
       if (!p) {
         for (unsigned i = 0; i < no; i++) free(owned[i]);
-        bufref_owner_free(owner);
+        for (unsigned i = 0; i < n; i++) bufref_owner_free(parts[i].owner);
         return -1;
       }
       memcpy(p, sz, (size_t)szl);
@@ -391,8 +394,10 @@ static int h1_write(hx *x, void *owner, const uint8_t *data, size_t len) {
       szl = 0;
     }
   }
-  bufs[nb++] = uv_buf_init((char *)data, (unsigned)len);
-  owned[no++] = owner;
+  for (unsigned i = 0; i < n; i++) {
+    bufs[nb++] = uv_buf_init((char *)parts[i].data, (unsigned)parts[i].len);
+    owned[no++] = parts[i].owner;
+  }
   if (s->chunked) bufs[nb++] = uv_buf_init("\r\n", 2);
   int r = conn_write_pre(s->c, sz, (size_t)szl, bufs, nb, owned, no);
   if (s->c->outq > HX_OUTQ_LOW) s->drain_armed = 1;

@@ -24,24 +24,33 @@ int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_
   return x->ops->respond(x, status, h, n, content_length);
 }
 
-static int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len) {
+/* n <= 2 (the transports' limit) */
+static int hx_write_parts(hx *x, hx_part *p, unsigned n) {
+  unsigned k = 0;
+  for (unsigned i = 0; i < n; i++) { /* empty pieces are released at once */
+    if (p[i].len == 0) bufref_owner_free(p[i].owner);
+    else p[k++] = p[i];
+  }
   if (!x->responded || x->ended) {
-    bufref_owner_free(owner);
+    for (unsigned i = 0; i < k; i++) bufref_owner_free(p[i].owner);
     return -1;
   }
-  if (len == 0) {
-    bufref_owner_free(owner);
-    return 0;
-  }
-  return x->ops->write(x, owner, data, len);
+  return k ? x->ops->write(x, p, k) : 0;
+}
+
+static int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len) {
+  hx_part p = {owner, data, len};
+  return hx_write_parts(x, &p, 1);
+}
+
+int hx_write_pair(hx *x, uint8_t *buf, size_t off, size_t len, const uint8_t *data, size_t dlen,
+                  bufref *ref) {
+  hx_part p[2] = {{buf, buf + off, len}, {bufref_owner(ref), data, dlen}};
+  return hx_write_parts(x, p, 2);
 }
 
 int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len) {
   return hx_write_owned(x, buf, buf + off, len);
-}
-
-int hx_write_ref(hx *x, const uint8_t *data, size_t len, bufref *ref) {
-  return hx_write_owned(x, bufref_owner(ref), data, len);
 }
 
 int hx_write(hx *x, uint8_t *buf, size_t len) { return hx_write_at(x, buf, 0, len); }

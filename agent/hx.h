@@ -40,12 +40,20 @@ typedef struct hx_handler {
 
 #define HX_OUTQ_LOW (1u * 1024 * 1024)
 
+/* One piece of body bytes: len > 0 bytes at data; owner (bufref.h) is
+ * released once they are written, or at once on failure. */
+typedef struct hx_part {
+  void *owner;
+  const uint8_t *data;
+  size_t len;
+} hx_part;
+
 /* Transport side of an hx (a vtable; see http1.c, h2.c). */
 typedef struct hx_ops {
   int (*respond)(hx *x, int status, const hx_header *h, size_t n, int64_t content_length);
-  /* len > 0 bytes at data; owner (bufref.h) is released once they are
-   * written, or at once on failure */
-  int (*write)(hx *x, void *owner, const uint8_t *data, size_t len);
+  /* n (1 or 2) pieces that go out back to back: queued all, or none (every
+   * owner released at once) */
+  int (*write)(hx *x, const hx_part *parts, unsigned n);
   int (*end)(hx *x, const hx_header *trailers, size_t n);
   void (*pause_body)(hx *x, int paused);
   size_t (*outq)(const hx *x);
@@ -88,10 +96,13 @@ int hx_write(hx *x, uint8_t *buf, size_t len);
 int hx_write_copy(hx *x, const void *data, size_t len);
 /* The bytes at buf + off (zero-copy framing: the caller keeps headroom). */
 int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len);
-/* len bytes at data that stay valid until ref->release(ref) runs (once per
- * call, also on error) — memory the caller does not own through malloc,
- * such as a mapped file window. */
-int hx_write_ref(hx *x, const uint8_t *data, size_t len, struct bufref *ref);
+/* buf[off, off+len) (malloc'd, taken) and then dlen bytes at data held by
+ * ref — memory the caller does not own through malloc, such as a mapped
+ * file window; ref->release(ref) runs once, when they are written or at once
+ * on failure — queued together or not at all (a message's framing never
+ * goes out without its body). */
+int hx_write_pair(hx *x, uint8_t *buf, size_t off, size_t len, const uint8_t *data, size_t dlen,
+                  struct bufref *ref);
 /* Finish the response; trailers only reach HTTP/2 peers. */
 int hx_end(hx *x, const hx_header *trailers, size_t n);
 /* Whole small response in one call. */

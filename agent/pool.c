@@ -271,6 +271,11 @@ void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *,
   else p->shead = j;
   p->stail = j;
   if (!uv_is_active((uv_handle_t *)&p->prep)) uv_prepare_start(&p->prep, pool_on_prepare);
+  /* A prepare handle started from inside the prepare phase (a write that
+   * completed in conn's flush released a mapped window) runs only on the
+   * next loop turn: the poll timer makes sure there is one soon. */
+  if (!uv_is_active((uv_handle_t *)&p->poll))
+    uv_timer_start(&p->poll, pool_on_poll, POOL_POLL_MS, POOL_POLL_MS);
 }
 
 /* Hand this turn's jobs to the runners: one lock, and a new runner only

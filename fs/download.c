@@ -386,9 +386,9 @@ static void dl_after_read(uv_work_t *req, int status) {
     int r = dl_send_window(d, w);
     dl_win_release(&w->ref); /* the producer's reference */
     if (r < 0) {
-      if (!d->call)
-        dl_destroy(d); /* on_cancel ran inside rpc_send */
-      else
+      if (!d->call) { /* on_cancel ran inside rpc_send */
+        if (!d->busy) dl_destroy(d); /* else the read in flight's callback does */
+      } else
         dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
       return;
     }
@@ -410,9 +410,9 @@ static void dl_after_read(uv_work_t *req, int status) {
   if (n > 0) {
     /* d->buf now belongs to the read in flight, if any: never touch it here */
     if (dl_send(d, chunk, n) < 0) {
-      if (!d->call)
-        dl_destroy(d); /* on_cancel ran inside rpc_send */
-      else
+      if (!d->call) { /* on_cancel ran inside rpc_send */
+        if (!d->busy) dl_destroy(d); /* else the read in flight's callback does */
+      } else
         dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
       return;
     }

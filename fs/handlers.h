@@ -53,5 +53,7 @@ fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp);
 fs_walk *fs_listing_walk(fs_listing *l);
 void fs_listing_own(fs_listing *l, void *owned, void (*free_owned)(void *));
 void fs_listing_start(fs_listing *l);
+/* Give back a listing that was never started (out of memory on the way). */
+void fs_listing_discard(fs_listing *l);
 
 #endif

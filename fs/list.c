@@ -21,7 +21,7 @@ void fs_list_on_request(rpc_call *c, const ProtobufCMessage *msg) {
   fs_listing *l = fs_listing_new(c, &pb__list_files_response__descriptor);
   char *root = l ? strdup(path) : NULL;
   if (!root) {
-    free(l);
+    fs_listing_discard(l);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }

@@ -158,6 +158,10 @@ static void listing_after(pool_job *j, int canceled) {
   listing_free(l);
 }
 
+void fs_listing_discard(fs_listing *l) {
+  if (l) listing_free(l);
+}
+
 void fs_listing_start(fs_listing *l) {
   l->busy = 1;
   rpc_set_user(l->call, l);

@@ -120,7 +120,7 @@ void fs_search_on_request(rpc_call *c, const ProtobufCMessage *msg) {
   fs_listing *l = fs_listing_new(c, &pb__search_files_response__descriptor);
   search_spec *s = l ? search_spec_new(req) : NULL;
   if (!s) {
-    free(l);
+    fs_listing_discard(l);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }

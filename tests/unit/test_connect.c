@@ -140,10 +140,12 @@ static int fk_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   for (size_t i = 0; i < n; i++) cat(f->hdrs, sizeof f->hdrs, h[i].name, h[i].value);
   return 0;
 }
-static int fk_write(hx *x, void *owner, const uint8_t *data, size_t len) {
+static int fk_write(hx *x, const hx_part *parts, unsigned n) {
   fake *f = (fake *)x;
-  bb_put(&f->body, data, len);
-  bufref_owner_free(owner);
+  for (unsigned i = 0; i < n; i++) {
+    bb_put(&f->body, parts[i].data, parts[i].len);
+    bufref_owner_free(parts[i].owner);
+  }
   return 0;
 }
 static int fk_end(hx *x, const hx_header *t, size_t n) {
@@ -404,6 +406,10 @@ static void svc_on_cancel(rpc_call *c, rpc_code why) {
   if (svc.hold_end) {
     rpc_defer_end(c);
     held_call = c;
+    if (svc.hold_end == 2) { /* the cleanup was done at once */
+      rpc_end_deferred(c);
+      held_call = NULL;
+    }
   }
 }
 
@@ -1386,6 +1392,15 @@ TEST(deferred_end) {
   rpc_end_deferred(held_call); /* frees; nothing to answer */
   ASSERT_EQ(F.nend, 0);
   fake_done();
+
+  /* held and released inside on_cancel: the layer's answer as usual */
+  svc_reset(S_REPLY);
+  svc.hold_end = 2;
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed("\x00\x00\x00\x00\x0a" "abc", 8, 100);
+  feed_end();
+  expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: incomplete "
+                    "envelope: 8 bytes left over\"}}");
 
   /* outside on_cancel rpc_defer_end does nothing */
   svc_reset(S_HOLD);

@@ -225,6 +225,32 @@ TEST(runners_take_turns) {
   ASSERT(plain_done_at >= 0 && plain_done_at < 30);
 }
 
+/* A job submitted from inside a prepare callback (as conn's flush does when
+ * a completed write releases a download window) is handed over soon, not
+ * when some unrelated event next wakes the loop. */
+static tjob from_prep_job;
+static void submit_from_prepare(uv_prepare_t *h) {
+  uv_prepare_stop(h);
+  pool_submit(&from_prep_job.job, tj_work, tj_done);
+}
+
+TEST(submit_from_prepare_phase) {
+  memset(&from_prep_job, 0, sizeof from_prep_job);
+  ndone = 0;
+  uv_prepare_t prep;
+  uv_prepare_init(conch.loop, &prep);
+  uv_prepare_start(&prep, submit_from_prepare);
+  uint64_t t0 = uv_hrtime();
+  run_until(1, 1500);
+  uint64_t ms = (uv_hrtime() - t0) / 1000000;
+  uv_close((uv_handle_t *)&prep, NULL);
+  uv_run(conch.loop, UV_RUN_NOWAIT);
+  ASSERT_EQ(from_prep_job.done_calls, 1);
+  fprintf(stderr, "  a job submitted in the prepare phase was done after %llu ms\n",
+          (unsigned long long)ms);
+  ASSERT(ms < 500);
+}
+
 int main(void) {
   setenv("UV_THREADPOOL_SIZE", "2", 1);
   conch.loop = uv_default_loop();
@@ -239,5 +265,6 @@ int main(void) {
   RUN(short_before_long_not_held);
   RUN(burst_wakes_loop_in_groups);
   RUN(runners_take_turns);
+  RUN(submit_from_prepare_phase);
   return test_summary();
 }
