@@ -111,7 +111,7 @@ static void dl_win_unmap(pool_job *j) {
 
 static void dl_win_unmapped(pool_job *j, int canceled) {
   dl_win *w = (dl_win *)((char *)j - offsetof(dl_win, job));
-  if (canceled) munmap(w->map, w->len); /* never: the pool only cancels on request */
+  if (canceled) munmap(w->map, w->len); /* no runner could be started: unmap here */
   free(w);
 }
 
