@@ -332,7 +332,8 @@ static void work_done(uv_work_t *w, int status) {
     return;
   }
   if (c->work_revalidate) {
-    LOG_INFO("init message re-applied: network revalidated, token replaced");
+    LOG_INFO("init message re-applied: network %s, token replaced",
+             ips.opts.apply_network ? "revalidated" : "not managed here");
     respond_simple(c, 1, 0, NULL);
     return;
   }
