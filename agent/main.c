@@ -188,6 +188,7 @@ static int main_serve(int argc, char **argv) {
   uv_signal_start(&main_sigint, main_on_stop, SIGINT);
   LOG_INFO("conch-init %s standalone pid=%d", CONCH_VERSION, (int)getpid());
   uv_run(conch.loop, UV_RUN_DEFAULT);
+  if (init_listen) initproto_close(); /* removes a unix: socket file */
   return 0;
 }
 

@@ -608,3 +608,18 @@ def test_request_input_budget_is_shared_and_bounded():
     finally:
         for _ in gen:
             pass
+
+
+def test_serve_removes_its_unix_init_socket_on_exit(tmp_path):
+    """`serve --init-listen unix:PATH` creates the socket and removes it
+    when stopped (SIGTERM), instead of leaving it for the next start."""
+    from conftest import Server, sanitizer_report
+    sock = str(tmp_path / "init.sock")
+    srv = Server(name="init-sock", extra_args=["--init-listen", "unix:" + sock])
+    try:
+        assert os.path.exists(sock)
+    finally:
+        log = srv.stop()
+    assert srv.proc.returncode == 0, log
+    assert not os.path.exists(sock), log
+    assert sanitizer_report(log) is None, log
