@@ -186,6 +186,15 @@ static void call_maybe_free(rpc_call *c) {
 
 /* ---------------------------------------------------------------- output */
 
+/* The 5-byte envelope prefix (flags, big-endian length) at h. */
+static void env_prefix(uint8_t *h, uint8_t flags, size_t len) {
+  h[0] = flags;
+  h[1] = (uint8_t)(len >> 24);
+  h[2] = (uint8_t)(len >> 16);
+  h[3] = (uint8_t)(len >> 8);
+  h[4] = (uint8_t)len;
+}
+
 static void start_stream(rpc_call *c, hx *x) {
   if (c->started) return;
   c->started = 1;
@@ -231,11 +240,7 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
     size_t bl = body ? strlen(body) : 0;
     uint8_t *env = malloc(5 + bl);
     if (env) {
-      env[0] = 0x02;
-      env[1] = (uint8_t)(bl >> 24);
-      env[2] = (uint8_t)(bl >> 16);
-      env[3] = (uint8_t)(bl >> 8);
-      env[4] = (uint8_t)bl;
+      env_prefix(env, 0x02, bl);
       memcpy(env + 5, body, bl);
       hx_write(x, env, 5 + bl);
     }
@@ -271,11 +276,7 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
     }
     uint8_t *env = malloc(5 + b.len);
     if (env) {
-      env[0] = 0x80;
-      env[1] = (uint8_t)(b.len >> 24);
-      env[2] = (uint8_t)(b.len >> 16);
-      env[3] = (uint8_t)(b.len >> 8);
-      env[4] = (uint8_t)b.len;
+      env_prefix(env, 0x80, b.len);
       memcpy(env + 5, b.p, b.len);
       hx_write(x, env, 5 + b.len);
     }
@@ -357,12 +358,7 @@ static int send_at(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
     c->unary_set = 1;
     return 0;
   }
-  uint8_t *h = buf + off - 5;
-  h[0] = 0;
-  h[1] = (uint8_t)(len >> 24);
-  h[2] = (uint8_t)(len >> 16);
-  h[3] = (uint8_t)(len >> 8);
-  h[4] = (uint8_t)len;
+  env_prefix(buf + off - 5, 0, len);
   start_stream(c, c->x);
   return hx_write_at(c->x, buf, off - 5, len + 5);
 }
@@ -397,13 +393,7 @@ int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const
     ref->release(ref);
     return -1;
   }
-  size_t total = len + dlen;
-  uint8_t *h = buf + off - 5;
-  h[0] = 0;
-  h[1] = (uint8_t)(total >> 24);
-  h[2] = (uint8_t)(total >> 16);
-  h[3] = (uint8_t)(total >> 8);
-  h[4] = (uint8_t)total;
+  env_prefix(buf + off - 5, 0, len + dlen);
   start_stream(c, c->x);
   return hx_write_pair(c->x, buf, off - 5, len + 5, data, dlen, ref);
 }

@@ -51,9 +51,8 @@ typedef struct pool {
   uv_mutex_t lock;
   pool_job *qhead, *qtail; /* FIFO, doubly linked (cancel unlinks) */
   unsigned nqueued;
-  unsigned live; /* runners that will still take jobs (spawned, not yet
-                  * past their decision to return) */
-  struct runner *rlist; /* those runners */
+  struct runner *rlist; /* runners that will still take jobs (spawned, not
+                         * yet past their decision to return) */
   pool_job *dhead, *dtail; /* finished or canceled, for the loop */
   uv_async_t async;
   uv_timer_t poll; /* while jobs are out (see above) */
@@ -103,8 +102,7 @@ static void finished_push(pool *p, pool_job *j) {
   p->dtail = j;
 }
 
-/* Take the FIFO's head; caller holds the lock. */
-/* Runners free to take queued jobs soon: all live ones except those inside
+/* Runners free to take queued jobs soon: all listed ones except those inside
  * one job for POOL_STUCK_NS already (perhaps a walk of "/"; a runner in a
  * one-file stat is done in microseconds).  Caller holds the lock. */
 static unsigned pool_free_runners(pool *p) {
@@ -115,6 +113,7 @@ static unsigned pool_free_runners(pool *p) {
   return n;
 }
 
+/* Take the FIFO's head; caller holds the lock. */
 static pool_job *fifo_take(pool *p) {
   pool_job *j = p->qhead;
   if (j) {
@@ -127,6 +126,12 @@ static pool_job *fifo_take(pool *p) {
   return j;
 }
 
+static void rlist_unlink(pool *p, runner *r) {
+  if (r->prev) r->prev->next = r->next;
+  else p->rlist = r->next;
+  if (r->next) r->next->prev = r->prev;
+}
+
 static void runner_work(uv_work_t *req) {
   runner *r = req->data;
   pool *p = r->p;
@@ -136,20 +141,13 @@ static void runner_work(uv_work_t *req) {
   for (int taken = 0;; taken++) {
     /* one lock per job: hand the last one over, take the next */
     uv_mutex_lock(&p->lock);
-    if (prev) {
-      finished_push(p, prev);
-    }
+    if (prev) finished_push(p, prev);
     int turn_over = taken >= POOL_RUNNER_JOBS || now - start >= POOL_RUNNER_NS;
     pool_job *j = turn_over ? NULL : fifo_take(p);
     int empty = p->qhead == NULL;
     r->in_job = j != NULL;
     r->job_start = now;
-    if (!j) { /* returning: no longer counts as free */
-      p->live--;
-      if (r->prev) r->prev->next = r->next;
-      else p->rlist = r->next;
-      if (r->next) r->next->prev = r->prev;
-    }
+    if (!j) rlist_unlink(p, r); /* returning: no longer counts as free */
     uv_mutex_unlock(&p->lock);
     if (prev) {
       if (unsignaled++ == 0) oldest = now;
@@ -175,16 +173,21 @@ static void pool_grow(pool *p, unsigned queued, unsigned free_runners) {
   if (free_runners == 0 || queued > free_runners * POOL_JOBS_PER_RUNNER) runner_spawn(p);
 }
 
+/* pool_grow with the shared counts read under the lock. */
+static void pool_regrow(pool *p) {
+  uv_mutex_lock(&p->lock);
+  unsigned queued = p->nqueued, free_runners = pool_free_runners(p);
+  uv_mutex_unlock(&p->lock);
+  pool_grow(p, queued, free_runners);
+}
+
 static void runner_after(uv_work_t *req, int status) {
   (void)status; /* runners are never canceled */
   runner *r = req->data;
   pool *p = r->p;
   free(r);
   p->runners--;
-  uv_mutex_lock(&p->lock);
-  unsigned left = p->nqueued, free_runners = pool_free_runners(p);
-  uv_mutex_unlock(&p->lock);
-  pool_grow(p, left, free_runners);
+  pool_regrow(p);
   /* finished jobs of this runner may still sit in the list */
   pool_on_async(&p->async);
 }
@@ -197,8 +200,7 @@ static void runner_spawn(pool *p) {
     r->prev = NULL;
     r->in_job = 0;
     r->job_start = 0;
-    uv_mutex_lock(&p->lock);
-    p->live++; /* before it can start (and count itself out) */
+    uv_mutex_lock(&p->lock); /* listed before it can start (and unlist itself) */
     r->next = p->rlist;
     if (r->next) r->next->prev = r;
     p->rlist = r;
@@ -209,10 +211,7 @@ static void runner_spawn(pool *p) {
       return;
     }
     uv_mutex_lock(&p->lock);
-    p->live--;
-    if (r->prev) r->prev->next = r->next;
-    else p->rlist = r->next;
-    if (r->next) r->next->prev = r->prev;
+    rlist_unlink(p, r);
     uv_mutex_unlock(&p->lock);
     free(r);
   }
@@ -251,10 +250,7 @@ static void pool_on_async(uv_async_t *a) {
  * give queued jobs a runner when every runner is inside a long job. */
 static void pool_on_poll(uv_timer_t *t) {
   pool *p = t->data;
-  uv_mutex_lock(&p->lock);
-  unsigned queued = p->nqueued, free_runners = pool_free_runners(p);
-  uv_mutex_unlock(&p->lock);
-  pool_grow(p, queued, free_runners);
+  pool_regrow(p);
   pool_on_async(&p->async);
 }
 

@@ -332,6 +332,15 @@ static int dl_send(fs_download *d, unsigned char *buf, size_t n) {
   return 0;
 }
 
+/* A send failed: on_cancel ran inside it, or memory ran out. */
+static void dl_send_failed(fs_download *d) {
+  if (!d->call) { /* canceled: the read in flight's callback, if any, destroys */
+    if (!d->busy) dl_destroy(d);
+  } else {
+    dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
+  }
+}
+
 static void dl_on_drain(rpc_call *c) {
   fs_download *d = rpc_user(c);
   if (!d || !d->call) return;
@@ -374,56 +383,33 @@ static void dl_after_read(uv_work_t *req, int status) {
     return;
   }
   int eof = d->eof;
-  if (d->win) { /* map mode: map the next window while this one goes out */
-    dl_win *w = d->win;
-    d->win = NULL;
-    int ahead = !eof && rpc_outq_bytes(d->call) < RPC_OUTQ_HIGH;
-    if (ahead && dl_read_more(d) != 0) {
-      dl_win_release(&w->ref);
-      dl_finish(d, RPC_INTERNAL, "queue file read failed");
-      return;
-    }
-    int r = dl_send_window(d, w);
-    dl_win_release(&w->ref); /* the producer's reference */
-    if (r < 0) {
-      if (!d->call) { /* on_cancel ran inside rpc_send */
-        if (!d->busy) dl_destroy(d); /* else the read in flight's callback does */
-      } else
-        dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
-      return;
-    }
-    if (eof) dl_finish(d, RPC_OK, NULL);
-    else if (!ahead) rpc_on_drain(d->call, dl_on_drain);
-    return;
-  }
-  /* read the next chunk while this one goes out */
-  unsigned char *chunk = d->buf;
+  dl_win *w = d->win;        /* map mode: the window just mapped */
+  unsigned char *chunk = d->buf; /* read mode: the chunk just read */
   size_t n = d->n;
+  d->win = NULL;
   d->buf = NULL;
   d->n = 0;
+  /* prepare the next one while this one goes out */
   int ahead = !eof && rpc_outq_bytes(d->call) < RPC_OUTQ_HIGH;
-  if (ahead && dl_read_more(d) != 0) {
-    free(chunk);
+  int queued = !ahead || dl_read_more(d) == 0;
+  int r = 0;
+  if (queued && w) {
+    r = dl_send_window(d, w);
+  } else if (queued && n > 0) { /* d->buf belongs to the read in flight, if any */
+    r = dl_send(d, chunk, n);
+    chunk = NULL; /* dl_send took it */
+  }
+  free(chunk);
+  if (w) dl_win_release(&w->ref); /* the producer's reference */
+  if (!queued) {
     dl_finish(d, RPC_INTERNAL, "queue file read failed");
-    return;
-  }
-  if (n > 0) {
-    /* d->buf now belongs to the read in flight, if any: never touch it here */
-    if (dl_send(d, chunk, n) < 0) {
-      if (!d->call) { /* on_cancel ran inside rpc_send */
-        if (!d->busy) dl_destroy(d); /* else the read in flight's callback does */
-      } else
-        dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
-      return;
-    }
-  } else {
-    free(chunk);
-  }
-  if (eof) {
+  } else if (r < 0) {
+    dl_send_failed(d);
+  } else if (eof) {
     dl_finish(d, RPC_OK, NULL);
-    return;
+  } else if (!ahead) {
+    rpc_on_drain(d->call, dl_on_drain);
   }
-  if (!ahead) rpc_on_drain(d->call, dl_on_drain);
 }
 
 static int dl_read_more(fs_download *d) {
@@ -463,10 +449,7 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
   unsigned char *chunk = d->buf;
   d->buf = NULL;
   if (dl_send(d, chunk, (size_t)r) < 0) {
-    if (!d->call)
-      dl_destroy(d);
-    else
-      dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory sending file chunk");
+    dl_send_failed(d);
     return;
   }
   dl_next(d);

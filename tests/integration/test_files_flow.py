@@ -72,6 +72,19 @@ def read_chunked_response(s, head):
         del buf[:n + 2]
 
 
+def slow_download(srv, path):
+    """A proto GetFileStream over HTTP/1.1 on a socket with a small receive
+    buffer, read up to the end of the response head: (socket, head)."""
+    pb = pytest.importorskip("agent_pb2")
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    body = envelope(pb.GetFileRequest(filepath=path).SerializeToString())
+    s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+proto\r\n"
+               "conch-init-token: %s\r\nContent-Length: %d\r\n\r\n"
+               % (DOWNLOAD, srv.token, len(body))).encode() + body)
+    return s, recv_until(s, b"\r\n\r\n")
+
+
 def test_download_slow_reader_bounded(lean_server, tmp_path):
     """A client that stops reading: the server stops reading the file once
     ~RPC_OUTQ_HIGH is queued, then resumes and delivers everything."""
@@ -87,13 +100,7 @@ def test_download_slow_reader_bounded(lean_server, tmp_path):
     srv = lean_server
     time.sleep(0.3)
     base = rss_kib(srv.proc.pid)
-    s = socket.create_connection(("127.0.0.1", srv.port))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    body = envelope(pb.GetFileRequest(filepath=p).SerializeToString())
-    s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+proto\r\n"
-               "conch-init-token: %s\r\nContent-Length: %d\r\n\r\n"
-               % (DOWNLOAD, srv.token, len(body))).encode() + body)
-    head = recv_until(s, b"\r\n\r\n")
+    s, head = slow_download(srv, p)
     time.sleep(1.5)  # not reading: the server must not buffer the file
     after = rss_kib(srv.proc.pid)
     assert after - base < 24 * 1024, (base, after)
@@ -137,13 +144,7 @@ def test_download_truncated_under_mapped_window(debug_server, tmp_path):
         for _ in range(size >> 20):
             f.write(os.urandom(1 << 20))
     srv = debug_server
-    s = socket.create_connection(("127.0.0.1", srv.port))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    body = envelope(pb.GetFileRequest(filepath=p).SerializeToString())
-    s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+proto\r\n"
-               "conch-init-token: %s\r\nContent-Length: %d\r\n\r\n"
-               % (DOWNLOAD, srv.token, len(body))).encode() + body)
-    recv_until(s, b"\r\n\r\n")
+    s, _ = slow_download(srv, p)
     time.sleep(1.0)  # not reading: mapped windows wait in the server's queue
     os.truncate(p, 0)
     s.settimeout(30)

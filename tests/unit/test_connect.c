@@ -724,6 +724,16 @@ TEST(connect_timeout_header) {
 
 /* ------------------------------------------------------------ Connect unary */
 
+/* A whole unary proto call for ListFiles(path) with the service in mode. */
+static void unary_proto_call(int mode, const char *path) {
+  svc_reset(mode);
+  open_call(&m_unary, "application/proto", NULL);
+  bb req = lfr(path, 0);
+  feed_bb(&req, 0);
+  bb_free(&req);
+  feed_end();
+}
+
 TEST(unary_proto_ok) {
   svc_reset(S_REPLY);
   open_call(&m_unary, "application/proto", NULL);
@@ -743,12 +753,7 @@ TEST(unary_proto_ok) {
   bb_free(&want);
 
   /* zero-copy variant: same bytes */
-  svc_reset(S_PACKED);
-  open_call(&m_unary, "application/proto", NULL);
-  req = lfr("/p", 0);
-  feed_bb(&req, 0);
-  bb_free(&req);
-  feed_end();
+  unary_proto_call(S_PACKED, "/p");
   ASSERT_EQ(svc.packed_rc, 0);
   want = chunk("/p", "hi", 2);
   ASSERT_EQ(F.clen, (int64_t)want.len);
@@ -757,12 +762,7 @@ TEST(unary_proto_ok) {
   bb_free(&want);
 
   /* a referenced tail is for streams only: refused, released once */
-  svc_reset(S_PACKED_REF);
-  open_call(&m_unary, "application/proto", NULL);
-  req = lfr("/p", 0);
-  feed_bb(&req, 0);
-  bb_free(&req);
-  feed_end();
+  unary_proto_call(S_PACKED_REF, "/p");
   ASSERT_EQ(svc.packed_rc, -1);
   ASSERT_EQ(tail_ref.released, 1);
   ASSERT_EQ(F.status, 200);
