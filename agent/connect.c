@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -535,21 +536,31 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
   int nul = 0;
   const ProtobufCMessageDescriptor *d = c->m->input;
   if (c->json) {
-    m = pbjson_decode_ex(d, (const char *)p, n, &nul, err, sizeof err);
+    int flags = 0;
+    m = pbjson_decode_ex(d, (const char *)p, n, &flags, err, sizeof err);
     if (!m) {
       char e2[700];
       snprintf(e2, sizeof e2, "unmarshal into %s: %s", d->name, err);
       free(plain);
-      call_fail(c, RPC_INVALID_ARGUMENT, e2);
+      if (flags & PBJSON_TOO_BIG) malloc_trim(0); /* give the refused decode's pages back */
+      call_fail(c, flags & PBJSON_TOO_BIG ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT, e2);
       return NULL;
     }
+    nul = (flags & PBJSON_HAD_NUL) != 0;
   } else {
-    m = protobuf_c_message_unpack(d, NULL, n, p);
+    int over = 0;
+    /* the same bound as a JSON document's (json.h) */
+    m = pbwire_unpack(d, p, n, JSON_MEM_BUDGET(n), &over);
     if (!m) {
       char e2[300];
-      snprintf(e2, sizeof e2, "unmarshal into %s: invalid protobuf", d->name);
+      if (over)
+        snprintf(e2, sizeof e2, "unmarshal into %s: message needs more than %zu bytes of memory to decode",
+                 d->name, (size_t)JSON_MEM_BUDGET(n));
+      else
+        snprintf(e2, sizeof e2, "unmarshal into %s: invalid protobuf", d->name);
       free(plain);
-      call_fail(c, RPC_INVALID_ARGUMENT, e2);
+      if (over) malloc_trim(0); /* millions of small blocks: give their pages back */
+      call_fail(c, over ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT, e2);
       return NULL;
     }
     if (pbjson_check_utf8(m, err, sizeof err) != 0) {

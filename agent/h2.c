@@ -54,6 +54,10 @@ typedef struct h2c {
   int tactivity;       /* an exchange ended since: restart the idle time */
   uint8_t *out;        /* frames from nghttp2 gathered for one write */
   size_t olen, ocap;
+  /* The stream whose header block is being received (header blocks never
+   * interleave): one lookup per block instead of one per header field. */
+  int32_t hstream_id;
+  h2s *hstream;
 } h2c;
 
 #define H2_WRITE_CHUNK (256u * 1024)
@@ -132,6 +136,10 @@ static void h2_timer_apply(h2c *sc) {
 
 static void h2_stream_free(h2s *st) {
   h2c *sc = st->sess;
+  if (sc->hstream == st) {
+    sc->hstream = NULL;
+    sc->hstream_id = 0;
+  }
   if (!st->dispatched) sc->undispatched--;
   if (st->prev) st->prev->next = st->next;
   else sc->streams = st->next;
@@ -217,15 +225,21 @@ static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void
   h2s *st = h2_stream_new(sc, f->hd.stream_id);
   if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
   nghttp2_session_set_stream_user_data(ng, f->hd.stream_id, st);
+  sc->hstream_id = f->hd.stream_id;
+  sc->hstream = st;
   return 0;
 }
 
 static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8_t *name,
                         size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *ud) {
   (void)flags;
-  (void)ud;
+  h2c *sc = ud;
   if (f->hd.type != NGHTTP2_HEADERS) return 0;
-  h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
+  if (sc->hstream_id != f->hd.stream_id) {
+    sc->hstream_id = f->hd.stream_id;
+    sc->hstream = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
+  }
+  h2s *st = sc->hstream;
   if (!st || st->dispatched) return 0; /* trailers: ignored */
   st->hbytes += nlen + vlen + 32;
   if (st->hbytes > H2_MAX_HEADER_LIST) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;

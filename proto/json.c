@@ -7,11 +7,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A document's memory: the root and a first block in one allocation, more
+ * blocks as needed, all freed together by json_free(root); at most `budget`
+ * bytes in all.  Without the bound a 16 MiB array of empty strings took
+ * half a gigabyte (56 bytes of node per 3 bytes of input). */
+typedef struct jblk {
+  struct jblk *next;
+} jblk;
+typedef struct jdoc {
+  json_value root; /* first: json_free(root) frees the document */
+  jblk *more;      /* blocks after the first */
+  char *cur;       /* free space in the newest block */
+  size_t left, total, budget;
+} jdoc;
+
 typedef struct jp {
   const unsigned char *s, *p, *end;
   char *err;
   size_t errlen;
   int failed;
+  int over; /* the memory budget ran out */
+  jdoc *doc;
 } jp;
 
 static void jp_fail(jp *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -25,6 +41,40 @@ static void jp_fail(jp *j, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   snprintf(j->err, j->errlen, "%s at offset %zu", msg, (size_t)(j->p - j->s));
+}
+
+#define JSON_FIRST_BLOCK 512
+#define JSON_BLOCK_MAX (1u << 20)
+
+/* n bytes (8-aligned) of the document's memory; NULL (and the parse fails)
+ * when out of memory or over the budget. */
+static void *jp_alloc(jp *j, size_t n) {
+  jdoc *d = j->doc;
+  n = (n + 7) & ~(size_t)7;
+  if (n > d->left) {
+    size_t cap = d->total < JSON_BLOCK_MAX ? d->total : JSON_BLOCK_MAX;
+    if (cap < n) cap = n;
+    if (n > d->budget - d->total || cap > d->budget - d->total) cap = n;
+    if (cap > d->budget - d->total) {
+      j->over = 1;
+      jp_fail(j, "document needs more than %zu bytes of memory", d->budget);
+      return NULL;
+    }
+    jblk *b = malloc(sizeof(jblk) + cap);
+    if (!b) {
+      jp_fail(j, "out of memory");
+      return NULL;
+    }
+    b->next = d->more;
+    d->more = b;
+    d->cur = (char *)(b + 1);
+    d->left = cap;
+    d->total += cap;
+  }
+  void *r = d->cur;
+  d->cur += n;
+  d->left -= n;
+  return r;
 }
 
 static void jp_ws(jp *j) {
@@ -102,7 +152,7 @@ static size_t put_utf8(unsigned char *o, unsigned cp) {
   return 4;
 }
 
-/* At an opening quote.  Decodes into a malloc'd NUL-terminated buffer. */
+/* At an opening quote.  Decodes into a NUL-terminated buffer of the document. */
 static char *jp_string(jp *j, size_t *lenp) {
   j->p++; /* '"' */
   /* First pass: find the closing quote and validate, to size the buffer. */
@@ -117,11 +167,8 @@ static char *jp_string(jp *j, size_t *lenp) {
   }
   /* Decoded output is never longer than the raw text (\uXXXX = 6 bytes → ≤ 3;
    * a pair = 12 bytes → 4). */
-  unsigned char *out = malloc((size_t)(q - j->p) + 1);
-  if (!out) {
-    jp_fail(j, "out of memory");
-    return NULL;
-  }
+  unsigned char *out = jp_alloc(j, (size_t)(q - j->p) + 1);
+  if (!out) return NULL;
   unsigned char *o = out;
   while (j->p < j->end) {
     /* fast path: a run of plain printable ASCII */
@@ -198,7 +245,6 @@ static char *jp_string(jp *j, size_t *lenp) {
   }
 fail:
   if (!j->failed) jp_fail(j, "unterminated string");
-  free(out);
   return NULL;
 }
 
@@ -238,11 +284,8 @@ static int jp_number(jp *j, json_value *v) {
     while (j->p < j->end && is_digit(*j->p)) j->p++;
   }
   size_t n = (size_t)(j->p - start);
-  v->str = malloc(n + 1);
-  if (!v->str) {
-    jp_fail(j, "out of memory");
-    return -1;
-  }
+  v->str = jp_alloc(j, n + 1);
+  if (!v->str) return -1;
   memcpy(v->str, start, n);
   v->str[n] = 0;
   v->len = n;
@@ -250,41 +293,32 @@ static int jp_number(jp *j, json_value *v) {
   return 0;
 }
 
-static void value_clear(json_value *v);
-
 static int jp_value(jp *j, json_value *v, int depth);
 
 /* Room for one more member.  An object's items, keys and key lengths share
- * one block (items first), so a small object costs one allocation. */
+ * one block (items first).  Outgrown blocks stay in the document until it
+ * is freed (at most as much again as the final block). */
 static int grow(jp *j, json_value *v, size_t *cap, int with_keys) {
   if (v->n < *cap) return 0;
   size_t nc = *cap ? *cap * 2 : 4;
-  if (!with_keys) {
-    json_value *ni = realloc(v->items, nc * sizeof *ni);
-    if (!ni) goto oom;
-    v->items = ni;
-  } else {
-    size_t isz = nc * sizeof(json_value), ksz = nc * sizeof(char *);
-    char *blk = malloc(isz + ksz + nc * sizeof(size_t));
-    if (!blk) goto oom;
-    json_value *ni = (json_value *)blk;
+  size_t isz = nc * sizeof(json_value), ksz = with_keys ? nc * (sizeof(char *) + sizeof(size_t)) : 0;
+  char *blk = jp_alloc(j, isz + ksz);
+  if (!blk) return -1;
+  json_value *ni = (json_value *)blk;
+  if (v->n) memcpy(ni, v->items, v->n * sizeof *ni);
+  v->items = ni;
+  if (with_keys) {
     char **nk = (char **)(blk + isz);
-    size_t *nl = (size_t *)(blk + isz + ksz);
+    size_t *nl = (size_t *)(blk + isz + nc * sizeof(char *));
     if (v->n) {
-      memcpy(ni, v->items, v->n * sizeof *ni);
       memcpy(nk, v->keys, v->n * sizeof *nk);
       memcpy(nl, v->key_lens, v->n * sizeof *nl);
     }
-    free(v->items); /* the old block, keys and lengths included */
-    v->items = ni;
     v->keys = nk;
     v->key_lens = nl;
   }
   *cap = nc;
   return 0;
-oom:
-  jp_fail(j, "out of memory");
-  return -1;
 }
 
 static int jp_array(jp *j, json_value *v, int depth) {
@@ -300,10 +334,7 @@ static int jp_array(jp *j, json_value *v, int depth) {
     if (grow(j, v, &cap, 0) < 0) return -1;
     json_value *it = &v->items[v->n];
     memset(it, 0, sizeof *it);
-    if (jp_value(j, it, depth) < 0) {
-      value_clear(it);
-      return -1;
-    }
+    if (jp_value(j, it, depth) < 0) return -1;
     v->n++;
     jp_ws(j);
     if (j->p >= j->end) {
@@ -348,18 +379,13 @@ static int jp_object(jp *j, json_value *v, int depth) {
     if (!key) return -1;
     jp_ws(j);
     if (j->p >= j->end || *j->p != ':') {
-      free(key);
       jp_fail(j, j->p >= j->end ? "unterminated object" : "expected ':' after object key");
       return -1;
     }
     j->p++;
     json_value *it = &v->items[v->n];
     memset(it, 0, sizeof *it);
-    if (jp_value(j, it, depth) < 0) {
-      free(key);
-      value_clear(it);
-      return -1;
-    }
+    if (jp_value(j, it, depth) < 0) return -1;
     v->keys[v->n] = key;
     v->key_lens[v->n] = klen;
     v->n++;
@@ -424,49 +450,55 @@ static int jp_value(jp *j, json_value *v, int depth) {
   }
 }
 
-static void value_clear(json_value *v) {
-  if (v->type == JSON_ARRAY || v->type == JSON_OBJECT) {
-    for (size_t i = 0; i < v->n; i++) {
-      value_clear(&v->items[i]);
-      if (v->keys) free(v->keys[i]);
-    }
-    free(v->items); /* an object's keys and key lengths live in this block */
+json_value *json_parse_ex(const char *s, size_t n, size_t budget, char *err, size_t errlen,
+                          int *over) {
+  if (err && errlen) err[0] = 0;
+  if (over) *over = 0;
+  jp j = {(const unsigned char *)s, (const unsigned char *)s, (const unsigned char *)s + n, err,
+          errlen, 0, 0, NULL};
+  if (!s || n == 0) {
+    jp_fail(&j, "empty input");
+    return NULL;
   }
-  free(v->str);
-  memset(v, 0, sizeof *v);
+  /* the root and a first block sized for a small document, in one piece */
+  size_t first = n * 8 + JSON_FIRST_BLOCK;
+  if (first > 4096) first = 4096;
+  if (budget < JSON_FIRST_BLOCK) budget = JSON_FIRST_BLOCK;
+  if (first > budget) first = budget;
+  jdoc *d = malloc(sizeof *d + first);
+  if (!d) {
+    jp_fail(&j, "out of memory");
+    return NULL;
+  }
+  memset(&d->root, 0, sizeof d->root);
+  d->more = NULL;
+  d->cur = (char *)(d + 1);
+  d->left = first;
+  d->total = first;
+  d->budget = budget;
+  j.doc = d;
+  if (jp_value(&j, &d->root, 0) == 0) {
+    jp_ws(&j);
+    if (j.p == j.end) return &d->root;
+    jp_fail(&j, "trailing data after JSON value");
+  }
+  if (over) *over = j.over;
+  json_free(&d->root);
+  return NULL;
 }
 
 json_value *json_parse(const char *s, size_t n, char *err, size_t errlen) {
-  if (err && errlen) err[0] = 0;
-  jp j = {(const unsigned char *)s, (const unsigned char *)s, (const unsigned char *)s + n, err,
-          errlen, 0};
-  json_value *v = calloc(1, sizeof *v);
-  if (!v) {
-    if (err && errlen) snprintf(err, errlen, "out of memory");
-    return NULL;
-  }
-  if (!s || n == 0) {
-    jp_fail(&j, "empty input");
-    free(v);
-    return NULL;
-  }
-  if (jp_value(&j, v, 0) < 0) {
-    json_free(v);
-    return NULL;
-  }
-  jp_ws(&j);
-  if (j.p != j.end) {
-    jp_fail(&j, "trailing data after JSON value");
-    json_free(v);
-    return NULL;
-  }
-  return v;
+  return json_parse_ex(s, n, JSON_MEM_BUDGET(n), err, errlen, NULL);
 }
 
 void json_free(json_value *v) {
   if (!v) return;
-  value_clear(v);
-  free(v);
+  jdoc *d = (jdoc *)v;
+  for (jblk *b = d->more, *nb; b; b = nb) {
+    nb = b->next;
+    free(b);
+  }
+  free(d);
 }
 
 const json_value *json_get_n(const json_value *obj, const char *key, size_t keylen) {

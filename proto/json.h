@@ -6,7 +6,10 @@
  * characters inside strings, the exact RFC number grammar.  \uXXXX escapes
  * (incl. surrogate pairs) decode to UTF-8; lone surrogates are an error.
  * Objects keep their members in document order, duplicates included
- * (json_get returns the first).  Everything is malloc'd; json_free frees it.
+ * (json_get returns the first).  The whole tree lives in a few blocks that
+ * json_free(root) frees together (nodes and strings cannot be freed or
+ * taken over one by one), and it may take at most a budget of memory:
+ * JSON_MEM_BUDGET(input length) unless json_parse_ex says otherwise.
  */
 #ifndef CONCH_JSON_H
 #define CONCH_JSON_H
@@ -14,6 +17,14 @@
 #include <stddef.h>
 
 #define JSON_MAX_DEPTH 64
+/* The default memory bound of a parsed document.  Nodes are 56 bytes, so a
+ * document of tiny values ("[0,0,...]", ["","",...]) needs ~20 times its
+ * length; one of 13-byte strings ~12 times (outgrown arrays included);
+ * ordinary documents far less.  16 times plus 1 MiB, and never more than
+ * 64 MiB: every request of this API fits, and no 16 MiB body can take half
+ * a gigabyte. */
+#define JSON_MEM_BUDGET(n) \
+  ((size_t)(n) < ((size_t)63 << 20) / 16 ? (size_t)(n) * 16 + ((size_t)1 << 20) : (size_t)64 << 20)
 
 typedef enum json_type { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUMBER, JSON_STRING,
                          JSON_ARRAY, JSON_OBJECT } json_type;
@@ -34,6 +45,11 @@ struct json_value {
  * lone surrogates are an error. Returns NULL and a reason in err on error
  * (err may be NULL when errlen is 0). */
 json_value *json_parse(const char *s, size_t n, char *err, size_t errlen);
+/* json_parse with an explicit memory budget in bytes; *over (if not NULL)
+ * is set to 1 when the parse failed because the budget ran out. */
+json_value *json_parse_ex(const char *s, size_t n, size_t budget, char *err, size_t errlen,
+                          int *over);
+/* Frees a document; v must be a root returned by json_parse. */
 void json_free(json_value *v);
 /* First member with this key (NULL if none / not an object). */
 const json_value *json_get(const json_value *obj, const char *key);

@@ -41,14 +41,19 @@ char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf
  * (e.g. "invalid value for field \"content\": invalid base64",
  * "duplicate field \"cmd\"", "invalid value for field \"entries[1].size\": …").
  * Empty input is an error.  Every failure is the caller's invalid_argument
- * except "out of memory". */
+ * except "out of memory" and PBJSON_TOO_BIG (below). */
 ProtobufCMessage *pbjson_decode(const ProtobufCMessageDescriptor *desc, const char *json,
                                 size_t len, char *err, size_t errlen);
-/* The same; *had_nul (if not NULL) is set to 1 when some string field held a
- * NUL byte ("\u0000"): protobuf-c strings are C strings, so the value is cut
- * at the NUL, and callers that must reject NULs (file paths) check this. */
+/* The same, with *flags (if not NULL) set to a mask of:
+ * PBJSON_HAD_NUL — decoded, and some string field held a NUL byte
+ *   ("\u0000"): protobuf-c strings are C strings, so the value is cut at
+ *   the NUL, and callers that must reject NULs (file paths) check this;
+ * PBJSON_TOO_BIG — not decoded: the document needs more memory than
+ *   JSON_MEM_BUDGET(len) allows (the caller's resource_exhausted). */
+#define PBJSON_HAD_NUL 1
+#define PBJSON_TOO_BIG 2
 ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const char *json,
-                                   size_t len, int *had_nul, char *err, size_t errlen);
+                                   size_t len, int *flags, char *err, size_t errlen);
 
 /* Check that every string field (recursively, incl. maps and repeated) of an
  * unpacked message is valid UTF-8.  0 = ok, -1 = invalid (field named in err). */

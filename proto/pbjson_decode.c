@@ -7,8 +7,11 @@
  * protobuf_c_message_free_unpacked(m, NULL) frees it — also halfway through,
  * which is how every error path cleans up: counters of repeated fields are
  * only advanced after the element is complete, oneof cases only set after
- * the member is stored.  Decoded strings are taken over from the DOM (no
- * copy); bytes are decoded straight into their final buffer.
+ * the member is stored.  Strings are copied out of the DOM (which is freed
+ * as a whole); bytes are decoded straight into their final buffer.  The DOM
+ * has a memory budget (JSON_MEM_BUDGET); the message needs less than the
+ * DOM it comes from (a string element: 8 + its malloc'd copy, against a
+ * 56-byte node + the same bytes), so that budget bounds both.
  */
 #include "proto/pbjson.h"
 #include "proto/pbjson_int.h"
@@ -212,13 +215,14 @@ static int get_double(dec *d, const json_value *v, int is_float, double *out) {
 
 static ProtobufCMessage *dec_msg(dec *d, const ProtobufCMessageDescriptor *md, json_value *obj);
 
-/* Take over a decoded JSON string (no copy). */
-static char *take_str(dec *d, json_value *v) {
-  char *s = v->str;
-  if (memchr(s, 0, v->len)) d->had_nul = 1;
-  v->str = NULL;
-  v->len = 0;
-  return s;
+/* A malloc'd copy of a decoded JSON string (NUL-terminated); NULL when out
+ * of memory. */
+static char *copy_str(dec *d, const char *s, size_t len) {
+  char *c = malloc(len + 1);
+  if (!c) return NULL;
+  memcpy(c, s, len + 1);
+  if (memchr(s, 0, len)) d->had_nul = 1;
+  return c;
 }
 
 /* One value of field f's type into dst (the storage of one element). On
@@ -271,7 +275,7 @@ static int dec_value(dec *d, const ProtobufCFieldDescriptor *f, json_value *v, v
   }
   case PROTOBUF_C_TYPE_STRING:
     if (v->type != JSON_STRING) return dec_fail(d, "expected a string, got %s", json_type_name(v->type));
-    *(char **)dst = take_str(d, v);
+    if (!(*(char **)dst = copy_str(d, v->str, v->len))) return dec_oom(d);
     return 0;
   case PROTOBUF_C_TYPE_BYTES: {
     if (v->type != JSON_STRING)
@@ -320,9 +324,7 @@ static int dec_map_key(dec *d, const ProtobufCFieldDescriptor *kf, json_value *o
   const char *k = obj->keys[j];
   size_t kl = obj->key_lens[j];
   if (kf->type == PROTOBUF_C_TYPE_STRING) {
-    if (memchr(k, 0, kl)) d->had_nul = 1;
-    *(char **)dst = obj->keys[j];
-    obj->keys[j] = NULL;
+    if (!(*(char **)dst = copy_str(d, k, kl))) return dec_oom(d);
     return 0;
   }
   if (kf->type == PROTOBUF_C_TYPE_BOOL) {
@@ -487,17 +489,25 @@ bad:
 /* ------------------------------------------------------------ entry points */
 
 ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const char *json,
-                                   size_t len, int *had_nul, char *err, size_t errlen) {
-  if (had_nul) *had_nul = 0;
+                                   size_t len, int *flags, char *err, size_t errlen) {
+  if (flags) *flags = 0;
   if (err && errlen) err[0] = 0;
   if (!json || len == 0) {
     if (err && errlen) snprintf(err, errlen, "empty JSON body (expected an object)");
     return NULL;
   }
   char perr[160];
-  json_value *root = json_parse(json, len, perr, sizeof perr);
+  int over = 0;
+  json_value *root = json_parse_ex(json, len, JSON_MEM_BUDGET(len), perr, sizeof perr, &over);
   if (!root) {
-    if (err && errlen) snprintf(err, errlen, "invalid JSON: %s", perr);
+    if (over) {
+      if (flags) *flags = PBJSON_TOO_BIG;
+      if (err && errlen)
+        snprintf(err, errlen, "message needs more than %zu bytes of memory to decode",
+                 (size_t)JSON_MEM_BUDGET(len));
+    } else if (err && errlen) {
+      snprintf(err, errlen, "invalid JSON: %s", perr);
+    }
     return NULL;
   }
   if (root->type != JSON_OBJECT) {
@@ -510,7 +520,7 @@ ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const
   dec d = {.err = err, .errlen = errlen};
   ProtobufCMessage *m = dec_msg(&d, desc, root);
   json_free(root);
-  if (m && had_nul) *had_nul = d.had_nul;
+  if (m && flags && d.had_nul) *flags = PBJSON_HAD_NUL;
   return m;
 }
 

@@ -244,6 +244,55 @@ TEST(random_bytes_never_crash) {
   }
 }
 
+/* A document of tiny values needs ~19 times its length as a tree: the
+ * default budget (8n + 1 MiB) refuses that beyond about 1 MiB of tree, an
+ * explicit budget is kept exactly, and ordinary documents are untouched. */
+TEST(memory_budget) {
+  size_t n = 200000; /* "[0,0,...,0]": 400 kB of input, ~22 MB as a tree */
+  char *buf = malloc(2 * n + 2);
+  ASSERT(buf);
+  buf[0] = '[';
+  for (size_t i = 0; i < n; i++) {
+    buf[1 + 2 * i] = '0';
+    buf[2 + 2 * i] = ',';
+  }
+  buf[2 * n] = ']';
+  char err[200];
+  int over = 0;
+  json_value *v = json_parse_ex(buf, 2 * n + 1, JSON_MEM_BUDGET(2 * n + 1), err, sizeof err, &over);
+  ASSERT(v == NULL);
+  ASSERT_EQ(over, 1);
+  ASSERT(strstr(err, "document needs more than") != NULL);
+  /* with room enough it parses, and every element is there */
+  v = json_parse_ex(buf, 2 * n + 1, (size_t)64 << 20, err, sizeof err, &over);
+  ASSERT(v != NULL);
+  ASSERT_EQ(over, 0);
+  ASSERT_EQ(v->n, n);
+  ASSERT_STR_EQ(v->items[n - 1].str, "0");
+  json_free(v);
+  free(buf);
+  /* a small explicit budget: a syntax error is still a syntax error */
+  const char *small = "{\"a\":[1,2,3],\"b\":\"xyz\"}";
+  v = json_parse_ex(small, strlen(small), 64, err, sizeof err, &over);
+  ASSERT(v == NULL);
+  ASSERT_EQ(over, 1);
+  v = json_parse_ex("[1,", 3, 64, err, sizeof err, &over);
+  ASSERT(v == NULL);
+  ASSERT_EQ(over, 0);
+  /* a long string in a document within the default budget */
+  size_t sl = 3u << 20;
+  char *big = malloc(sl + 3);
+  ASSERT(big);
+  big[0] = '"';
+  memset(big + 1, 'x', sl);
+  big[sl + 1] = '"';
+  v = json_parse(big, sl + 2, err, sizeof err);
+  ASSERT(v != NULL);
+  ASSERT_EQ(v->len, sl);
+  json_free(v);
+  free(big);
+}
+
 int main(void) {
   RUN(scalars);
   RUN(containers);
@@ -256,5 +305,6 @@ int main(void) {
   RUN(control_chars);
   RUN(numbers);
   RUN(random_bytes_never_crash);
+  RUN(memory_budget);
   return test_summary();
 }

@@ -2,6 +2,8 @@
 #include "tests/unit/test.h"
 #include "proto/pbjson.h"
 #include "proto/agent.pb-c.h"
+#include "proto/json.h"
+#include "proto/pbwire.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -891,6 +893,82 @@ TEST(mutations_never_crash) {
   ASSERT(ok > 0);
 }
 
+/* Memory bounds of decoding: a document or a wire message of many tiny
+ * values is refused (PBJSON_TOO_BIG / pbwire_unpack's *over) instead of
+ * growing ~20-40 times its size; a large ordinary one still decodes. */
+TEST(decode_memory_budget) {
+  char err[300];
+  int flags = -1;
+  /* {"cmd":"x","args":["","",...]}: 1.5 MB of JSON */
+  size_t n = 500000, len = 0;
+  char *js = malloc(3 * n + 64);
+  ASSERT(js);
+  len += (size_t)sprintf(js, "{\"cmd\":\"x\",\"args\":[");
+  for (size_t i = 0; i < n; i++) {
+    memcpy(js + len, "\"\",", 3);
+    len += 3;
+  }
+  js[len - 1] = ']';
+  js[len++] = '}';
+  ProtobufCMessage *m = pbjson_decode_ex(&pb__start_process_request__descriptor, js, len, &flags, err, sizeof err);
+  ASSERT(m == NULL);
+  ASSERT_EQ(flags, PBJSON_TOO_BIG);
+  ASSERT(strstr(err, "bytes of memory to decode") != NULL);
+  free(js);
+  /* 20000 ordinary arguments decode */
+  n = 20000;
+  js = malloc(n * 16 + 64);
+  ASSERT(js);
+  len = (size_t)sprintf(js, "{\"cmd\":\"x\",\"args\":[");
+  for (size_t i = 0; i < n; i++) len += (size_t)sprintf(js + len, "\"arg-%06zu\",", i);
+  js[len - 1] = ']';
+  js[len++] = '}';
+  Pb__StartProcessRequest *r =
+      (Pb__StartProcessRequest *)pbjson_decode_ex(&pb__start_process_request__descriptor, js, len, &flags, err, sizeof err);
+  ASSERT(r != NULL);
+  ASSERT_EQ(flags, 0);
+  ASSERT_EQ(r->n_args, n);
+  ASSERT_STR_EQ(r->args[n - 1], "arg-019999");
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  free(js);
+
+  /* wire: 1 M empty args, 2 bytes each */
+  n = 1000000;
+  uint8_t *w = malloc(2 * n);
+  ASSERT(w);
+  for (size_t i = 0; i < n; i++) {
+    w[2 * i] = 2 << 3 | 2; /* field 2 (args), length-delimited */
+    w[2 * i + 1] = 0;
+  }
+  int over = -1;
+  m = pbwire_unpack(&pb__start_process_request__descriptor, w, 2 * n, JSON_MEM_BUDGET(2 * n), &over);
+  ASSERT(m == NULL);
+  ASSERT_EQ(over, 1);
+  /* with the room it takes, the same bytes unpack */
+  m = pbwire_unpack(&pb__start_process_request__descriptor, w, 2 * n, (size_t)256 << 20, &over);
+  ASSERT(m != NULL);
+  ASSERT_EQ(over, 0);
+  ASSERT_EQ(((Pb__StartProcessRequest *)m)->n_args, n);
+  protobuf_c_message_free_unpacked(m, NULL);
+  /* a 1 MiB chunk unpacks within its budget; invalid bytes are not "over" */
+  size_t cl = 1u << 20;
+  uint8_t *c = malloc(cl + 8);
+  ASSERT(c);
+  c[0] = 2 << 3 | 2;
+  c[1] = 0x80; c[2] = 0x80; c[3] = 0x40; /* varint 1 MiB */
+  memset(c + 4, 'z', cl);
+  m = pbwire_unpack(&pb__file_chunk__descriptor, c, cl + 4, JSON_MEM_BUDGET(cl + 4), &over);
+  ASSERT(m != NULL);
+  ASSERT_EQ(over, 0);
+  ASSERT_EQ(((Pb__FileChunk *)m)->content.len, cl);
+  protobuf_c_message_free_unpacked(m, NULL);
+  m = pbwire_unpack(&pb__file_chunk__descriptor, c, 100, JSON_MEM_BUDGET(100), &over);
+  ASSERT(m == NULL);
+  ASSERT_EQ(over, 0);
+  free(c);
+  free(w);
+}
+
 int main(void) {
   RUN(b64_encode_matches_reference);
   RUN(b64_decode_variants);
@@ -905,6 +983,7 @@ int main(void) {
   RUN(decode_numbers);
   RUN(decode_base64_forms);
   RUN(decode_nul);
+  RUN(decode_memory_budget);
   RUN(decode_rejects);
   RUN(check_utf8);
   RUN(mutations_never_crash);
