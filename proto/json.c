@@ -153,10 +153,24 @@ static size_t put_utf8(unsigned char *o, unsigned cp) {
 }
 
 /* At an opening quote.  Decodes into a NUL-terminated buffer of the document. */
+/* Bytes that stand for themselves in a string: printable ASCII but '"' and '\\'. */
+static const unsigned char jp_plain[256] = {[0x20 ... 0x21] = 1, [0x23 ... 0x5b] = 1, [0x5d ... 0x7f] = 1};
+
 static char *jp_string(jp *j, size_t *lenp) {
   j->p++; /* '"' */
-  /* First pass: find the closing quote and validate, to size the buffer. */
   const unsigned char *q = j->p;
+  while (q < j->end && jp_plain[*q]) q++;
+  if (q < j->end && *q == '"') { /* no escapes, nothing but ASCII: one copy */
+    size_t n = (size_t)(q - j->p);
+    unsigned char *out = jp_alloc(j, n + 1);
+    if (!out) return NULL;
+    memcpy(out, j->p, n);
+    out[n] = 0;
+    *lenp = n;
+    j->p = q + 1;
+    return (char *)out;
+  }
+  /* First pass: find the closing quote, to size the buffer. */
   while (q < j->end && *q != '"') {
     if (*q == '\\') q += (q + 1 < j->end) ? 2 : 1;
     else q++;
