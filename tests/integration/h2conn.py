@@ -53,15 +53,18 @@ def _hdict(pairs):
 
 class H2Client:
     def __init__(self, host, port, *, stream_window=None, conn_window=None, auto_ack=True,
-                 timeout=30, preface_extra=b""):
+                 timeout=30, preface_extra=b"", validate=True):
         """stream_window: our SETTINGS_INITIAL_WINDOW_SIZE (default 65535).
-        conn_window: grow the connection receive window to this size."""
+        conn_window: grow the connection receive window to this size.
+        validate=False: send header blocks as given (malformed on purpose)."""
         self.host, self.port = host, port
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.timeout = timeout
         self.auto_ack = auto_ack
-        cfg = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        cfg = h2.config.H2Configuration(client_side=True, header_encoding=None,
+                                        validate_outbound_headers=validate,
+                                        normalize_outbound_headers=validate)
         self.conn = h2.connection.H2Connection(config=cfg)
         if stream_window is not None:
             self.conn.local_settings = h2.settings.Settings(
@@ -172,6 +175,18 @@ class H2Client:
                 (":path", path)] + [(k.lower(), v) for k, v in (headers.items() if isinstance(headers, dict) else headers)]
         self.streams[sid] = Stream(sid)
         self.conn.send_headers(sid, [(k.encode(), v.encode() if isinstance(v, str) else v) for k, v in hdrs],
+                               end_stream=end_stream and not body)
+        self.flush()
+        if body:
+            self.send(sid, body, end_stream=end_stream)
+        return sid
+
+    def request_raw(self, hdrs, body=None, end_stream=True):
+        """A request with exactly this header block (list of (name, value))."""
+        sid = self.conn.get_next_available_stream_id()
+        self.streams[sid] = Stream(sid)
+        self.conn.send_headers(sid, [(k.encode() if isinstance(k, str) else k,
+                                      v.encode() if isinstance(v, str) else v) for k, v in hdrs],
                                end_stream=end_stream and not body)
         self.flush()
         if body:
