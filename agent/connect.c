@@ -532,48 +532,36 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
     n = pl;
   }
   char err[512];
-  ProtobufCMessage *m = NULL;
-  int nul = 0;
+  ProtobufCMessage *m;
+  int nul = 0, too_big = 0;
   const ProtobufCMessageDescriptor *d = c->m->input;
   if (c->json) {
     int flags = 0;
     m = pbjson_decode_ex(d, (const char *)p, n, &flags, err, sizeof err);
-    if (!m) {
-      char e2[700];
-      snprintf(e2, sizeof e2, "unmarshal into %s: %s", d->name, err);
-      free(plain);
-      if (flags & PBJSON_TOO_BIG) malloc_trim(0); /* give the refused decode's pages back */
-      call_fail(c, flags & PBJSON_TOO_BIG ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT, e2);
-      return NULL;
-    }
+    too_big = (flags & PBJSON_TOO_BIG) != 0;
     nul = (flags & PBJSON_HAD_NUL) != 0;
   } else {
-    int over = 0;
     /* the same bound as a JSON document's (json.h) */
-    m = pbwire_unpack(d, p, n, JSON_MEM_BUDGET(n), &over);
-    if (!m) {
-      char e2[300];
-      if (over)
-        snprintf(e2, sizeof e2, "unmarshal into %s: message needs more than %zu bytes of memory to decode",
-                 d->name, (size_t)JSON_MEM_BUDGET(n));
-      else
-        snprintf(e2, sizeof e2, "unmarshal into %s: invalid protobuf", d->name);
-      free(plain);
-      if (over) malloc_trim(0); /* millions of small blocks: give their pages back */
-      call_fail(c, over ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT, e2);
-      return NULL;
-    }
-    if (pbjson_check_utf8(m, err, sizeof err) != 0) {
-      char e2[700];
-      snprintf(e2, sizeof e2, "unmarshal into %s: %s", d->name, err);
+    m = pbwire_unpack(d, p, n, JSON_MEM_BUDGET(n), &too_big);
+    if (!m && too_big)
+      snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode",
+               (size_t)JSON_MEM_BUDGET(n));
+    else if (!m)
+      snprintf(err, sizeof err, "invalid protobuf");
+    else if (pbjson_check_utf8(m, err, sizeof err) != 0) {
       protobuf_c_message_free_unpacked(m, NULL);
-      free(plain);
-      call_fail(c, RPC_INVALID_ARGUMENT, e2);
-      return NULL;
-    }
-    nul = pbwire_has_nul_string(d, p, n);
+      m = NULL;
+    } else
+      nul = pbwire_has_nul_string(d, p, n);
   }
   free(plain);
+  if (!m) {
+    char e2[700];
+    snprintf(e2, sizeof e2, "unmarshal into %s: %s", d->name, err);
+    if (too_big) malloc_trim(0); /* a refused decode may leave millions of small free blocks */
+    call_fail(c, too_big ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT, e2);
+    return NULL;
+  }
   c->req_nul = nul;
   return m;
 }

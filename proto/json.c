@@ -54,7 +54,7 @@ static void *jp_alloc(jp *j, size_t n) {
   if (n > d->left) {
     size_t cap = d->total < JSON_BLOCK_MAX ? d->total : JSON_BLOCK_MAX;
     if (cap < n) cap = n;
-    if (n > d->budget - d->total || cap > d->budget - d->total) cap = n;
+    if (cap > d->budget - d->total) cap = n; /* the last room: exactly what is asked */
     if (cap > d->budget - d->total) {
       j->over = 1;
       jp_fail(j, "document needs more than %zu bytes of memory", d->budget);
@@ -152,10 +152,10 @@ static size_t put_utf8(unsigned char *o, unsigned cp) {
   return 4;
 }
 
-/* At an opening quote.  Decodes into a NUL-terminated buffer of the document. */
 /* Bytes that stand for themselves in a string: printable ASCII but '"' and '\\'. */
 static const unsigned char jp_plain[256] = {[0x20 ... 0x21] = 1, [0x23 ... 0x5b] = 1, [0x5d ... 0x7f] = 1};
 
+/* At an opening quote.  Decodes into a NUL-terminated buffer of the document. */
 static char *jp_string(jp *j, size_t *lenp) {
   j->p++; /* '"' */
   const unsigned char *q = j->p;
@@ -187,7 +187,7 @@ static char *jp_string(jp *j, size_t *lenp) {
   while (j->p < j->end) {
     /* fast path: a run of plain printable ASCII */
     const unsigned char *r = j->p;
-    while (r < q && *r >= 0x20 && *r < 0x80 && *r != '"' && *r != '\\') r++;
+    while (r < q && jp_plain[*r]) r++;
     if (r != j->p) {
       memcpy(o, j->p, (size_t)(r - j->p));
       o += r - j->p;

@@ -1362,13 +1362,20 @@ TEST(stream_output_proto_and_json) {
 /* rpc_defer_end: an error the layer raised is answered only when the
  * service says its cleanup is done; a peer gone meanwhile gets nothing and
  * the call is freed once (ASan checks). */
-TEST(deferred_end) {
+/* A client stream whose body ends inside an envelope, the service holding
+ * the end (rpc_defer_end) in on_cancel: hold 1 keeps it in held_call,
+ * hold 2 releases it at once. */
+static void open_broken_held_stream(int hold) {
   svc_reset(S_REPLY);
-  svc.hold_end = 1;
+  svc.hold_end = hold;
   held_call = NULL;
   open_call(&m_cstream, "application/connect+proto", NULL);
   feed("\x00\x00\x00\x00\x0a" "abc", 8, 100);
   feed_end();
+}
+
+TEST(deferred_end) {
+  open_broken_held_stream(1);
   ASSERT_STR_EQ(svc.log, "open;cancel(invalid_argument);");
   ASSERT(held_call != NULL);
   ASSERT_EQ(F.nend, 0); /* held */
@@ -1379,12 +1386,7 @@ TEST(deferred_end) {
                     "envelope: 8 bytes left over\"}}");
 
   /* the peer goes away while the answer is held */
-  svc_reset(S_REPLY);
-  svc.hold_end = 1;
-  held_call = NULL;
-  open_call(&m_cstream, "application/connect+proto", NULL);
-  feed("\x00\x00\x00\x00\x0a" "abc", 8, 100);
-  feed_end();
+  open_broken_held_stream(1);
   ASSERT(held_call != NULL);
   F.x.ended = 1;
   F.x.h->on_abort(&F.x);
@@ -1394,11 +1396,7 @@ TEST(deferred_end) {
   fake_done();
 
   /* held and released inside on_cancel: the layer's answer as usual */
-  svc_reset(S_REPLY);
-  svc.hold_end = 2;
-  open_call(&m_cstream, "application/connect+proto", NULL);
-  feed("\x00\x00\x00\x00\x0a" "abc", 8, 100);
-  feed_end();
+  open_broken_held_stream(2);
   expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: incomplete "
                     "envelope: 8 bytes left over\"}}");
 
