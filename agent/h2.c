@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agent/daemon.h"
+#include "agent/h2check.h"
 #include "agent/log.h"
 #include "agent/router.h"
 #include "agent/slab.h"
@@ -25,6 +26,8 @@ typedef struct h2s {
   size_t hbytes;
   int dispatched, body_ended, body_end_sent, submitted, deferred, out_ended;
   int body_paused, drain_armed, want_drain, upgraded;
+  int malformed; /* reset with PROTOCOL_ERROR: nothing more of it is read */
+  h2check chk;   /* RFC 9113 request rules (nghttp2's own are off) */
   h2buf *qhead, *qtail;
   size_t outq;
   uint8_t *pend; /* request body held while paused */
@@ -93,6 +96,7 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   st->x.ops = &h2_ops;
   st->x.http2 = 1;
   st->x.content_length = -1;
+  h2check_init(&st->chk);
   st->next = sc->streams;
   if (sc->streams) sc->streams->prev = st;
   sc->streams = st;
@@ -204,16 +208,17 @@ static void h2_stream_body_end(h2s *st) {
   if (!st->x.ended && st->x.h && st->x.h->on_body_end) st->x.h->on_body_end(&st->x);
 }
 
+/* RFC 9113 §8.1.1: a malformed request is a stream error of type
+ * PROTOCOL_ERROR; nothing more of it reaches a handler. */
+static void h2_malformed(h2s *st) {
+  st->malformed = 1;
+  nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+}
+
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
   st->sess->undispatched--;
-  const char *cl = hx_get(&st->x, "content-length");
-  if (cl) st->x.content_length = strtoll(cl, NULL, 10);
-  if (!st->x.method || !st->x.path) {
-    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
-    st->x.ended = 1;
-    return;
-  }
+  if (st->chk.content_length >= 0) st->x.content_length = st->chk.content_length;
   router_dispatch(&st->x);
 }
 
@@ -240,7 +245,15 @@ static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8
     sc->hstream = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
   }
   h2s *st = sc->hstream;
-  if (!st || st->dispatched) return 0; /* trailers: ignored */
+  if (!st || st->malformed) return 0;
+  if (st->dispatched) { /* trailers: checked, otherwise ignored */
+    if (h2check_trailer_field(name, nlen, value, vlen) != 0) h2_malformed(st);
+    return 0;
+  }
+  if (h2check_field(&st->chk, name, nlen, value, vlen) != 0) {
+    h2_malformed(st);
+    return 0;
+  }
   st->hbytes += nlen + vlen + 32;
   if (st->hbytes > H2_MAX_HEADER_LIST) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
   if (nlen && name[0] == ':') {
@@ -270,10 +283,20 @@ static int h2_on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *u
   }
   if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-  if (!st) return 0;
-  if (f->hd.type == NGHTTP2_HEADERS && !st->dispatched) h2_dispatch(st);
-  if ((f->hd.flags & NGHTTP2_FLAG_END_STREAM) && !st->body_ended && st->dispatched)
-    h2_stream_body_end(st);
+  if (!st || st->malformed) return 0;
+  int end = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  if (f->hd.type == NGHTTP2_HEADERS) {
+    /* a header block needs its pseudo-headers; trailers must end the stream */
+    if (st->dispatched ? !end : h2check_end_headers(&st->chk) != 0) {
+      h2_malformed(st);
+      return 0;
+    }
+    if (!st->dispatched) h2_dispatch(st);
+  }
+  if (end && !st->body_ended && st->dispatched) {
+    if (h2check_end_stream(&st->chk) != 0) h2_malformed(st); /* DATA short of content-length */
+    else h2_stream_body_end(st);
+  }
   return 0;
 }
 
@@ -282,7 +305,8 @@ static int h2_on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, cons
   (void)flags;
   (void)ud;
   h2s *st = nghttp2_session_get_stream_user_data(ng, id);
-  if (!st) {
+  if (st && !st->malformed && h2check_data(&st->chk, n) != 0) h2_malformed(st); /* past content-length */
+  if (!st || st->malformed) {
     nghttp2_session_consume(ng, id, n);
     return 0;
   }
@@ -740,6 +764,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_stream_close);
   nghttp2_session_callbacks_set_send_data_callback(cb, h2_send_data);
   nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_no_http_messaging(opt, 1); /* agent/h2check.c does the request rules */
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
   if (nghttp2_session_server_new3(&sc->ng, cb, sc, opt, (nghttp2_mem *)&h2_mem) != 0) goto fail;
   nghttp2_session_callbacks_del(cb);
@@ -772,6 +797,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
     nghttp2_session_set_stream_user_data(sc->ng, 1, st);
     /* copy the request over (its strings may live inside up) */
     int cr = hx_copy_request(&st->x, up);
+    st->x.content_length = up->content_length;
     hx_free_request(up);
     free(up);
     if (cr != 0) {

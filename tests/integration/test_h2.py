@@ -487,6 +487,9 @@ def _bad_blocks(server):
         "content-length larger than the body": (h + [("content-length", str(len(body) + 10))], body),
         "content-length smaller than the body": (h + [("content-length", str(len(body) - 2))], body),
         "two different content-lengths": (h + [("content-length", str(len(body))), ("content-length", "3")], body),
+        "neither :authority nor host": ([x for x in h if x[0] != ":authority"], body),
+        "asterisk path without OPTIONS": ([(k, "*" if k == ":path" else v) for k, v in h], body),
+        "leading space in a value": (h + [("x-a", " 1")], body),
     }
 
 
@@ -495,7 +498,9 @@ def _bad_blocks(server):
                                   "duplicate :path", "connection-specific header", "transfer-encoding",
                                   "te other than trailers", "CR LF in a value", "NUL in a value",
                                   "content-length larger than the body",
-                                  "content-length smaller than the body", "two different content-lengths"])
+                                  "content-length smaller than the body", "two different content-lengths",
+                                  "neither :authority nor host", "asterisk path without OPTIONS",
+                                  "leading space in a value"])
 def test_malformed_h2_request_is_reset(server, case):
     """Each malformed header block or body is refused with RST_STREAM
     PROTOCOL_ERROR before any service sees it; the connection lives on and
@@ -516,3 +521,38 @@ def test_malformed_h2_request_is_reset(server, case):
     finally:
         c.close()
 
+
+
+@pytest.mark.parametrize("trailer", [[(":path", "/x")], [("X-Sum", "1")], [("connection", "close")]],
+                         ids=["pseudo-header", "upper case", "connection-specific"])
+def test_malformed_h2_trailers_reset_the_stream(server, trailer):
+    """Request trailers are ignored, but malformed ones still make the
+    request malformed (RFC 9113 8.1): the stream is reset, the connection
+    goes on."""
+    hdrs, body = _good(server)
+    c = H2Client("127.0.0.1", server.port, validate=False)
+    try:
+        sid = c.request_raw(hdrs, body, end_stream=False)
+        c.conn.send_headers(sid, [(k.encode(), v.encode()) for k, v in trailer], end_stream=True)
+        c.flush()
+        c.wait(sid, timeout=10)
+        assert c.streams[sid].reset == h2.errors.ErrorCodes.PROTOCOL_ERROR, (c.streams[sid].status,)
+        good, gbody = _good(server)
+        sid2 = c.request_raw(good, gbody)
+        c.wait(sid2, timeout=10)
+        assert c.streams[sid2].status == 200
+    finally:
+        c.close()
+
+
+def test_good_h2_trailers_are_accepted(server):
+    hdrs, body = _good(server)
+    c = H2Client("127.0.0.1", server.port, validate=False)
+    try:
+        sid = c.request_raw(hdrs, body, end_stream=False)
+        c.conn.send_headers(sid, [(b"x-checksum", b"abc")], end_stream=True)
+        c.flush()
+        c.wait(sid, timeout=10)
+        assert c.streams[sid].status == 200, (c.streams[sid].reset, bytes(c.streams[sid].body[:200]))
+    finally:
+        c.close()
