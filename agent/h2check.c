@@ -78,7 +78,7 @@ static int ck_pseudo(h2check *k, const uint8_t *name, size_t nlen, const uint8_t
     ok = vlen > 0 && ((v[0] | 0x20) >= 'a' && (v[0] | 0x20) <= 'z') && ck_all(ck_scheme, v, vlen);
   } else if (ck_is(name, nlen, ":authority")) {
     bit = CK_AUTHORITY;
-    ok = ck_all(ck_authority, v, vlen);
+    ok = vlen > 0 && ck_all(ck_authority, v, vlen);
   } else {
     return -1; /* unknown, or :protocol (extended CONNECT is not enabled) */
   }
@@ -111,8 +111,11 @@ int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *v
     if (ck_is(name, nlen, "te") && !(vlen == 8 && strncasecmp((const char *)value, "trailers", 8) == 0))
       return -1;
     break;
-  case 4:
-    if (ck_is(name, nlen, "host")) k->seen |= CK_HOST;
+  case 4: /* host: once, not empty (like a pseudo-header) */
+    if (ck_is(name, nlen, "host")) {
+      if (vlen == 0 || (k->seen & CK_HOST)) return -1;
+      k->seen |= CK_HOST;
+    }
     break;
   case 7:
     if (ck_is(name, nlen, "upgrade")) return -1;

@@ -20,6 +20,7 @@
  *   are not allowed; te only as "trailers";
  * - content-length at most once, decimal digits; the DATA received must
  *   add up to it exactly (h2check_data, h2check_end_stream);
+ * - pseudo-header values and host are not empty, host comes at most once;
  * - the block needs :method, :scheme, :path and :authority or host.
  */
 #ifndef CONCH_H2CHECK_H

@@ -65,7 +65,7 @@ TEST(pseudo_headers) {
   static const char *bad[][2] = {
       {":method", ""}, {":method", "GE T"}, {":path", ""}, {":path", "x/y"}, {":path", "/a b"},
       {":path", "/\x01"}, {":scheme", ""}, {":scheme", "1http"}, {":scheme", "ht tp"},
-      {":authority", "a b"}, {":authority", "a/b"}, {":authority", "h\"x"},
+      {":authority", "a b"}, {":authority", "a/b"}, {":authority", "h\"x"}, {":authority", ""},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     h2check_init(&k);
@@ -97,8 +97,10 @@ TEST(end_of_headers) {
   ASSERT_EQ(field(&k, ":scheme", "http"), 0);
   ASSERT_EQ(field(&k, ":path", "/"), 0);
   ASSERT_EQ(h2check_end_headers(&k), -1);
+  ASSERT_EQ(field(&k, "host", ""), -1);
   ASSERT_EQ(field(&k, "host", "x"), 0);
   ASSERT_EQ(h2check_end_headers(&k), 0);
+  ASSERT_EQ(field(&k, "host", "y"), -1); /* once */
   /* "*" only with OPTIONS */
   h2check_init(&k);
   ASSERT_EQ(field(&k, ":method", "GET"), 0);
