@@ -31,10 +31,13 @@ static const unsigned char ck_authority[256] = {
 static const unsigned char ck_scheme[256] = {
     ['+'] = 1, ['-'] = 1, ['.'] = 1, ['0' ... '9'] = 1, ['A' ... 'Z'] = 1, ['a' ... 'z'] = 1};
 
+/* Every byte of s[0..n) in the table (four lookups per test). */
 static int ck_all(const unsigned char *tab, const uint8_t *s, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!tab[s[i]]) return 0;
-  return 1;
+  unsigned ok = 1;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) ok &= tab[s[i]] & tab[s[i + 1]] & tab[s[i + 2]] & tab[s[i + 3]];
+  for (; i < n; i++) ok &= tab[s[i]];
+  return ok;
 }
 
 /* A field value: 8 bytes at a time while none is a control character or
