@@ -18,6 +18,16 @@ typedef struct h2buf {
   size_t len, off;
 } h2buf;
 
+#define H2_MEMO_SETS 8 /* a power of two */
+#define H2_MEMO_WAYS 4
+#define H2_MEMO_FIELD 512
+
+typedef struct h2memo {
+  nghttp2_rcbuf *name, *value;
+  h2check_kind kind;
+  int hit; /* used since the CLOCK hand last passed */
+} h2memo;
+
 typedef struct h2s {
   hx x; /* first: hx.tp points back here */
   struct h2c *sess;
@@ -61,6 +71,13 @@ typedef struct h2c {
    * interleave): one lookup per block instead of one per header field. */
   int32_t hstream_id;
   h2s *hstream;
+  /* h2check_classify's answers for fields seen before, by the field's
+   * HPACK buffers (a reference held on each, so a buffer's address is not
+   * reused while it is here): a field a client sends HPACK-indexed on every
+   * request is checked once per connection.  Four-way sets by address;
+   * a field over H2_MEMO_FIELD bytes is never kept. */
+  h2memo memo[H2_MEMO_SETS][H2_MEMO_WAYS];
+  uint8_t memo_hand[H2_MEMO_SETS];
 } h2c;
 
 #define H2_WRITE_CHUNK (256u * 1024)
@@ -235,8 +252,60 @@ static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void
   return 0;
 }
 
-static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8_t *name,
-                        size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *ud) {
+/* The field's h2check_classify answer, from the memo when the same HPACK
+ * buffers came before: 0, or -1 when the bytes are malformed. */
+static int h2_classify(h2c *sc, nghttp2_rcbuf *nrc, nghttp2_rcbuf *vrc, const uint8_t *name,
+                       size_t nlen, const uint8_t *value, size_t vlen, h2check_kind *k) {
+  uint64_t h = (uint64_t)(uintptr_t)nrc ^ ((uint64_t)(uintptr_t)vrc * 0x9e3779b97f4a7c15ull);
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  unsigned set = (unsigned)(h & (H2_MEMO_SETS - 1));
+  h2memo *m = sc->memo[set];
+  for (unsigned i = 0; i < H2_MEMO_WAYS; i++)
+    if (m[i].name == nrc && m[i].value == vrc) {
+      m[i].hit = 1;
+      *k = m[i].kind;
+      return 0;
+    }
+  if (h2check_classify(name, nlen, value, vlen, k) != 0) return -1;
+  if (nlen + vlen > H2_MEMO_FIELD) return 0;
+  /* CLOCK replacement: the hand passes over (and clears) entries used since
+   * it last came by, and takes the first one that was not.  A field sent
+   * as a literal is new on every request and is never used again, so it is
+   * the next victim; the indexed fields every request uses stay. */
+  unsigned w = sc->memo_hand[set];
+  while (m[w].hit) {
+    m[w].hit = 0;
+    w = (w + 1) % H2_MEMO_WAYS;
+  }
+  sc->memo_hand[set] = (uint8_t)((w + 1) % H2_MEMO_WAYS);
+  if (m[w].name) {
+    nghttp2_rcbuf_decref(m[w].name);
+    nghttp2_rcbuf_decref(m[w].value);
+  }
+  nghttp2_rcbuf_incref(nrc);
+  nghttp2_rcbuf_incref(vrc);
+  m[w].name = nrc;
+  m[w].value = vrc;
+  m[w].kind = *k;
+  return 0;
+}
+
+static void h2_memo_clear(h2c *sc) {
+  for (unsigned s = 0; s < H2_MEMO_SETS; s++)
+    for (unsigned i = 0; i < H2_MEMO_WAYS; i++) {
+      h2memo *m = &sc->memo[s][i];
+      if (m->name) {
+        nghttp2_rcbuf_decref(m->name);
+        nghttp2_rcbuf_decref(m->value);
+        m->name = m->value = NULL;
+      }
+    }
+}
+
+static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, nghttp2_rcbuf *nrc,
+                        nghttp2_rcbuf *vrc, uint8_t flags, void *ud) {
   (void)flags;
   h2c *sc = ud;
   if (f->hd.type != NGHTTP2_HEADERS) return 0;
@@ -246,11 +315,15 @@ static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8
   }
   h2s *st = sc->hstream;
   if (!st || st->malformed) return 0;
+  nghttp2_vec nv = nghttp2_rcbuf_get_buf(nrc), vv = nghttp2_rcbuf_get_buf(vrc);
+  const uint8_t *name = nv.base, *value = vv.base;
+  size_t nlen = nv.len, vlen = vv.len;
   if (st->dispatched) { /* trailers: checked, otherwise ignored */
     if (h2check_trailer_field(name, nlen, value, vlen) != 0) h2_malformed(st);
     return 0;
   }
-  if (h2check_field(&st->chk, name, nlen, value, vlen) != 0) {
+  h2check_kind kind;
+  if (h2_classify(sc, nrc, vrc, name, nlen, value, vlen, &kind) != 0 || h2check_apply(&st->chk, &kind) != 0) {
     h2_malformed(st);
     return 0;
   }
@@ -695,6 +768,7 @@ static void h2_on_close(conn *c) {
     h2_abort_stream(st);
     h2_stream_free(st);
   }
+  h2_memo_clear(sc); /* before the session: the buffers use its allocator */
   nghttp2_session_del(sc->ng);
   free(sc->out);
   free(sc);
@@ -758,7 +832,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   if (!sc || nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0) goto fail;
   sc->c = c;
   nghttp2_session_callbacks_set_on_begin_headers_callback(cb, h2_on_begin_headers);
-  nghttp2_session_callbacks_set_on_header_callback(cb, h2_on_header);
+  nghttp2_session_callbacks_set_on_header_callback2(cb, h2_on_header);
   nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame_recv);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data_chunk);
   nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_stream_close);

@@ -9,6 +9,7 @@ enum {
   CK_REGULAR = 32,   /* a regular field was seen: no more pseudo-headers */
   CK_OPTIONS = 64,   /* :method OPTIONS */
   CK_ASTERISK = 128, /* :path "*" */
+  CK_CLEN = 256,     /* h2check_kind only: content-length */
 };
 
 /* field names: lower-case tchar (RFC 9110 §5.6.2) */
@@ -64,48 +65,49 @@ void h2check_init(h2check *k) {
   k->body = 0;
 }
 
-/* A pseudo-header: known, once, before every regular field, valid value. */
-static int ck_pseudo(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *v, size_t vlen) {
-  unsigned bit;
+/* A pseudo-header's bytes: which one, and a valid value. */
+static int ck_pseudo(const uint8_t *name, size_t nlen, const uint8_t *v, size_t vlen, h2check_kind *f) {
   int ok;
+  f->flags = 0;
   if (ck_is(name, nlen, ":method")) {
-    bit = CK_METHOD;
+    f->kind = CK_METHOD;
     ok = vlen > 0 && ck_all(ck_method, v, vlen);
-    if (ck_is(v, vlen, "OPTIONS")) k->seen |= CK_OPTIONS;
+    if (ck_is(v, vlen, "OPTIONS")) f->flags = CK_OPTIONS;
   } else if (ck_is(name, nlen, ":path")) {
-    bit = CK_PATH;
+    f->kind = CK_PATH;
     ok = vlen > 0 && ck_all(ck_path, v, vlen) && (v[0] == '/' || (vlen == 1 && v[0] == '*'));
-    if (vlen == 1 && v[0] == '*') k->seen |= CK_ASTERISK;
+    if (vlen == 1 && v[0] == '*') f->flags = CK_ASTERISK;
   } else if (ck_is(name, nlen, ":scheme")) {
-    bit = CK_SCHEME;
+    f->kind = CK_SCHEME;
     ok = vlen > 0 && ((v[0] | 0x20) >= 'a' && (v[0] | 0x20) <= 'z') && ck_all(ck_scheme, v, vlen);
   } else if (ck_is(name, nlen, ":authority")) {
-    bit = CK_AUTHORITY;
+    f->kind = CK_AUTHORITY;
     ok = vlen > 0 && ck_all(ck_authority, v, vlen);
   } else {
     return -1; /* unknown, or :protocol (extended CONNECT is not enabled) */
   }
-  if (!ok || (k->seen & (bit | CK_REGULAR))) return -1;
-  k->seen |= bit;
-  return 0;
+  return ok ? 0 : -1;
 }
 
-/* content-length: once, decimal digits, no more than fits in int64_t. */
-static int ck_content_length(h2check *k, const uint8_t *v, size_t vlen) {
-  if (k->content_length >= 0 || vlen == 0) return -1;
+/* content-length: decimal digits, no more than fits in int64_t. */
+static int ck_content_length(const uint8_t *v, size_t vlen, h2check_kind *f) {
+  if (vlen == 0) return -1;
   int64_t n = 0;
   for (size_t i = 0; i < vlen; i++) {
     if (v[i] < '0' || v[i] > '9' || n > (INT64_MAX - (v[i] - '0')) / 10) return -1;
     n = n * 10 + (v[i] - '0');
   }
-  k->content_length = n;
+  f->kind = CK_CLEN;
+  f->num = n;
   return 0;
 }
 
-int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen) {
+int h2check_classify(const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen, h2check_kind *f) {
+  f->kind = CK_REGULAR;
+  f->flags = 0;
+  f->num = 0;
   if (nlen == 0) return -1;
-  if (name[0] == ':') return ck_pseudo(k, name, nlen, value, vlen);
-  k->seen |= CK_REGULAR;
+  if (name[0] == ':') return ck_pseudo(name, nlen, value, vlen, f);
   if (!ck_all(ck_name, name, nlen) || !ck_value_ok(value, vlen)) return -1;
   if (vlen && (value[0] == ' ' || value[0] == '\t' || value[vlen - 1] == ' ' || value[vlen - 1] == '\t'))
     return -1;
@@ -116,8 +118,8 @@ int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *v
     break;
   case 4: /* host: once, not empty (like a pseudo-header) */
     if (ck_is(name, nlen, "host")) {
-      if (vlen == 0 || (k->seen & CK_HOST)) return -1;
-      k->seen |= CK_HOST;
+      if (vlen == 0) return -1;
+      f->kind = CK_HOST;
     }
     break;
   case 7:
@@ -127,7 +129,7 @@ int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *v
     if (ck_is(name, nlen, "connection") || ck_is(name, nlen, "keep-alive")) return -1;
     break;
   case 14:
-    if (ck_is(name, nlen, "content-length")) return ck_content_length(k, value, vlen);
+    if (ck_is(name, nlen, "content-length")) return ck_content_length(value, vlen, f);
     break;
   case 16:
     if (ck_is(name, nlen, "proxy-connection")) return -1;
@@ -137,6 +139,40 @@ int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *v
     break;
   }
   return 0;
+}
+
+int h2check_apply(h2check *k, const h2check_kind *f) {
+  unsigned bit = f->kind;
+  switch (bit) {
+  case CK_METHOD:
+  case CK_PATH:
+  case CK_SCHEME:
+  case CK_AUTHORITY: /* once, and before every regular field */
+    if (k->seen & (bit | CK_REGULAR)) return -1;
+    k->seen |= bit | f->flags;
+    return 0;
+  case CK_HOST:
+    if (k->seen & CK_HOST) return -1;
+    k->seen |= CK_HOST | CK_REGULAR;
+    return 0;
+  case CK_CLEN:
+    if (k->content_length >= 0) return -1;
+    k->content_length = f->num;
+    k->seen |= CK_REGULAR;
+    return 0;
+  default:
+    k->seen |= CK_REGULAR;
+    return 0;
+  }
+}
+
+int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen) {
+  h2check_kind f;
+  if (h2check_classify(name, nlen, value, vlen, &f) != 0) {
+    if (nlen && name[0] != ':') k->seen |= CK_REGULAR;
+    return -1;
+  }
+  return h2check_apply(k, &f);
 }
 
 int h2check_trailer_field(const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen) {

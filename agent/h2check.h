@@ -35,7 +35,21 @@ typedef struct h2check {
   uint64_t body;          /* DATA bytes received */
 } h2check;
 
+/* What one field is, from its bytes alone (private fields).  A pure
+ * function of name and value: h2.c keeps it per HPACK-indexed field, so a
+ * field a client sends on every request is checked once per connection. */
+typedef struct h2check_kind {
+  unsigned kind, flags;
+  int64_t num; /* content-length's value */
+} h2check_kind;
+
 void h2check_init(h2check *k);
+/* The checks that need only the field's bytes: 0 and *f filled in, or -1
+ * (malformed wherever it appears). */
+int h2check_classify(const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen, h2check_kind *f);
+/* The checks that need the block so far (order, repeats): 0 fine, -1
+ * malformed.  h2check_field is h2check_classify then h2check_apply. */
+int h2check_apply(h2check *k, const h2check_kind *f);
 /* One field of the request header block: 0 fine, -1 malformed. */
 int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen);
 /* One field of a trailer block: 0 fine, -1 malformed. */

@@ -523,6 +523,31 @@ def test_malformed_h2_request_is_reset(server, case):
 
 
 
+def test_malformed_h2_requests_on_one_connection(server):
+    """The server remembers, per connection, which HPACK-indexed fields it
+    has checked (agent/h2.c's memo): the checks that depend on the rest of
+    the block (order, repeats, content-length against the body) must still
+    run for every request.  All the malformed blocks, one after another on
+    one connection whose good fields are indexed by then, are each reset,
+    and good requests between them still succeed."""
+    blocks = _bad_blocks(server)
+    c = H2Client("127.0.0.1", server.port, validate=False)
+    try:
+        for case, (hdrs, body) in blocks.items():
+            good, gbody = _good(server)
+            sid = c.request_raw(good, gbody)
+            c.wait(sid, timeout=10)
+            assert c.streams[sid].status == 200, (case, c.streams[sid].reset)
+            for _ in range(2):  # the second time its fields are indexed too
+                sid = c.request_raw(hdrs, body)
+                c.wait(sid, timeout=10)
+                st = c.streams[sid]
+                assert st.reset == h2.errors.ErrorCodes.PROTOCOL_ERROR, (case, st.reset, st.status)
+        assert c.terminated is None
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("trailer", [[(":path", "/x")], [("X-Sum", "1")], [("connection", "close")]],
                          ids=["pseudo-header", "upper case", "connection-specific"])
 def test_malformed_h2_trailers_reset_the_stream(server, trailer):

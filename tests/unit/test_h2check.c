@@ -145,6 +145,42 @@ TEST(trailers) {
   ASSERT_EQ(h2check_trailer_field((const uint8_t *)"connection", 10, (const uint8_t *)v, 1), -1);
 }
 
+/* A field's classification is reused (h2.c's memo): the context rules must
+ * come from h2check_apply alone. */
+TEST(classify_once_apply_per_block) {
+  h2check_kind m, p, h, cl;
+  ASSERT_EQ(h2check_classify((const uint8_t *)":method", 7, (const uint8_t *)"OPTIONS", 7, &m), 0);
+  ASSERT_EQ(h2check_classify((const uint8_t *)":path", 5, (const uint8_t *)"*", 1, &p), 0);
+  ASSERT_EQ(h2check_classify((const uint8_t *)"host", 4, (const uint8_t *)"x", 1, &h), 0);
+  ASSERT_EQ(h2check_classify((const uint8_t *)"content-length", 14, (const uint8_t *)"12", 2, &cl), 0);
+  ASSERT_EQ(cl.num, 12);
+  for (int round = 0; round < 2; round++) { /* the same kinds, two blocks */
+    h2check k;
+    h2check_init(&k);
+    ASSERT_EQ(h2check_apply(&k, &m), 0);
+    ASSERT_EQ(h2check_apply(&k, &m), -1); /* :method twice */
+    h2check_init(&k);
+    ASSERT_EQ(h2check_apply(&k, &m), 0);
+    ASSERT_EQ(h2check_apply(&k, &p), 0);
+    ASSERT_EQ(field(&k, ":scheme", "http"), 0);
+    ASSERT_EQ(h2check_apply(&k, &h), 0);
+    ASSERT_EQ(h2check_apply(&k, &h), -1); /* host twice */
+    ASSERT_EQ(h2check_apply(&k, &cl), 0);
+    ASSERT_EQ(k.content_length, 12);
+    ASSERT_EQ(h2check_apply(&k, &cl), -1); /* content-length twice */
+    ASSERT_EQ(h2check_end_headers(&k), 0); /* OPTIONS * */
+    h2check_init(&k);
+    ASSERT_EQ(h2check_apply(&k, &h), 0);
+    ASSERT_EQ(h2check_apply(&k, &m), -1); /* pseudo-header after a regular field */
+  }
+  /* what is wrong in the bytes is wrong anywhere */
+  h2check_kind x;
+  ASSERT_EQ(h2check_classify((const uint8_t *)"te", 2, (const uint8_t *)"gzip", 4, &x), -1);
+  ASSERT_EQ(h2check_classify((const uint8_t *)"host", 4, (const uint8_t *)"", 0, &x), -1);
+  ASSERT_EQ(h2check_classify((const uint8_t *)":path", 5, (const uint8_t *)"", 0, &x), -1);
+  ASSERT_EQ(h2check_classify((const uint8_t *)"content-length", 14, (const uint8_t *)"1x", 2, &x), -1);
+}
+
 int main(void) {
   RUN(good_request);
   RUN(malformed_fields);
@@ -152,5 +188,6 @@ int main(void) {
   RUN(end_of_headers);
   RUN(content_length_against_data);
   RUN(trailers);
+  RUN(classify_once_apply_per_block);
   return test_summary();
 }
