@@ -513,8 +513,11 @@ static int gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *olen, rpc_
   return 0;
 }
 
-/* Decode one message; on error fails the call and returns NULL. */
-static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
+/* Decode one message into mem (pbmem.h: the scratch buffer first, then
+ * malloc, within the decode budget); on error fails the call and returns
+ * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
+static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed,
+                                     void *scratch, size_t scratch_len, pbmem *mem) {
   uint8_t *plain = NULL;
   if (compressed) {
     if (!c->gzip_in) {
@@ -535,21 +538,26 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
   ProtobufCMessage *m;
   int nul = 0, too_big = 0;
   const ProtobufCMessageDescriptor *d = c->m->input;
+  /* the same bound for both codecs: a JSON document's (json.h) */
+  pbmem_init(mem, scratch, scratch_len, JSON_MEM_BUDGET(n));
   if (c->json) {
     int flags = 0;
-    m = pbjson_decode_ex(d, (const char *)p, n, &flags, err, sizeof err);
-    too_big = (flags & PBJSON_TOO_BIG) != 0;
+    m = pbjson_decode_mem(d, (const char *)p, n, &mem->a, &flags, err, sizeof err);
+    too_big = (flags & PBJSON_TOO_BIG) != 0 || (!m && mem->over);
     nul = (flags & PBJSON_HAD_NUL) != 0;
+    if (!m && mem->over)
+      snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode",
+               (size_t)JSON_MEM_BUDGET(n));
   } else {
-    /* the same bound as a JSON document's (json.h) */
-    m = pbwire_unpack(d, p, n, JSON_MEM_BUDGET(n), &too_big);
+    m = pbwire_unpack_mem(d, p, n, mem);
+    too_big = !m && mem->over;
     if (!m && too_big)
       snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode",
                (size_t)JSON_MEM_BUDGET(n));
     else if (!m)
       snprintf(err, sizeof err, "invalid protobuf");
     else if (pbjson_check_utf8(m, err, sizeof err) != 0) {
-      protobuf_c_message_free_unpacked(m, NULL);
+      protobuf_c_message_free_unpacked(m, &mem->a);
       m = NULL;
     } else
       nul = pbwire_has_nul_string(d, p, n);
@@ -582,11 +590,12 @@ static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
   c->req = m;
 }
 
-static void start_service(rpc_call *c, ProtobufCMessage *req) {
+/* req (if any) is freed with allocator a once the service has taken it. */
+static void start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocator *a) {
   c->svc_live = 1;
   c->had_nul = c->req_nul;
   c->m->on_request(c, req);
-  if (req) protobuf_c_message_free_unpacked(req, NULL);
+  if (req) protobuf_c_message_free_unpacked(req, a);
 }
 
 /* Envelope parsing for streaming protocols: deliver what is complete. */
@@ -607,7 +616,8 @@ static void call_pump(rpc_call *c) {
       call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: invalid envelope flags");
       return;
     }
-    ProtobufCMessage *m = call_decode(c, h + 5, len, flags & 1);
+    pbmem mem; /* no scratch: messages outlive this frame (deliver_message) */
+    ProtobufCMessage *m = call_decode(c, h + 5, len, flags & 1, NULL, 0, &mem);
     off += 5 + (size_t)len;
     c->msgs_in++;
     if (!m) return;
@@ -635,7 +645,7 @@ static void call_pump(rpc_call *c) {
         call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: expected one request message, got none");
         return;
       }
-      start_service(c, req);
+      start_service(c, req, NULL);
     }
   }
 }
@@ -685,12 +695,16 @@ static void on_body_end(hx *x) {
     call_pump(c);
     return;
   }
-  ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in);
+  /* the one request is freed when the service returns: it is decoded on
+   * the stack (a small one needs no malloc) */
+  _Alignas(16) uint8_t scratch[1024];
+  pbmem mem;
+  ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in, scratch, sizeof scratch, &mem);
   free(c->in);
   conch.rx_buffered -= c->in_cap;
   c->in = NULL;
   c->in_len = c->in_cap = 0;
-  if (m) start_service(c, m);
+  if (m) start_service(c, m, &mem.a);
 }
 
 static void on_abort(hx *x) {
@@ -875,5 +889,5 @@ void connect_serve(hx *x, const rpc_method *m) {
   }
   if (c->timeout_ms > 0 && !(m->flags & RPC_F_OWN_DEADLINE))
     uv_timer_start(&c->deadline, on_deadline, (uint64_t)c->timeout_ms, 0);
-  if (m->kind == RPC_CLIENT_STREAM) start_service(c, NULL);
+  if (m->kind == RPC_CLIENT_STREAM) start_service(c, NULL, NULL);
 }

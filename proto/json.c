@@ -19,6 +19,7 @@ typedef struct jdoc {
   jblk *more;      /* blocks after the first */
   char *cur;       /* free space in the newest block */
   size_t left, total, budget;
+  int borrowed; /* the root and first block are in the caller's buffer */
 } jdoc;
 
 typedef struct jp {
@@ -464,8 +465,8 @@ static int jp_value(jp *j, json_value *v, int depth) {
   }
 }
 
-json_value *json_parse_ex(const char *s, size_t n, size_t budget, char *err, size_t errlen,
-                          int *over) {
+json_value *json_parse_in(const char *s, size_t n, size_t budget, void *buf, size_t bufsz, char *err,
+                          size_t errlen, int *over) {
   if (err && errlen) err[0] = 0;
   if (over) *over = 0;
   jp j = {(const unsigned char *)s, (const unsigned char *)s, (const unsigned char *)s + n, err,
@@ -479,11 +480,18 @@ json_value *json_parse_ex(const char *s, size_t n, size_t budget, char *err, siz
   if (first > 4096) first = 4096;
   if (budget < JSON_FIRST_BLOCK) budget = JSON_FIRST_BLOCK;
   if (first > budget) first = budget;
-  jdoc *d = malloc(sizeof *d + first);
-  if (!d) {
+  jdoc *d;
+  uintptr_t b = (uintptr_t)buf, al = (b + 15) & ~(uintptr_t)15;
+  int borrowed = buf && bufsz > al - b + sizeof *d + JSON_FIRST_BLOCK;
+  if (borrowed) { /* the caller's buffer: as much of it as the budget allows */
+    d = (jdoc *)al;
+    first = bufsz - (al - b) - sizeof *d;
+    if (first > budget) first = budget;
+  } else if (!(d = malloc(sizeof *d + first))) {
     jp_fail(&j, "out of memory");
     return NULL;
   }
+  d->borrowed = borrowed;
   memset(&d->root, 0, sizeof d->root);
   d->more = NULL;
   d->cur = (char *)(d + 1);
@@ -501,6 +509,11 @@ json_value *json_parse_ex(const char *s, size_t n, size_t budget, char *err, siz
   return NULL;
 }
 
+json_value *json_parse_ex(const char *s, size_t n, size_t budget, char *err, size_t errlen,
+                          int *over) {
+  return json_parse_in(s, n, budget, NULL, 0, err, errlen, over);
+}
+
 json_value *json_parse(const char *s, size_t n, char *err, size_t errlen) {
   return json_parse_ex(s, n, JSON_MEM_BUDGET(n), err, errlen, NULL);
 }
@@ -512,7 +525,7 @@ void json_free(json_value *v) {
     nb = b->next;
     free(b);
   }
-  free(d);
+  if (!d->borrowed) free(d);
 }
 
 const json_value *json_get_n(const json_value *obj, const char *key, size_t keylen) {

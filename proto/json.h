@@ -17,14 +17,15 @@
 #include <stddef.h>
 
 #define JSON_MAX_DEPTH 64
-/* The default memory bound of a parsed document.  Nodes are 56 bytes, so a
- * document of tiny values ("[0,0,...]", ["","",...]) needs ~20 times its
- * length; one of 13-byte strings ~12 times (outgrown arrays included);
- * ordinary documents far less.  16 times plus 1 MiB, and never more than
- * 64 MiB: every request of this API fits, and no 16 MiB body can take half
- * a gigabyte. */
+/* The default memory bound of a parsed document.  Nodes are 56 bytes and
+ * an array's outgrown blocks stay until the document is freed, so an array
+ * of tiny values ("[1,1,...]": 2 bytes of input each) can need ~116 times
+ * its length; strings and objects far less.  128 times plus 1 MiB, and
+ * never more than 64 MiB: a command with 10 000 one-character arguments
+ * fits (16 times refused it), and no 16 MiB body can take half a gigabyte
+ * (the cap, not the factor, bounds those). */
 #define JSON_MEM_BUDGET(n) \
-  ((size_t)(n) < ((size_t)63 << 20) / 16 ? (size_t)(n) * 16 + ((size_t)1 << 20) : (size_t)64 << 20)
+  ((size_t)(n) < ((size_t)63 << 20) / 128 ? (size_t)(n) * 128 + ((size_t)1 << 20) : (size_t)64 << 20)
 
 typedef enum json_type { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUMBER, JSON_STRING,
                          JSON_ARRAY, JSON_OBJECT } json_type;
@@ -49,6 +50,12 @@ json_value *json_parse(const char *s, size_t n, char *err, size_t errlen);
  * is set to 1 when the parse failed because the budget ran out. */
 json_value *json_parse_ex(const char *s, size_t n, size_t budget, char *err, size_t errlen,
                           int *over);
+/* json_parse_ex with the root and first block in the caller's buffer
+ * (bufsz bytes at buf, any alignment; not used when too small): a small
+ * document then needs no malloc.  json_free must still be called (for the
+ * blocks after the first), before the buffer goes away. */
+json_value *json_parse_in(const char *s, size_t n, size_t budget, void *buf, size_t bufsz, char *err,
+                          size_t errlen, int *over);
 /* Frees a document; v must be a root returned by json_parse. */
 void json_free(json_value *v);
 /* First member with this key (NULL if none / not an object). */

@@ -54,6 +54,11 @@ ProtobufCMessage *pbjson_decode(const ProtobufCMessageDescriptor *desc, const ch
 #define PBJSON_TOO_BIG 2
 ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const char *json,
                                    size_t len, int *flags, char *err, size_t errlen);
+/* The same, the message built with allocator a (e.g. a pbmem's; NULL is
+ * malloc) and freed with protobuf_c_message_free_unpacked(m, a). */
+ProtobufCMessage *pbjson_decode_mem(const ProtobufCMessageDescriptor *desc, const char *json,
+                                    size_t len, ProtobufCAllocator *a, int *flags, char *err,
+                                    size_t errlen);
 
 /* Check that every string field (recursively, incl. maps and repeated) of an
  * unpacked message is valid UTF-8.  0 = ok, -1 = invalid (field named in err). */

@@ -2,9 +2,10 @@
  *
  * The document is parsed by proto/json.c into a DOM first (strict RFC 8259,
  * UTF-8, depth <= 64, which also bounds the message recursion here), then
- * walked against the message descriptor.  The message is built with malloc
- * exactly as protobuf_c_message_unpack would build it, so that
- * protobuf_c_message_free_unpacked(m, NULL) frees it — also halfway through,
+ * walked against the message descriptor.  The message is built with the
+ * caller's allocator (malloc without one) exactly as
+ * protobuf_c_message_unpack would build it, so that
+ * protobuf_c_message_free_unpacked(m, allocator) frees it — also halfway through,
  * which is how every error path cleans up: counters of repeated fields are
  * only advanced after the element is complete, oneof cases only set after
  * the member is stored.  Strings are copied out of the DOM (which is freed
@@ -29,7 +30,25 @@ typedef struct dec {
   char *err;
   size_t errlen;
   int had_nul;
+  ProtobufCAllocator *a; /* the message's memory (NULL: malloc) */
 } dec;
+
+static void *dec_alloc(dec *d, size_t n) {
+  return d->a ? d->a->alloc(d->a->allocator_data, n) : malloc(n);
+}
+
+static void *dec_zalloc(dec *d, size_t n, size_t sz) {
+  if (sz && n > SIZE_MAX / sz) return NULL;
+  void *p = dec_alloc(d, n * sz);
+  if (p) memset(p, 0, n * sz);
+  return p;
+}
+
+static void dec_free(dec *d, void *p) {
+  if (!p) return;
+  if (d->a) d->a->free(d->a->allocator_data, p);
+  else free(p);
+}
 
 static int dec_fail(dec *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int dec_fail(dec *d, const char *fmt, ...) {
@@ -218,7 +237,7 @@ static ProtobufCMessage *dec_msg(dec *d, const ProtobufCMessageDescriptor *md, j
 /* A malloc'd copy of a decoded JSON string (NUL-terminated); NULL when out
  * of memory. */
 static char *copy_str(dec *d, const char *s, size_t len) {
-  char *c = malloc(len + 1);
+  char *c = dec_alloc(d, len + 1);
   if (!c) return NULL;
   memcpy(c, s, len + 1);
   if (memchr(s, 0, len)) d->had_nul = 1;
@@ -280,16 +299,16 @@ static int dec_value(dec *d, const ProtobufCFieldDescriptor *f, json_value *v, v
   case PROTOBUF_C_TYPE_BYTES: {
     if (v->type != JSON_STRING)
       return dec_fail(d, "expected a base64 string, got %s", json_type_name(v->type));
-    unsigned char *buf = malloc(v->len / 4 * 3 + 3);
+    unsigned char *buf = dec_alloc(d, v->len / 4 * 3 + 3);
     if (!buf) return dec_oom(d);
     long n = pbjson_b64_decode(v->str, v->len, buf);
     if (n < 0) {
-      free(buf);
+      dec_free(d, buf);
       return dec_fail(d, "invalid base64");
     }
     ProtobufCBinaryData *b = dst;
     if (n == 0) {
-      free(buf);
+      dec_free(d, buf);
       buf = NULL;
     }
     b->data = buf;
@@ -375,14 +394,14 @@ static int dec_map(dec *d, ProtobufCMessage *m, const ProtobufCFieldDescriptor *
 
   const ProtobufCMessageDescriptor *ed = f->descriptor;
   const ProtobufCFieldDescriptor *kf = &ed->fields[0], *vf = &ed->fields[1];
-  ProtobufCMessage **arr = calloc(v->n, sizeof *arr);
+  ProtobufCMessage **arr = dec_zalloc(d, v->n, sizeof *arr);
   if (!arr) return dec_oom(d);
   size_t *np = PBJ_QUANT(m, f);
   *(ProtobufCMessage ***)PBJ_MEMBER(m, f) = arr;
   *np = 0;
   for (size_t j = 0; j < v->n; j++) {
     size_t mk = pbj_path_key(&d->path, v->keys[j], v->key_lens[j]);
-    ProtobufCMessage *e = malloc(ed->sizeof_message);
+    ProtobufCMessage *e = dec_alloc(d, ed->sizeof_message);
     if (!e) return dec_oom(d);
     ed->message_init(e);
     arr[(*np)++] = e;
@@ -407,7 +426,7 @@ static int dec_field(dec *d, const ProtobufCMessageDescriptor *md, ProtobufCMess
   if (v->type != JSON_ARRAY) return dec_fail(d, "expected an array, got %s", json_type_name(v->type));
   if (v->n == 0) return 0;
   size_t sz = pbj_elt_size(f->type);
-  char *arr = calloc(v->n, sz);
+  char *arr = dec_zalloc(d, v->n, sz);
   if (!arr) return dec_oom(d);
   size_t *np = PBJ_QUANT(m, f);
   *(char **)PBJ_MEMBER(m, f) = arr;
@@ -435,7 +454,7 @@ static const ProtobufCFieldDescriptor *find_field(const ProtobufCMessageDescript
 }
 
 static ProtobufCMessage *dec_msg(dec *d, const ProtobufCMessageDescriptor *md, json_value *obj) {
-  ProtobufCMessage *m = malloc(md->sizeof_message);
+  ProtobufCMessage *m = dec_alloc(d, md->sizeof_message);
   if (!m) {
     dec_oom(d);
     return NULL;
@@ -482,14 +501,15 @@ static ProtobufCMessage *dec_msg(dec *d, const ProtobufCMessageDescriptor *md, j
   return m;
 bad:
   if (seen && seen != seen_small) free(seen);
-  protobuf_c_message_free_unpacked(m, NULL);
+  protobuf_c_message_free_unpacked(m, d->a);
   return NULL;
 }
 
 /* ------------------------------------------------------------ entry points */
 
-ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const char *json,
-                                   size_t len, int *flags, char *err, size_t errlen) {
+ProtobufCMessage *pbjson_decode_mem(const ProtobufCMessageDescriptor *desc, const char *json,
+                                    size_t len, ProtobufCAllocator *a, int *flags, char *err,
+                                    size_t errlen) {
   if (flags) *flags = 0;
   if (err && errlen) err[0] = 0;
   if (!json || len == 0) {
@@ -498,7 +518,9 @@ ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const
   }
   char perr[160];
   int over = 0;
-  json_value *root = json_parse_ex(json, len, JSON_MEM_BUDGET(len), perr, sizeof perr, &over);
+  /* a small document's tree lives on the stack */
+  char dom[2048];
+  json_value *root = json_parse_in(json, len, JSON_MEM_BUDGET(len), dom, sizeof dom, perr, sizeof perr, &over);
   if (!root) {
     if (over) {
       if (flags) *flags = PBJSON_TOO_BIG;
@@ -517,11 +539,16 @@ ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const
     json_free(root);
     return NULL;
   }
-  dec d = {.err = err, .errlen = errlen};
+  dec d = {.err = err, .errlen = errlen, .a = a};
   ProtobufCMessage *m = dec_msg(&d, desc, root);
   json_free(root);
   if (m && flags && d.had_nul) *flags = PBJSON_HAD_NUL;
   return m;
+}
+
+ProtobufCMessage *pbjson_decode_ex(const ProtobufCMessageDescriptor *desc, const char *json,
+                                   size_t len, int *flags, char *err, size_t errlen) {
+  return pbjson_decode_mem(desc, json, len, NULL, flags, err, errlen);
 }
 
 ProtobufCMessage *pbjson_decode(const ProtobufCMessageDescriptor *desc, const char *json, size_t len,

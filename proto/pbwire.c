@@ -58,33 +58,16 @@ int pbwire_has_nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *p,
   return pbwire_scan(d, p, n, 0);
 }
 
-typedef struct pbwire_budget {
-  size_t left;
-  int over;
-} pbwire_budget;
-
-static void *pbwire_alloc(void *data, size_t size) {
-  pbwire_budget *b = data;
-  size_t cost = ((size + 15) & ~(size_t)15) + 16;
-  if (cost < size || cost > b->left) {
-    b->over = 1;
-    return NULL;
-  }
-  b->left -= cost;
-  return malloc(size);
-}
-
-/* frees give nothing back: the budget bounds what one unpack ever took */
-static void pbwire_free(void *data, void *ptr) {
-  (void)data;
-  free(ptr);
+ProtobufCMessage *pbwire_unpack_mem(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+                                    pbmem *m) {
+  return protobuf_c_message_unpack(d, &m->a, n, p);
 }
 
 ProtobufCMessage *pbwire_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
                                 size_t budget, int *over) {
-  pbwire_budget b = {budget, 0};
-  ProtobufCAllocator a = {pbwire_alloc, pbwire_free, &b};
-  ProtobufCMessage *m = protobuf_c_message_unpack(d, &a, n, p);
-  if (over) *over = b.over;
-  return m;
+  pbmem m;
+  pbmem_init(&m, NULL, 0, budget);
+  ProtobufCMessage *r = pbwire_unpack_mem(d, p, n, &m);
+  if (over) *over = m.over;
+  return r;
 }

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "proto/pbmem.h"
+
 /* 1 = some string field contains NUL; 0 = none (or input not parseable:
  * protobuf-c's own unpack is the judge of validity). */
 int pbwire_has_nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n);
@@ -21,6 +23,11 @@ int pbwire_has_nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *p,
  * each on the wire) became 8 M allocations, some 320 MiB.  NULL when the
  * input is invalid or over the budget (then *over = 1).  The result is
  * freed with protobuf_c_message_free_unpacked(m, NULL). */
+/* The same in m's memory (pbmem.h): free it with
+ * protobuf_c_message_free_unpacked(msg, &m->a); m->over tells a refusal
+ * for the budget from invalid input. */
+ProtobufCMessage *pbwire_unpack_mem(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+                                    pbmem *m);
 ProtobufCMessage *pbwire_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
                                 size_t budget, int *over);
 

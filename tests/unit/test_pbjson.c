@@ -895,12 +895,13 @@ TEST(mutations_never_crash) {
 
 /* Memory bounds of decoding: a document or a wire message of many tiny
  * values is refused (PBJSON_TOO_BIG / pbwire_unpack's *over) instead of
- * growing ~20-40 times its size; a large ordinary one still decodes. */
+ * growing ~20-40 times its size past JSON_MEM_BUDGET's 64 MiB cap; a large
+ * ordinary one still decodes. */
 TEST(decode_memory_budget) {
   char err[300];
   int flags = -1;
-  /* {"cmd":"x","args":["","",...]}: 1.5 MB of JSON */
-  size_t n = 500000, len = 0;
+  /* {"cmd":"x","args":["","",...]}: 3 MB of JSON */
+  size_t n = 1000000, len = 0;
   char *js = malloc(3 * n + 64);
   ASSERT(js);
   len += (size_t)sprintf(js, "{\"cmd\":\"x\",\"args\":[");
@@ -914,6 +915,19 @@ TEST(decode_memory_budget) {
   ASSERT(m == NULL);
   ASSERT_EQ(flags, PBJSON_TOO_BIG);
   ASSERT(strstr(err, "bytes of memory to decode") != NULL);
+  free(js);
+  /* 10000 one-character arguments decode (16 times the input refused them) */
+  n = 10000;
+  js = malloc(n * 4 + 64);
+  ASSERT(js);
+  len = (size_t)sprintf(js, "{\"cmd\":\"x\",\"args\":[");
+  for (size_t i = 0; i < n; i++) len += (size_t)sprintf(js + len, "\"%zu\",", i % 10);
+  js[len - 1] = ']';
+  js[len++] = '}';
+  m = pbjson_decode_ex(&pb__start_process_request__descriptor, js, len, &flags, err, sizeof err);
+  if (!m) TEST_FAIL_("%s", err);
+  ASSERT_EQ(((Pb__StartProcessRequest *)m)->n_args, n);
+  protobuf_c_message_free_unpacked(m, NULL);
   free(js);
   /* 20000 ordinary arguments decode */
   n = 20000;
@@ -932,8 +946,8 @@ TEST(decode_memory_budget) {
   protobuf_c_message_free_unpacked(&r->base, NULL);
   free(js);
 
-  /* wire: 1 M empty args, 2 bytes each */
-  n = 1000000;
+  /* wire: 2.5 M empty args, 2 bytes each */
+  n = 2500000;
   uint8_t *w = malloc(2 * n);
   ASSERT(w);
   for (size_t i = 0; i < n; i++) {
