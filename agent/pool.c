@@ -14,8 +14,7 @@
  * stream of one-file listings a runner handed over every 32 jobs, and each
  * hand-over cost a thread wake-up and two context switches.
  *
- * Finished jobs wake the loop in groups: a runner signals the async
- * handle when the FIFO is empty (so the last job of a burst, which may be
+ * Finished jobs wake the loop in groups: a runner signals the loop when the FIFO is empty (so the last job of a burst, which may be
  * long, never holds back the ones before it), after POOL_SIGNAL_JOBS
  * finished jobs, or when the oldest unsignaled one is POOL_SIGNAL_NS old.
  * A burst of one-file listings then costs a few loop wake-ups and a few
@@ -27,8 +26,12 @@
  */
 #include "agent/pool.h"
 
+#include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "agent/daemon.h"
@@ -54,7 +57,16 @@ typedef struct pool {
   struct runner *rlist; /* runners that will still take jobs (spawned, not
                          * yet past their decision to return) */
   pool_job *dhead, *dtail; /* finished or canceled, for the loop */
-  uv_async_t async;
+  /* Finished jobs wake the loop through an eventfd of our own, written at
+   * most once until the loop has looked (`signaled`).  Not a uv_async_t:
+   * libuv 1.44's uv_async_send writes its eventfd and then marks the
+   * handle, and the woken loop spins (997 PAUSEs, then sched_yield) until
+   * the mark is there.  On a 2-CPU guest the loop is often woken onto the
+   * sender's CPU and preempts it, so it spins out and yields, and then
+   * waits behind a runner draining jobs while the client idles. */
+  int efd;
+  uv_poll_t efd_poll;
+  atomic_int signaled;
   uv_timer_t poll; /* while jobs are out (see above) */
   unsigned runners, max_runners; /* loop thread only */
   unsigned out;                  /* loop thread: submitted, done not yet run */
@@ -69,17 +81,21 @@ typedef struct runner {
   int in_job;
 } runner;
 
-static void pool_on_async(uv_async_t *a);
+static void pool_collect(pool *p);
+static void pool_on_efd(uv_poll_t *h, int status, int events);
 static void pool_on_prepare(uv_prepare_t *h);
 static void pool_on_poll(uv_timer_t *t);
 
 static pool *pool_get(void) {
   if (conch.pool) return conch.pool;
   pool *p = daemon_alloc_state(sizeof *p, "job pool");
-  if (uv_mutex_init(&p->lock) != 0 || uv_async_init(conch.loop, &p->async, pool_on_async) != 0)
+  p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (uv_mutex_init(&p->lock) != 0 || p->efd < 0 || uv_poll_init(conch.loop, &p->efd_poll, p->efd) != 0 ||
+      uv_poll_start(&p->efd_poll, UV_READABLE, pool_on_efd) != 0)
     abort(); /* start-up resources; nothing sensible to do without them */
-  p->async.data = p;
-  uv_unref((uv_handle_t *)&p->async);
+  atomic_init(&p->signaled, 0);
+  p->efd_poll.data = p;
+  uv_unref((uv_handle_t *)&p->efd_poll);
   uv_prepare_init(conch.loop, &p->prep);
   p->prep.data = p;
   uv_unref((uv_handle_t *)&p->prep);
@@ -91,6 +107,14 @@ static pool *pool_get(void) {
   p->max_runners = (unsigned)(n < 1 ? 1 : n > 16 ? 16 : n);
   conch.pool = p;
   return p;
+}
+
+/* Wake the loop for the finished list (any thread; once until it looks). */
+static void pool_signal(pool *p) {
+  if (atomic_exchange(&p->signaled, 1)) return;
+  uint64_t one = 1;
+  while (write(p->efd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
 }
 
 /* Append to the finished list; caller holds the lock. */
@@ -152,7 +176,7 @@ static void runner_work(uv_work_t *req) {
     if (prev) {
       if (unsignaled++ == 0) oldest = now;
       if (!j || empty || unsignaled >= POOL_SIGNAL_JOBS || now - oldest >= POOL_SIGNAL_NS) {
-        uv_async_send(&p->async); /* coalesced while one is pending */
+        pool_signal(p); /* coalesced until the loop has looked */
         unsignaled = 0;
       }
     }
@@ -189,7 +213,7 @@ static void runner_after(uv_work_t *req, int status) {
   p->runners--;
   pool_regrow(p);
   /* finished jobs of this runner may still sit in the list */
-  pool_on_async(&p->async);
+  pool_collect(p);
 }
 
 static void runner_spawn(pool *p) {
@@ -227,11 +251,11 @@ static void runner_spawn(pool *p) {
   p->qhead = p->qtail = NULL;
   p->nqueued = 0;
   uv_mutex_unlock(&p->lock);
-  uv_async_send(&p->async);
+  pool_signal(p);
 }
 
-static void pool_on_async(uv_async_t *a) {
-  pool *p = a->data;
+/* Run the done callbacks of the finished jobs (loop thread). */
+static void pool_collect(pool *p) {
   uv_mutex_lock(&p->lock);
   pool_job *j = p->dhead;
   p->dhead = p->dtail = NULL;
@@ -246,12 +270,25 @@ static void pool_on_async(uv_async_t *a) {
   if (!p->out) uv_timer_stop(&p->poll);
 }
 
+/* The eventfd: reset it, then allow the next signal, then collect — in
+ * that order, so a job finished after the collection signals anew. */
+static void pool_on_efd(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  pool *p = h->data;
+  uint64_t v;
+  while (read(p->efd, &v, sizeof v) < 0 && errno == EINTR) {
+  }
+  atomic_store(&p->signaled, 0);
+  pool_collect(p);
+}
+
 /* While jobs are out: collect finished ones a group may hold back, and
  * give queued jobs a runner when every runner is inside a long job. */
 static void pool_on_poll(uv_timer_t *t) {
   pool *p = t->data;
   pool_regrow(p);
-  pool_on_async(&p->async);
+  pool_collect(p);
 }
 
 void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *, int)) {
@@ -310,7 +347,7 @@ int pool_cancel(pool_job *j) {
     j->canceled = 1;
     finished_push(p, j);
     uv_mutex_unlock(&p->lock);
-    uv_async_send(&p->async);
+    pool_signal(p);
     return 0;
   }
   uv_mutex_lock(&p->lock);
@@ -325,7 +362,7 @@ int pool_cancel(pool_job *j) {
     r = 0;
   }
   uv_mutex_unlock(&p->lock);
-  if (r == 0) uv_async_send(&p->async);
+  if (r == 0) pool_signal(p);
   return r;
 }
 
