@@ -189,6 +189,23 @@ static const unsigned char w_attn[256] = {
     ['"'] = 1, ['\\'] = 1,
     [0x80 ... 0xff] = 1};
 
+/* Plain bytes from s on (none in w_attn): 8 at a time while no byte is a
+ * control character, '"', '\\' or non-ASCII, the table for the rest. */
+static const unsigned char *w_plain(const unsigned char *s, const unsigned char *end) {
+  const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+  while (end - s >= 8) {
+    uint64_t x, q, b;
+    memcpy(&x, s, 8);
+    q = x ^ (ones * '"');
+    b = x ^ (ones * '\\');
+    /* a byte < 0x20, == '"' or == '\\' (zero after the xor), or >= 0x80 */
+    if ((((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((b - ones) & ~b) | x) & highs) break;
+    s += 8;
+  }
+  while (s < end && !w_attn[*s]) s++;
+  return s;
+}
+
 /* A JSON string: '"', '\\' and control characters escaped, everything else
  * (incl. non-ASCII) as is.  Invalid UTF-8 cannot be represented in JSON and
  * is replaced by U+FFFD per invalid byte. */
@@ -197,7 +214,7 @@ static void w_string(wbuf *w, const char *str, size_t n) {
   const unsigned char *s = (const unsigned char *)str, *end = s + n, *run = s;
   w_ch(w, '"');
   while (s < end) {
-    while (s < end && !w_attn[*s]) s++; /* plain ASCII runs */
+    s = w_plain(s, end); /* plain ASCII runs */
     if (s == end) break;
     unsigned c = *s;
     if (c >= 0x80) {
@@ -400,36 +417,34 @@ static int field_present(const ProtobufCMessage *m, const ProtobufCFieldDescript
   return 0;
 }
 
+/* "jsonName": — the lowerCamelCase name written in one pass (protoc's
+ * rule: drop '_', upper-case the letter after it). */
 static void enc_name(wbuf *w, const char *name) {
   size_t nl = strlen(name);
-  if (!memchr(name, '_', nl) && w_room(w, nl + 3) == 0) { /* already its JSON name */
-    w->buf[w->len] = '"';
-    memcpy(w->buf + w->len + 1, name, nl);
-    w->buf[w->len + 1 + nl] = '"';
-    w->buf[w->len + 2 + nl] = ':';
-    w->len += nl + 3;
+  if (w_room(w, nl + 3) < 0) return; /* at most the name + 3 */
+  size_t o = w->len;
+  char *b = w->buf;
+  b[o++] = '"';
+  if (!memchr(name, '_', nl)) { /* already its JSON name */
+    memcpy(b + o, name, nl);
+    b[o + nl] = '"';
+    b[o + nl + 1] = ':';
+    w->len = o + nl + 2;
     return;
   }
-  char b[260];
-  size_t n = pbj_json_name(name, b + 1, sizeof b - 3);
-  if (n + 3 > sizeof b) { /* longer than any name in agent.proto: by hand */
-    int up = 0;
-    w_ch(w, '"');
-    for (const char *c = name; *c; c++) {
-      if (*c == '_') {
-        up = 1;
-        continue;
-      }
-      w_ch(w, up && *c >= 'a' && *c <= 'z' ? (char)(*c - 'a' + 'A') : *c);
-      up = 0;
+  int up = 0;
+  for (size_t i = 0; name[i]; i++) {
+    char c = name[i];
+    if (c == '_') {
+      up = 1;
+      continue;
     }
-    w_mem(w, "\":", 2);
-    return;
+    b[o++] = up && c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+    up = 0;
   }
-  b[0] = '"';
-  b[n + 1] = '"';
-  b[n + 2] = ':';
-  w_mem(w, b, n + 3);
+  b[o++] = '"';
+  b[o++] = ':';
+  w->len = o;
 }
 
 static void enc_msg(wbuf *w, const ProtobufCMessage *m) {

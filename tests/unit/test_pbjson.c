@@ -270,6 +270,46 @@ TEST(encode_string_escapes) {
   expect_json(&g, "{\"filepath\":\"a\xef\xbf\xbd" "b\xef\xbf\xbd\"}");
 }
 
+/* The encoder scans plain bytes 8 at a time: each byte that needs care, at
+ * every position of strings around that width, against a byte-at-a-time
+ * reference. */
+TEST(encode_string_escapes_everywhere) {
+  static const char hex[] = "0123456789abcdef";
+  for (unsigned c = 1; c < 256; c++) {
+    int care = c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
+    if (!care && c != 'x') continue;
+    for (size_t len = 1; len <= 19; len++)
+      for (size_t at = 0; at < len; at++) {
+        char in[32], want[128];
+        memset(in, 'a' + (int)(len % 26), len);
+        in[len] = 0;
+        in[at] = (char)c;
+        size_t o = (size_t)sprintf(want, "{\"filepath\":\"");
+        for (size_t i = 0; i < len; i++) {
+          unsigned char b = (unsigned char)in[i];
+          if (b == '"' || b == '\\') { want[o++] = '\\'; want[o++] = (char)b; }
+          else if (b == '\n') { want[o++] = '\\'; want[o++] = 'n'; }
+          else if (b == '\r') { want[o++] = '\\'; want[o++] = 'r'; }
+          else if (b == '\t') { want[o++] = '\\'; want[o++] = 't'; }
+          else if (b == '\b') { want[o++] = '\\'; want[o++] = 'b'; }
+          else if (b == '\f') { want[o++] = '\\'; want[o++] = 'f'; }
+          else if (b < 0x20) { o += (size_t)sprintf(want + o, "\\u00%c%c", hex[b >> 4], hex[b & 15]); }
+          else if (b >= 0x80) { memcpy(want + o, "\xef\xbf\xbd", 3); o += 3; } /* a lone byte: invalid */
+          else want[o++] = (char)b;
+        }
+        strcpy(want + o, "\"}");
+        Pb__GetFileRequest g = PB__GET_FILE_REQUEST__INIT;
+        g.filepath = in;
+        size_t n;
+        char *js = pbjson_encode(&g.base, &n);
+        ASSERT(js != NULL);
+        if (n != strlen(want) || memcmp(js, want, n) != 0)
+          TEST_FAIL_("byte 0x%02x at %zu of %zu: %.*s", c, at, len, (int)n, js);
+        free(js);
+      }
+  }
+}
+
 /* ------------------------------------------------------------ round trips */
 
 /* Fill a message of type d with random contents, allocated with malloc like
@@ -989,6 +1029,7 @@ int main(void) {
   RUN(b64_speed_1mib);
   RUN(encode_examples);
   RUN(encode_string_escapes);
+  RUN(encode_string_escapes_everywhere);
   RUN(round_trip_every_type);
   RUN(round_trip_oneof_variants);
   RUN(big_bytes_round_trip);
