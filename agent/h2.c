@@ -189,8 +189,8 @@ static void h2_stream_free(h2s *st) {
       bufref_owner_free(b->owner);
     h2_buf_free(st, b);
   }
-  free(st->trailers);
-  free(st->head);
+  slab_free(st->trailers);
+  slab_free(st->head);
   free(st->pend);
   hx_free_request(&st->x);
   daemon_cache_put(&conch.cache_h2s, st, sizeof *st);
@@ -599,7 +599,7 @@ static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
     lens[i] = strlen(kv[i]);
     bytes += lens[i] + 1;
   }
-  nghttp2_nv *nv = malloc(bytes);
+  nghttp2_nv *nv = slab_alloc(bytes); /* loop-only, freed with slab_free */
   if (!nv) return NULL;
   uint8_t *p = (uint8_t *)(nv + (n ? n : 1));
   for (size_t i = 0; i < n; i++) {
@@ -636,7 +636,7 @@ static int h2_submit(h2s *st, int with_body) {
   st->submitted = 1;
   nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
   int r = nghttp2_submit_response(sc->ng, st->id, st->head, st->nhead, with_body ? &prd : NULL);
-  free(st->head);
+  slab_free(st->head);
   st->head = NULL;
   st->nhead = 0;
   conn_defer(sc->c, h2_deferred);
@@ -709,7 +709,7 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
       kv[2 * i] = tr[i].name;
       kv[2 * i + 1] = tr[i].value;
     }
-    free(st->trailers);
+    slab_free(st->trailers);
     st->trailers = h2_copy_nv(kv, n);
     st->ntrailers = st->trailers ? n : 0;
   }

@@ -6,8 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-const char *hx_get(const hx *x, const char *lname) {
-  size_t l = strlen(lname);
+const char *hx_getn(const hx *x, const char *lname, size_t l) {
   for (size_t i = 0; i < x->nhdr; i++)
     if (x->hdr[i].nlen == l && memcmp(x->hdr[i].name, lname, l) == 0) return x->hdr[i].value;
   return NULL;

@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "agent/bufref.h"
 
@@ -85,7 +86,9 @@ struct hx {
   int responded, ended;
 };
 
-const char *hx_get(const hx *x, const char *lname);
+const char *hx_getn(const hx *x, const char *lname, size_t l);
+/* inline: a literal name's length is known at compile time */
+static inline const char *hx_get(const hx *x, const char *lname) { return hx_getn(x, lname, strlen(lname)); }
 void hx_set_handler(hx *x, const hx_handler *h, void *data);
 
 /* content_length: the exact body length, or -1 to stream (HTTP/1.1 chunked). */
