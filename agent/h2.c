@@ -611,7 +611,9 @@ static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
     p += lens[2 * i + 1] + 1;
     nv[i].namelen = lens[2 * i];
     nv[i].valuelen = lens[2 * i + 1];
-    nv[i].flags = NGHTTP2_NV_FLAG_NONE;
+    /* the copy lives until the stream is freed, after its frames went out:
+     * nghttp2 need not copy the strings again */
+    nv[i].flags = NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE;
   }
   return nv;
 }
@@ -635,10 +637,8 @@ static int h2_submit(h2s *st, int with_body) {
   if (st->submitted) return 0;
   st->submitted = 1;
   nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
+  /* st->head stays until the stream is freed: its strings are not copied */
   int r = nghttp2_submit_response(sc->ng, st->id, st->head, st->nhead, with_body ? &prd : NULL);
-  slab_free(st->head);
-  st->head = NULL;
-  st->nhead = 0;
   conn_defer(sc->c, h2_deferred);
   return r == 0 ? 0 : -1;
 }

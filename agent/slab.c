@@ -17,14 +17,11 @@ typedef struct slab_hdr {
   size_t size;
 } slab_hdr;
 
+/* The smallest class that holds n bytes: 32 << c >= n. */
 static unsigned slab_class(size_t n) {
-  unsigned c = 0;
-  size_t sz = 32;
-  while (sz < n) {
-    sz <<= 1;
-    if (++c == SLAB_CLASSES) return SLAB_BIG;
-  }
-  return c;
+  if (n <= 32) return 0;
+  unsigned c = (unsigned)(64 - __builtin_clzll((unsigned long long)(n - 1))) - 5;
+  return c < SLAB_CLASSES ? c : SLAB_BIG;
 }
 
 static size_t slab_class_size(unsigned c) { return (size_t)32 << c; }

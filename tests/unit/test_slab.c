@@ -65,10 +65,34 @@ TEST(realloc_keeps_bytes) {
   ASSERT(slab_realloc(s, 0) == NULL); /* frees */
 }
 
+/* Every size goes to the smallest class that holds it (32 << c >= n);
+ * past 2048 bytes, to malloc. */
+TEST(class_boundaries) {
+  for (size_t n = 0; n <= 4100; n++) {
+    unsigned want = SLAB_CLASSES; /* none */
+    for (unsigned c = 0; c < SLAB_CLASSES; c++)
+      if ((size_t)32 << c >= n) {
+        want = c;
+        break;
+      }
+    void *p = slab_alloc(n);
+    ASSERT(p != NULL);
+    memset(p, 0x5a, n); /* ASan: the block holds n bytes */
+    unsigned mid[SLAB_CLASSES];
+    for (unsigned c = 0; c < SLAB_CLASSES; c++) mid[c] = slab_kept(c);
+    slab_free(p);
+    for (unsigned c = 0; c < SLAB_CLASSES; c++) {
+      unsigned grew = slab_kept(c) - mid[c];
+      if (grew != (c == want)) TEST_FAIL_("size %zu went to class %u (want %u)", n, c, want);
+    }
+  }
+}
+
 int main(void) {
   RUN(reuse_by_class);
   RUN(bounded_free_lists);
   RUN(calloc_and_big);
   RUN(realloc_keeps_bytes);
+  RUN(class_boundaries);
   return test_summary();
 }
