@@ -64,8 +64,9 @@ typedef struct pool {
    * the mark is there.  On a 2-CPU guest the loop is often woken onto the
    * sender's CPU and preempts it, so it spins out and yields, and then
    * waits behind a runner draining jobs while the client idles. */
-  int efd;
+  int efd;            /* -1: no fd was left for one (then `async`) */
   uv_poll_t efd_poll;
+  uv_async_t async;   /* the fallback: libuv's shared eventfd, always there */
   atomic_int signaled;
   uv_timer_t poll; /* while jobs are out (see above) */
   unsigned runners, max_runners; /* loop thread only */
@@ -83,19 +84,31 @@ typedef struct runner {
 
 static void pool_collect(pool *p);
 static void pool_on_efd(uv_poll_t *h, int status, int events);
+static void pool_on_async(uv_async_t *a);
 static void pool_on_prepare(uv_prepare_t *h);
 static void pool_on_poll(uv_timer_t *t);
 
 static pool *pool_get(void) {
   if (conch.pool) return conch.pool;
   pool *p = daemon_alloc_state(sizeof *p, "job pool");
+  /* libuv creates its async eventfd with the loop: this cannot fail */
+  if (uv_mutex_init(&p->lock) != 0 || uv_async_init(conch.loop, &p->async, pool_on_async) != 0) abort();
+  p->async.data = p;
+  uv_unref((uv_handle_t *)&p->async);
+  /* our own eventfd (see above), when the process has an fd left for it:
+   * the pool starts with the first job, which may come when every fd is
+   * taken, and PID 1 must not abort */
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (uv_mutex_init(&p->lock) != 0 || p->efd < 0 || uv_poll_init(conch.loop, &p->efd_poll, p->efd) != 0 ||
-      uv_poll_start(&p->efd_poll, UV_READABLE, pool_on_efd) != 0)
-    abort(); /* start-up resources; nothing sensible to do without them */
+  if (p->efd >= 0 && (uv_poll_init(conch.loop, &p->efd_poll, p->efd) != 0 ||
+                      uv_poll_start(&p->efd_poll, UV_READABLE, pool_on_efd) != 0)) {
+    close(p->efd); /* (a poll handle that failed to start holds nothing) */
+    p->efd = -1;
+  }
+  if (p->efd >= 0) {
+    p->efd_poll.data = p;
+    uv_unref((uv_handle_t *)&p->efd_poll);
+  }
   atomic_init(&p->signaled, 0);
-  p->efd_poll.data = p;
-  uv_unref((uv_handle_t *)&p->efd_poll);
   uv_prepare_init(conch.loop, &p->prep);
   p->prep.data = p;
   uv_unref((uv_handle_t *)&p->prep);
@@ -111,6 +124,10 @@ static pool *pool_get(void) {
 
 /* Wake the loop for the finished list (any thread; once until it looks). */
 static void pool_signal(pool *p) {
+  if (p->efd < 0) {
+    uv_async_send(&p->async); /* coalesced by libuv */
+    return;
+  }
   if (atomic_exchange(&p->signaled, 1)) return;
   uint64_t one = 1;
   while (write(p->efd, &one, sizeof one) < 0 && errno == EINTR) {
@@ -283,6 +300,8 @@ static void pool_on_efd(uv_poll_t *h, int status, int events) {
   pool_collect(p);
 }
 
+static void pool_on_async(uv_async_t *a) { pool_collect(a->data); }
+
 /* While jobs are out: collect finished ones a group may hold back, and
  * give queued jobs a runner when every runner is inside a long job. */
 static void pool_on_poll(uv_timer_t *t) {
@@ -379,3 +398,5 @@ unsigned pool_pending(void) {
 unsigned long long pool_runners_started(void) { return pool_get()->started; }
 
 unsigned long long pool_wakeups(void) { return pool_get()->wakeups; }
+
+int pool_wakes_by_eventfd(void) { return pool_get()->efd >= 0; }

@@ -45,5 +45,8 @@ unsigned long long pool_runners_started(void);
 /* Times the loop picked up finished jobs (tests: a burst should wake it
  * a few times, not once per job). */
 unsigned long long pool_wakeups(void);
+/* 1 when finished jobs wake the loop through the pool's own eventfd, 0 on
+ * the uv_async_t fallback (no fd was left when the pool started). */
+int pool_wakes_by_eventfd(void);
 
 #endif

@@ -185,6 +185,7 @@ TEST(burst_wakes_loop_in_groups) {
   unsigned long long w = pool_wakeups() - w0;
   fprintf(stderr, "  %d jobs woke the loop %llu times\n", N, w);
   ASSERT(w >= 1 && w <= N / 4);
+  ASSERT_EQ(pool_wakes_by_eventfd(), 1); /* not the uv_async_t fallback */
   free(v);
 }
 
