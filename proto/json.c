@@ -156,11 +156,25 @@ static size_t put_utf8(unsigned char *o, unsigned cp) {
 /* Bytes that stand for themselves in a string: printable ASCII but '"' and '\\'. */
 static const unsigned char jp_plain[256] = {[0x20 ... 0x21] = 1, [0x23 ... 0x5b] = 1, [0x5d ... 0x7f] = 1};
 
+const unsigned char *json_plain_run(const unsigned char *s, const unsigned char *end) {
+  const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+  while (end - s >= 8) {
+    uint64_t x, q, b;
+    memcpy(&x, s, 8);
+    q = x ^ (ones * '"');
+    b = x ^ (ones * '\\');
+    /* a byte < 0x20, == '"' or == '\\' (zero after the xor), or >= 0x80 */
+    if ((((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((b - ones) & ~b) | x) & highs) break;
+    s += 8;
+  }
+  while (s < end && jp_plain[*s]) s++;
+  return s;
+}
+
 /* At an opening quote.  Decodes into a NUL-terminated buffer of the document. */
 static char *jp_string(jp *j, size_t *lenp) {
   j->p++; /* '"' */
-  const unsigned char *q = j->p;
-  while (q < j->end && jp_plain[*q]) q++;
+  const unsigned char *q = json_plain_run(j->p, j->end);
   if (q < j->end && *q == '"') { /* no escapes, nothing but ASCII: one copy */
     size_t n = (size_t)(q - j->p);
     unsigned char *out = jp_alloc(j, n + 1);
@@ -187,8 +201,7 @@ static char *jp_string(jp *j, size_t *lenp) {
   unsigned char *o = out;
   while (j->p < j->end) {
     /* fast path: a run of plain printable ASCII */
-    const unsigned char *r = j->p;
-    while (r < q && jp_plain[*r]) r++;
+    const unsigned char *r = json_plain_run(j->p, q);
     if (r != j->p) {
       memcpy(o, j->p, (size_t)(r - j->p));
       o += r - j->p;

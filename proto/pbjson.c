@@ -183,29 +183,6 @@ static inline void w_ch(wbuf *w, char c) {
 }
 static void w_cstr(wbuf *w, const char *s) { w_mem(w, s, strlen(s)); }
 
-/* Bytes w_string must look at: control characters, '"', '\\', non-ASCII. */
-static const unsigned char w_attn[256] = {
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    ['"'] = 1, ['\\'] = 1,
-    [0x80 ... 0xff] = 1};
-
-/* Plain bytes from s on (none in w_attn): 8 at a time while no byte is a
- * control character, '"', '\\' or non-ASCII, the table for the rest. */
-static const unsigned char *w_plain(const unsigned char *s, const unsigned char *end) {
-  const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-  while (end - s >= 8) {
-    uint64_t x, q, b;
-    memcpy(&x, s, 8);
-    q = x ^ (ones * '"');
-    b = x ^ (ones * '\\');
-    /* a byte < 0x20, == '"' or == '\\' (zero after the xor), or >= 0x80 */
-    if ((((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((b - ones) & ~b) | x) & highs) break;
-    s += 8;
-  }
-  while (s < end && !w_attn[*s]) s++;
-  return s;
-}
-
 /* A JSON string: '"', '\\' and control characters escaped, everything else
  * (incl. non-ASCII) as is.  Invalid UTF-8 cannot be represented in JSON and
  * is replaced by U+FFFD per invalid byte. */
@@ -214,7 +191,7 @@ static void w_string(wbuf *w, const char *str, size_t n) {
   const unsigned char *s = (const unsigned char *)str, *end = s + n, *run = s;
   w_ch(w, '"');
   while (s < end) {
-    s = w_plain(s, end); /* plain ASCII runs */
+    s = json_plain_run(s, end); /* plain ASCII runs */
     if (s == end) break;
     unsigned c = *s;
     if (c >= 0x80) {

@@ -293,6 +293,59 @@ TEST(memory_budget) {
   free(big);
 }
 
+/* Strings are scanned 8 bytes at a time: an escape, a raw control byte, a
+ * UTF-8 sequence and DEL at every position of strings around that width. */
+TEST(string_bytes_everywhere) {
+  char err[200];
+  for (size_t len = 1; len <= 19; len++)
+    for (size_t at = 0; at < len; at++) {
+      char doc[64], want[64];
+      /* an escape: "\n" in the text, a newline in the value */
+      size_t o = 0, w = 0;
+      doc[o++] = '"';
+      for (size_t i = 0; i < len; i++) {
+        if (i == at) {
+          doc[o++] = '\\';
+          doc[o++] = 'n';
+          want[w++] = '\n';
+        } else {
+          doc[o++] = (char)('a' + i);
+          want[w++] = (char)('a' + i);
+        }
+      }
+      doc[o++] = '"';
+      json_value *v = json_parse(doc, o, err, sizeof err);
+      if (!v) TEST_FAIL_("escape at %zu of %zu: %s", at, len, err);
+      ASSERT_EQ(v->len, w);
+      ASSERT_MEM_EQ(v->str, want, w);
+      json_free(v);
+      /* a raw control byte: refused */
+      doc[1 + at] = '\x01';
+      memset(doc + 1, 'a', at);
+      for (size_t i = at + 1; i < len; i++) doc[1 + i] = 'b';
+      doc[1 + len] = '"';
+      ASSERT(json_parse(doc, len + 2, err, sizeof err) == NULL);
+      ASSERT(strstr(err, "control character") != NULL);
+      /* DEL and a two-byte UTF-8 sequence stand for themselves */
+      doc[1 + at] = 0x7f;
+      v = json_parse(doc, len + 2, err, sizeof err);
+      ASSERT(v != NULL);
+      ASSERT_EQ(v->len, len);
+      ASSERT_EQ((unsigned char)v->str[at], 0x7f);
+      json_free(v);
+      char u[64];
+      memcpy(u, doc, 1 + at);
+      u[1 + at] = (char)0xc3;
+      u[2 + at] = (char)0xa9;
+      memcpy(u + 3 + at, doc + 2 + at, len - at);
+      v = json_parse(u, len + 3, err, sizeof err);
+      if (!v) TEST_FAIL_("UTF-8 at %zu of %zu: %s", at, len, err);
+      ASSERT_EQ(v->len, len + 1);
+      ASSERT_EQ((unsigned char)v->str[at], 0xc3);
+      json_free(v);
+    }
+}
+
 int main(void) {
   RUN(scalars);
   RUN(containers);
@@ -306,5 +359,6 @@ int main(void) {
   RUN(numbers);
   RUN(random_bytes_never_crash);
   RUN(memory_budget);
+  RUN(string_bytes_everywhere);
   return test_summary();
 }
