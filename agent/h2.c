@@ -604,7 +604,12 @@ static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
   uint8_t *p = (uint8_t *)(nv + (n ? n : 1));
   for (size_t i = 0; i < n; i++) {
     nv[i].name = p;
-    memcpy(p, kv[2 * i], lens[2 * i] + 1);
+    /* lower case (RFC 9113 §8.2.1): nghttp2 lower-cases names only when it
+     * copies them, and with NO_COPY_NAME it does not */
+    for (size_t c = 0; c <= lens[2 * i]; c++) {
+      uint8_t ch = (uint8_t)kv[2 * i][c];
+      p[c] = ch >= 'A' && ch <= 'Z' ? (uint8_t)(ch + 32) : ch;
+    }
     p += lens[2 * i] + 1;
     nv[i].value = p;
     memcpy(p, kv[2 * i + 1], lens[2 * i + 1] + 1);

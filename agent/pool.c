@@ -65,6 +65,7 @@ typedef struct pool {
    * sender's CPU and preempts it, so it spins out and yields, and then
    * waits behind a runner draining jobs while the client idles. */
   int efd;            /* -1: no fd was left for one (then `async`) */
+  int efd_dead;       /* one whose poll handle failed to start, until closed */
   uv_poll_t efd_poll;
   uv_async_t async;   /* the fallback: libuv's shared eventfd, always there */
   atomic_int signaled;
@@ -85,6 +86,12 @@ typedef struct runner {
 static void pool_collect(pool *p);
 static void pool_on_efd(uv_poll_t *h, int status, int events);
 static void pool_on_async(uv_async_t *a);
+
+/* A poll handle that could not start: its fd goes once libuv let go of it. */
+static void pool_on_efd_closed(uv_handle_t *h) {
+  pool *p = h->data;
+  close(p->efd_dead);
+}
 static void pool_on_prepare(uv_prepare_t *h);
 static void pool_on_poll(uv_timer_t *t);
 
@@ -99,10 +106,14 @@ static pool *pool_get(void) {
    * the pool starts with the first job, which may come when every fd is
    * taken, and PID 1 must not abort */
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (p->efd >= 0 && (uv_poll_init(conch.loop, &p->efd_poll, p->efd) != 0 ||
-                      uv_poll_start(&p->efd_poll, UV_READABLE, pool_on_efd) != 0)) {
-    close(p->efd); /* (a poll handle that failed to start holds nothing) */
+  if (p->efd >= 0 && uv_poll_init(conch.loop, &p->efd_poll, p->efd) != 0) {
+    close(p->efd);
     p->efd = -1;
+  } else if (p->efd >= 0 && uv_poll_start(&p->efd_poll, UV_READABLE, pool_on_efd) != 0) {
+    p->efd_dead = p->efd;
+    p->efd = -1;
+    p->efd_poll.data = p;
+    uv_close((uv_handle_t *)&p->efd_poll, pool_on_efd_closed);
   }
   if (p->efd >= 0) {
     p->efd_poll.data = p;

@@ -5,6 +5,7 @@
 
 static void *pbmem_alloc(void *data, size_t size) {
   pbmem *m = data;
+  if (size == 0) size = 1; /* a distinct pointer, inside the buffer or malloc'd */
   size_t r = (size + 15) & ~(size_t)15;
   if (r >= size && r <= m->cap - m->used) {
     void *p = m->buf + m->used;

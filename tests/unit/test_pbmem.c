@@ -28,6 +28,16 @@ TEST(buffer_then_malloc_within_budget) {
   ASSERT_EQ(m.over, 1);
   m.a.free(m.a.allocator_data, a); /* nothing to do */
   m.a.free(m.a.allocator_data, b); /* free() (ASan checks) */
+  /* zero bytes: a real, freeable pointer even when the buffer is full */
+  uint8_t full[32];
+  pbmem z;
+  pbmem_init(&z, full, sizeof full, 1000);
+  void *f1 = z.a.alloc(z.a.allocator_data, 16), *f2 = z.a.alloc(z.a.allocator_data, 0);
+  void *f3 = z.a.alloc(z.a.allocator_data, 0);
+  ASSERT(f1 != NULL && f2 != NULL && f3 != NULL && f2 != f3);
+  z.a.free(z.a.allocator_data, f3);
+  z.a.free(z.a.allocator_data, f2);
+  z.a.free(z.a.allocator_data, f1);
   pbmem n;
   pbmem_init(&n, NULL, 0, 100);
   void *d = n.a.alloc(n.a.allocator_data, 8);
