@@ -37,6 +37,7 @@ struct rpc_call {
   int req_nul;
   int in_paused, in_done, in_end_sent;
   /* output */
+  void *unary_owner; /* owner word (bufref.h) of the answer's bytes */
   uint8_t *unary_out;
   size_t unary_off, unary_len; /* the answer is unary_out[off, off+len) */
   int unary_set;
@@ -172,7 +173,7 @@ static void call_closed(uv_handle_t *h) {
   if (--c->handles == 0) {
     slab_free(c->in);
     conch.rx_buffered -= c->in_cap;
-    free(c->unary_out);
+    bufref_owner_free(c->unary_owner);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
     daemon_cache_put(&conch.cache_call, c, sizeof *c);
   }
@@ -216,18 +217,18 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
     if (code == RPC_OK) {
       hx_header h[1] = {{"content-type", ct_for(c)}};
       if (!c->unary_set) { /* no message sent: the empty message */
-        free(c->unary_out);
-        c->unary_out = NULL;
+        bufref_owner_free(c->unary_owner);
+        c->unary_owner = c->unary_out = NULL;
         c->unary_off = c->unary_len = 0;
         if (c->json) {
-          c->unary_out = (uint8_t *)strdup("{}");
+          c->unary_owner = c->unary_out = (uint8_t *)strdup("{}");
           c->unary_len = 2;
         }
       }
       hx_respond(x, 200, h, 1, (int64_t)c->unary_len);
-      if (c->unary_len) hx_write_at(x, c->unary_out, c->unary_off, c->unary_len);
-      else free(c->unary_out);
-      c->unary_out = NULL;
+      if (c->unary_len) hx_write_owned(x, c->unary_owner, c->unary_out + c->unary_off, c->unary_len);
+      else bufref_owner_free(c->unary_owner);
+      c->unary_owner = c->unary_out = NULL;
       hx_end(x, NULL, 0);
     } else {
       char *body = error_json(code, msg, 0);
@@ -342,18 +343,30 @@ uint8_t *rpc_encode_into(int json, const ProtobufCMessage *msg, uint8_t *buf, si
   return buf;
 }
 
+uint8_t *rpc_encode_fixed(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap, size_t *len) {
+  if (json) return (uint8_t *)pbjson_encode_fixed(msg, RPC_HEADROOM, (char *)buf, cap, len);
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  *len = n;
+  if (n > RPC_MAX_MESSAGE) return buf; /* not worth packing: refused anyway */
+  if (cap < RPC_HEADROOM + n + 1 && !(buf = malloc(RPC_HEADROOM + n + 1))) return NULL;
+  protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
+  return buf;
+}
+
 uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
   return rpc_encode_into(json, msg, NULL, 0, len);
 }
 
-/* The message at buf + off (off >= 5), len bytes, in the call's codec. */
-static int send_at(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
+/* The message at buf + off (off >= 5), len bytes, in the call's codec;
+ * owner (bufref.h) holds buf and is released once written or on failure. */
+static int send_at(rpc_call *c, void *owner, uint8_t *buf, size_t off, size_t len) {
   if (c->finished || !c->hx_live || len > RPC_MAX_MESSAGE) {
-    free(buf);
+    bufref_owner_free(owner);
     return -1;
   }
   if (c->w == W_CONNECT_UNARY) {
-    free(c->unary_out);
+    bufref_owner_free(c->unary_owner);
+    c->unary_owner = owner;
     c->unary_out = buf;
     c->unary_off = off;
     c->unary_len = len;
@@ -362,12 +375,16 @@ static int send_at(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
   }
   env_prefix(buf + off - 5, 0, len);
   start_stream(c, c->x);
-  return hx_write_at(c->x, buf, off - 5, len + 5);
+  return hx_write_owned(c->x, owner, buf + off - 5, len + 5);
 }
 
 int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len) {
   if (!buf) return -1;
-  return send_at(c, buf, RPC_HEADROOM, len);
+  return send_at(c, buf, buf, RPC_HEADROOM, len);
+}
+
+int rpc_send_encoded_ref(rpc_call *c, uint8_t *buf, size_t len, void *owner) {
+  return send_at(c, owner, buf, RPC_HEADROOM, len);
 }
 
 int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
@@ -384,7 +401,7 @@ int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
     free(buf);
     return -1;
   }
-  return send_at(c, buf, off, len);
+  return send_at(c, buf, buf, off, len);
 }
 
 int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,

@@ -447,7 +447,7 @@ static int h2_out_flush(h2c *sc) {
   if (!sc->olen) return 0;
   uv_buf_t b = uv_buf_init((char *)sc->out, (unsigned)sc->olen);
   sc->ob->ref.release = h2ob_release;
-  void *owned = bufref_owner(&sc->ob->ref);
+  void *owned = bufref_owner_plain(&sc->ob->ref);
   sc->ohint = sc->olen;
   sc->ob = NULL;
   sc->out = NULL;
@@ -486,7 +486,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
    * point into it: none of it was referenced before).  Never a bufref's
    * bytes: those only reach the kernel. */
   int copy = length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len &&
-             !bufref_owner_is_ref(b->owner);
+             bufref_owner_readable(b->owner);
   if (copy) {
     if (h2_out_put(sc, framehd, 9) != 0 || h2_out_put(sc, b->data, length) != 0)
       return NGHTTP2_ERR_CALLBACK_FAILURE;

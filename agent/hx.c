@@ -37,7 +37,7 @@ static int hx_write_parts(hx *x, hx_part *p, unsigned n) {
   return k ? x->ops->write(x, p, k) : 0;
 }
 
-static int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len) {
+int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len) {
   hx_part p = {owner, data, len};
   return hx_write_parts(x, &p, 1);
 }

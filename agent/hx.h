@@ -99,6 +99,9 @@ int hx_write(hx *x, uint8_t *buf, size_t len);
 int hx_write_copy(hx *x, const void *data, size_t len);
 /* The bytes at buf + off (zero-copy framing: the caller keeps headroom). */
 int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len);
+/* len bytes at data, held by owner (an owner word, bufref.h): released once
+ * written, or at once on failure. */
+int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len);
 /* buf[off, off+len) (malloc'd, taken) and then dlen bytes at data held by
  * ref — memory the caller does not own through malloc, such as a mapped
  * file window; ref->release(ref) runs once, when they are written or at once

@@ -110,6 +110,14 @@ uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
 uint8_t *rpc_encode_into(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap,
                          size_t *len);
 int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len);
+/* rpc_encode_into for memory that is not the caller's malloc (a slab block,
+ * say): buf (cap bytes) is never reallocated or freed; returns buf when the
+ * message fits, else a new malloc'd buffer, or NULL when out of memory. */
+uint8_t *rpc_encode_fixed(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap, size_t *len);
+/* rpc_send_encoded for bytes held by an owner word (bufref.h; give a
+ * bufref as bufref_owner_plain so that transports may copy the bytes):
+ * released once written, or at once on failure. */
+int rpc_send_encoded_ref(rpc_call *c, uint8_t *buf, size_t len, void *owner);
 
 /* Zero-copy send for producers of large messages (file chunks): when
  * rpc_is_proto(c), a caller may pack the message itself at buf + off, with

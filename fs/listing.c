@@ -3,6 +3,12 @@
  * pool thread too (rpc_encode_into, into a buffer the loop allocated), so
  * the loop only hands the bytes over and frees them itself once written.
  *
+ * The answer's first buffer is a slab block (loop only) with a bufref: the
+ * pool encodes into it and never reallocates it (rpc_encode_fixed: a larger
+ * answer goes to a new malloc'd buffer), and it goes back to the slab once
+ * written.  With a hundred listings in flight a malloc'd buffer missed
+ * glibc's tcache on both ends.
+ *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
  * (call = NULL, cancel flag for the walk, pool_cancel when not started yet);
  * the after-work callback then only frees.  rpc_send failing while the
@@ -17,8 +23,18 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/pool.h"
+#include "agent/slab.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
+
+/* The answer's first buffer: a 512-byte slab block. */
+typedef struct listing_buf {
+  bufref ref;
+  size_t pad; /* data 16-byte aligned */
+  uint8_t data[512 - 16];
+} listing_buf;
+
+static void listing_buf_release(bufref *r) { slab_free(r); }
 
 struct fs_listing {
   pool_job job; /* first: the job is the listing */
@@ -27,32 +43,31 @@ struct fs_listing {
   atomic_int cancel;
   const ProtobufCMessageDescriptor *resp;
   fs_walk w;
-  uint8_t *enc; /* the encoded answer (pool thread), for rpc_send_encoded; */
-  size_t enc_cap, enc_len; /* allocated on the loop (LISTING_ENC_INIT) */
+  listing_buf *eb; /* the first buffer (loop's slab), until sent */
+  uint8_t *enc;     /* the encoded answer (pool thread): eb->data, a malloc'd */
+  size_t enc_len;   /* buffer when it did not fit, NULL when out of memory */
   void *owned;
   void (*free_owned)(void *);
 };
 
 static void listing_free(fs_listing *l) {
-  free(l->enc);
+  if (l->enc && (!l->eb || l->enc != l->eb->data)) free(l->enc); /* a malloc'd answer */
+  slab_free(l->eb);
   fs_walk_free(&l->w);
   if (l->free_owned) l->free_owned(l->owned);
   daemon_cache_put(&conch.cache_listing, l, sizeof *l);
 }
 
-/* The answer's first buffer, allocated on the loop: a small listing is
- * encoded into it in the pool and freed on the loop once written. */
-#define LISTING_ENC_INIT 512
-
 fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) {
   fs_listing *l = daemon_cache_get(&conch.cache_listing, sizeof *l);
   if (!l) return NULL;
-  l->enc = malloc(LISTING_ENC_INIT);
-  if (!l->enc) {
+  l->eb = slab_alloc(sizeof *l->eb);
+  if (!l->eb) {
     daemon_cache_put(&conch.cache_listing, l, sizeof *l);
     return NULL;
   }
-  l->enc_cap = LISTING_ENC_INIT;
+  l->eb->ref.release = listing_buf_release;
+  l->enc = l->eb->data;
   l->call = c;
   l->resp = resp;
   atomic_init(&l->cancel, 0);
@@ -80,7 +95,6 @@ static void listing_encode(fs_listing *l) {
   Pb__FileEntry *ev = small ? ev_small : calloc(w->n, sizeof *ev);
   Pb__FileEntry **ep = small ? ep_small : calloc(w->n, sizeof *ep);
   if (!ev || !ep) { /* out of memory: no answer */
-    free(l->enc);
     l->enc = NULL;
   } else {
     for (size_t i = 0; i < w->n; i++) {
@@ -99,12 +113,12 @@ static void listing_encode(fs_listing *l) {
       Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_into(w->json, &m.base, l->enc, l->enc_cap, &l->enc_len);
+      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, sizeof l->eb->data, &l->enc_len);
     } else {
       Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_into(w->json, &m.base, l->enc, l->enc_cap, &l->enc_len);
+      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, sizeof l->eb->data, &l->enc_len);
     }
   }
   if (!small) {
@@ -139,8 +153,16 @@ static void listing_after(pool_job *j, int canceled) {
   LOG_DEBUG("file listing done root=%s entries=%zu", l->w.root, l->w.n);
   /* busy stays set while sending: an on_cancel run from inside rpc_send
    * then only marks the job. */
-  int r = l->enc ? rpc_send_encoded(c, l->enc, l->enc_len) : -2;
-  l->enc = NULL; /* rpc_send_encoded took it */
+  int r;
+  if (!l->enc) {
+    r = -2;
+  } else if (l->enc == l->eb->data) { /* the slab block goes with the bytes */
+    r = rpc_send_encoded_ref(c, l->enc, l->enc_len, bufref_owner_plain(&l->eb->ref));
+    l->eb = NULL;
+  } else {
+    r = rpc_send_encoded(c, l->enc, l->enc_len);
+  }
+  l->enc = NULL; /* taken */
   l->busy = 0;
   if (!l->call) { /* on_cancel ran inside rpc_send */
     listing_free(l);

@@ -151,6 +151,7 @@ typedef struct wbuf {
   char *buf;
   size_t len, cap;
   int oom;
+  int fixed; /* buf is the caller's: never reallocated or freed here */
 } wbuf;
 
 /* Room for n more bytes (and the final NUL).  0 ok, -1 out of memory. */
@@ -158,10 +159,14 @@ static int w_grow(wbuf *w, size_t n) {
   if (w->oom) return -1;
   size_t need = w->len + n + 1, cap = w->cap ? w->cap : 256;
   while (cap < need) cap *= 2;
-  char *nb = realloc(w->buf, cap);
+  char *nb = w->fixed ? malloc(cap) : realloc(w->buf, cap);
   if (!nb) {
     w->oom = 1;
     return -1;
+  }
+  if (w->fixed) { /* the caller's buffer stays as it is */
+    memcpy(nb, w->buf, w->len);
+    w->fixed = 0;
   }
   w->buf = nb;
   w->cap = cap;
@@ -473,22 +478,32 @@ static void enc_msg(wbuf *w, const ProtobufCMessage *m) {
   w_ch(w, '}');
 }
 
-char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
-                         size_t *len) {
-  wbuf w = {buf, 0, buf ? cap : 0, 0};
-  if (w_room(&w, headroom + 255) < 0) {
-    free(w.buf);
+static char *encode_in(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap, int fixed,
+                       size_t *len) {
+  wbuf w = {buf, 0, buf ? cap : 0, 0, buf && fixed};
+  if (w_room(&w, headroom + (w.cap ? 1 : 255)) < 0) { /* a first block when none was given */
+    if (!w.fixed) free(w.buf);
     return NULL;
   }
   w.len = headroom;
   enc_msg(&w, msg);
   if (w.oom) {
-    free(w.buf);
+    if (!w.fixed) free(w.buf);
     return NULL;
   }
   w.buf[w.len] = 0;
   if (len) *len = w.len - headroom;
   return w.buf;
+}
+
+char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
+                         size_t *len) {
+  return encode_in(msg, headroom, buf, cap, 0, len);
+}
+
+char *pbjson_encode_fixed(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
+                          size_t *len) {
+  return encode_in(msg, headroom, buf, cap, 1, len);
 }
 
 char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len) {

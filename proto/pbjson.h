@@ -34,6 +34,12 @@ char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len
  * encode in another thread into memory its own thread allocated. */
 char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
                          size_t *len);
+/* The same into the caller's buffer (cap bytes), which is never
+ * reallocated or freed here: returns buf when the message fits, else a new
+ * malloc'd buffer with the whole encoding (buf's bytes then do not
+ * matter), or NULL when out of memory. */
+char *pbjson_encode_fixed(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
+                          size_t *len);
 
 /* Decode a complete JSON document into a new message of type desc (free it
  * with protobuf_c_message_free_unpacked(m, NULL)).  On failure returns NULL

@@ -310,6 +310,32 @@ TEST(encode_string_escapes_everywhere) {
   }
 }
 
+/* Encoding into the caller's buffer: the same buffer when the JSON fits, a
+ * new malloc'd one (the caller's never reallocated or freed: ASan) when not. */
+TEST(encode_fixed_buffer) {
+  char small[300], tiny[64];
+  Pb__GetFileRequest g = PB__GET_FILE_REQUEST__INIT;
+  g.filepath = "/tmp/x";
+  size_t n = 0;
+  char *r = pbjson_encode_fixed(&g.base, 5, small, sizeof small, &n);
+  ASSERT(r == small);
+  ASSERT_EQ(n, strlen("{\"filepath\":\"/tmp/x\"}"));
+  ASSERT_MEM_EQ(r + 5, "{\"filepath\":\"/tmp/x\"}", n);
+  char longp[1000];
+  memset(longp, 'p', sizeof longp - 1);
+  longp[sizeof longp - 1] = 0;
+  g.filepath = longp;
+  memset(small, 0x5a, sizeof small);
+  r = pbjson_encode_fixed(&g.base, 5, small, sizeof small, &n);
+  ASSERT(r != NULL && r != small);
+  ASSERT_EQ(n, sizeof longp - 1 + strlen("{\"filepath\":\"\"}"));
+  ASSERT_MEM_EQ(r + 5, "{\"filepath\":\"pppp", 17);
+  free(r);
+  r = pbjson_encode_fixed(&g.base, 5, tiny, sizeof tiny, &n); /* smaller than the first room */
+  ASSERT(r != NULL && r != tiny);
+  free(r);
+}
+
 /* ------------------------------------------------------------ round trips */
 
 /* Fill a message of type d with random contents, allocated with malloc like
@@ -1030,6 +1056,7 @@ int main(void) {
   RUN(encode_examples);
   RUN(encode_string_escapes);
   RUN(encode_string_escapes_everywhere);
+  RUN(encode_fixed_buffer);
   RUN(round_trip_every_type);
   RUN(round_trip_oneof_variants);
   RUN(big_bytes_round_trip);
