@@ -26,9 +26,13 @@ static unsigned slab_class(size_t n) {
 
 static size_t slab_class_size(unsigned c) { return (size_t)32 << c; }
 
+/* SLAB_CLASS_BYTES / size, at least SLAB_CLASS_MIN_BLOCKS (a shift: the
+ * sizes are powers of two; a division here cost more than the rest of
+ * slab_free). */
 static unsigned slab_class_cap(unsigned c) {
-  size_t n = SLAB_CLASS_BYTES / slab_class_size(c);
-  return n < SLAB_CLASS_MIN_BLOCKS ? SLAB_CLASS_MIN_BLOCKS : (unsigned)n;
+  _Static_assert((SLAB_CLASS_BYTES & (SLAB_CLASS_BYTES - 1)) == 0, "power of two");
+  unsigned n = (SLAB_CLASS_BYTES / 32u) >> c;
+  return n < SLAB_CLASS_MIN_BLOCKS ? SLAB_CLASS_MIN_BLOCKS : n;
 }
 
 void *slab_alloc(size_t n) {
