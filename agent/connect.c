@@ -324,37 +324,22 @@ void rpc_end_deferred(rpc_call *c) {
   call_maybe_free(c);
 }
 
-uint8_t *rpc_encode_into(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap,
-                         size_t *len) {
-  if (json) return (uint8_t *)pbjson_encode_into(msg, RPC_HEADROOM, (char *)buf, cap, len);
-  size_t n = protobuf_c_message_get_packed_size(msg);
-  *len = n;
-  if (n > RPC_MAX_MESSAGE) /* not worth packing: refused anyway */
-    return buf ? buf : malloc(RPC_HEADROOM);
-  if (!buf || cap < RPC_HEADROOM + n + 1) {
-    uint8_t *nb = realloc(buf, RPC_HEADROOM + n + 1);
-    if (!nb) {
-      free(buf);
-      return NULL;
-    }
-    buf = nb;
-  }
-  protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
-  return buf;
-}
-
+/* In the call's codec at buf + RPC_HEADROOM: into buf (cap bytes) when it
+ * fits, else into a new malloc'd buffer; buf is never reallocated or freed
+ * (NULL: always a new one). */
 uint8_t *rpc_encode_fixed(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap, size_t *len) {
   if (json) return (uint8_t *)pbjson_encode_fixed(msg, RPC_HEADROOM, (char *)buf, cap, len);
   size_t n = protobuf_c_message_get_packed_size(msg);
   *len = n;
-  if (n > RPC_MAX_MESSAGE) return buf; /* not worth packing: refused anyway */
-  if (cap < RPC_HEADROOM + n + 1 && !(buf = malloc(RPC_HEADROOM + n + 1))) return NULL;
-  protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
+  if (n > RPC_MAX_MESSAGE) /* not worth packing: refused anyway */
+    return buf ? buf : malloc(RPC_HEADROOM);
+  if (!buf || cap < RPC_HEADROOM + n + 1) buf = malloc(RPC_HEADROOM + n + 1);
+  if (buf) protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
   return buf;
 }
 
 uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
-  return rpc_encode_into(json, msg, NULL, 0, len);
+  return rpc_encode_fixed(json, msg, NULL, 0, len);
 }
 
 /* The message at buf + off (off >= 5), len bytes, in the call's codec;
@@ -563,16 +548,10 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
     m = pbjson_decode_mem(d, (const char *)p, n, &mem->a, &flags, err, sizeof err);
     too_big = (flags & PBJSON_TOO_BIG) != 0 || (!m && mem->over);
     nul = (flags & PBJSON_HAD_NUL) != 0;
-    if (!m && mem->over)
-      snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode",
-               (size_t)JSON_MEM_BUDGET(n));
   } else {
     m = pbwire_unpack_mem(d, p, n, mem);
     too_big = !m && mem->over;
-    if (!m && too_big)
-      snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode",
-               (size_t)JSON_MEM_BUDGET(n));
-    else if (!m)
+    if (!m)
       snprintf(err, sizeof err, "invalid protobuf");
     else if (pbjson_check_utf8(m, err, sizeof err) != 0) {
       protobuf_c_message_free_unpacked(m, &mem->a);
@@ -580,6 +559,9 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
     } else
       nul = pbwire_has_nul_string(d, p, n);
   }
+  if (too_big)
+    snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode",
+             (size_t)JSON_MEM_BUDGET(n));
   free(plain);
   if (!m) {
     char e2[700];

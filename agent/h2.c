@@ -20,17 +20,6 @@ typedef struct h2buf {
 
 #define H2_OUT_HINT_MAX 2048 /* the largest slab class (slab.h) */
 
-/* The buffer of one write: a slab block (slab.h), given back to the slab
- * through its bufref once the kernel has the bytes.  glibc's malloc took
- * ~1.4 k instructions for each of these 1-4 KiB buffers (past tcache, into
- * the unsorted bins) once a burst of answers had freed a few. */
-typedef struct h2ob {
-  bufref ref;
-  size_t pad; /* data 16-byte aligned */
-  uint8_t data[];
-} h2ob;
-
-static void h2ob_release(bufref *r) { slab_free(r); }
 #define H2_MEMO_SETS 8 /* a power of two */
 #define H2_MEMO_WAYS 4
 #define H2_MEMO_FIELD 512
@@ -78,8 +67,11 @@ typedef struct h2c {
   int seen_stream;     /* a request has begun on this connection */
   int tmode;           /* what the connection timer is armed for (H2T_*) */
   int tactivity;       /* an exchange ended since: restart the idle time */
-  struct h2ob *ob;     /* frames from nghttp2 gathered for one write */
-  uint8_t *out;        /* ob->data */
+  /* frames from nghttp2 gathered for one write: a slab_buf (slab.h), back
+   * to the slab once the kernel has the bytes.  glibc's malloc took ~1.4 k
+   * instructions for each of these 1-4 KiB buffers (past tcache, into the
+   * unsorted bins) once a burst of answers had freed a few. */
+  slab_buf *ob;
   size_t olen, ocap;
   size_t ohint; /* the last write's size: the next buffer starts that big */
   /* The stream whose header block is being received (header blocks never
@@ -445,12 +437,10 @@ static ssize_t h2_read_body(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 
 static int h2_out_flush(h2c *sc) {
   if (!sc->olen) return 0;
-  uv_buf_t b = uv_buf_init((char *)sc->out, (unsigned)sc->olen);
-  sc->ob->ref.release = h2ob_release;
-  void *owned = bufref_owner_plain(&sc->ob->ref);
+  uv_buf_t b = uv_buf_init((char *)sc->ob->data, (unsigned)sc->olen);
+  void *owned = slab_buf_owner(sc->ob);
   sc->ohint = sc->olen;
   sc->ob = NULL;
-  sc->out = NULL;
   sc->olen = sc->ocap = 0;
   return conn_write(sc->c, &b, 1, &owned, 1);
 }
@@ -461,15 +451,14 @@ static int h2_out_put(h2c *sc, const uint8_t *p, size_t n) {
      * calls go out together, and regrowing it cost two reallocs a write),
      * a small one small-bin sized */
     size_t cap = sc->ocap ? sc->ocap * 2 : 496;
-    while (!sc->ocap && cap < sc->ohint && sizeof(h2ob) + cap * 2 <= H2_OUT_HINT_MAX) cap *= 2;
+    while (!sc->ocap && cap < sc->ohint && sizeof(slab_buf) + cap * 2 <= H2_OUT_HINT_MAX) cap *= 2;
     while (cap < sc->olen + n) cap *= 2;
-    h2ob *q = slab_realloc(sc->ob, sizeof *q + cap);
+    slab_buf *q = slab_realloc(sc->ob, sizeof *q + cap);
     if (!q) return -1;
     sc->ob = q;
-    sc->out = q->data;
     sc->ocap = cap;
   }
-  memcpy(sc->out + sc->olen, p, n);
+  memcpy(sc->ob->data + sc->olen, p, n);
   sc->olen += n;
   return 0;
 }

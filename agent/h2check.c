@@ -167,12 +167,8 @@ int h2check_apply(h2check *k, const h2check_kind *f) {
 }
 
 int h2check_field(h2check *k, const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen) {
-  h2check_kind f;
-  if (h2check_classify(name, nlen, value, vlen, &f) != 0) {
-    if (nlen && name[0] != ':') k->seen |= CK_REGULAR;
-    return -1;
-  }
-  return h2check_apply(k, &f);
+  h2check_kind f; /* after a -1 the block is malformed: k no longer matters */
+  return h2check_classify(name, nlen, value, vlen, &f) != 0 ? -1 : h2check_apply(k, &f);
 }
 
 int h2check_trailer_field(const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen) {

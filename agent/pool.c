@@ -4,8 +4,8 @@
  * handle moves everything staged in one loop turn into the shared FIFO
  * just before the loop polls, under one lock, and wakes a runner only
  * when no runner is free (none runs, or every one has been inside one job
- * for POOL_STUCK_NS — a long walk) or the queue is deep.  Shared state (the FIFO, the
- * finished list) is under one mutex; the runner count lives on the loop
+ * for POOL_STUCK_NS — a long walk) or the queue is deep.  Shared state
+ * (the FIFO, the finished list) is under one mutex; the runner count lives on the loop
  * thread only.  A runner returns once it has worked POOL_RUNNER_NS (or
  * taken POOL_RUNNER_JOBS jobs) even when more are queued, so that other
  * uv_queue_work users (uploads, downloads, process starts) get their turn
@@ -14,8 +14,9 @@
  * stream of one-file listings a runner handed over every 32 jobs, and each
  * hand-over cost a thread wake-up and two context switches.
  *
- * Finished jobs wake the loop in groups: a runner signals the loop when the FIFO is empty (so the last job of a burst, which may be
- * long, never holds back the ones before it), after POOL_SIGNAL_JOBS
+ * Finished jobs wake the loop in groups: a runner signals the loop when the
+ * FIFO is empty (so the last job of a burst, which may be long, never holds
+ * back the ones before it), after POOL_SIGNAL_JOBS
  * finished jobs, or when the oldest unsignaled one is POOL_SIGNAL_NS old.
  * A burst of one-file listings then costs a few loop wake-ups and a few
  * socket writes per connection, not one per job.  What a group can still
@@ -65,7 +66,6 @@ typedef struct pool {
    * sender's CPU and preempts it, so it spins out and yields, and then
    * waits behind a runner draining jobs while the client idles. */
   int efd;            /* -1: no fd was left for one (then `async`) */
-  int efd_dead;       /* one whose poll handle failed to start, until closed */
   uv_poll_t efd_poll;
   uv_async_t async;   /* the fallback: libuv's shared eventfd, always there */
   atomic_int signaled;
@@ -87,11 +87,6 @@ static void pool_collect(pool *p);
 static void pool_on_efd(uv_poll_t *h, int status, int events);
 static void pool_on_async(uv_async_t *a);
 
-/* A poll handle that could not start: its fd goes once libuv let go of it. */
-static void pool_on_efd_closed(uv_handle_t *h) {
-  pool *p = h->data;
-  close(p->efd_dead);
-}
 static void pool_on_prepare(uv_prepare_t *h);
 static void pool_on_poll(uv_timer_t *t);
 
@@ -106,14 +101,14 @@ static pool *pool_get(void) {
    * the pool starts with the first job, which may come when every fd is
    * taken, and PID 1 must not abort */
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (p->efd >= 0 && uv_poll_init(conch.loop, &p->efd_poll, p->efd) != 0) {
-    close(p->efd);
-    p->efd = -1;
-  } else if (p->efd >= 0 && uv_poll_start(&p->efd_poll, UV_READABLE, pool_on_efd) != 0) {
-    p->efd_dead = p->efd;
-    p->efd = -1;
-    p->efd_poll.data = p;
-    uv_close((uv_handle_t *)&p->efd_poll, pool_on_efd_closed);
+  if (p->efd >= 0) {
+    int inited = uv_poll_init(conch.loop, &p->efd_poll, p->efd) == 0;
+    if (!inited || uv_poll_start(&p->efd_poll, UV_READABLE, pool_on_efd) != 0) {
+      /* uv_close lets go of the fd at once (only its callback waits) */
+      if (inited) uv_close((uv_handle_t *)&p->efd_poll, NULL);
+      close(p->efd);
+      p->efd = -1;
+    }
   }
   if (p->efd >= 0) {
     p->efd_poll.data = p;
@@ -360,9 +355,7 @@ static void pool_on_prepare(uv_prepare_t *h) {
   unsigned queued = p->nqueued, free_runners = pool_free_runners(p);
   uv_mutex_unlock(&p->lock);
   p->shead = p->stail = NULL;
-  pool_grow(p, queued, free_runners);
-  if (!uv_is_active((uv_handle_t *)&p->poll))
-    uv_timer_start(&p->poll, pool_on_poll, POOL_POLL_MS, POOL_POLL_MS);
+  pool_grow(p, queued, free_runners); /* (pool_submit started the poll timer) */
 }
 
 int pool_cancel(pool_job *j) {

@@ -102,17 +102,13 @@ int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
  * on the loop with rpc_send_encoded (takes buf, even NULL; same result as
  * rpc_send, -1 also when *len is over RPC_MAX_MESSAGE). */
 uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
-/* The same into buf (malloc'd, cap bytes), grown with realloc when the
- * message does not fit; returns the buffer (it may have moved), or NULL when
- * out of memory (buf then freed).  A service that allocates buf on the loop
- * before handing the work to the pool keeps a small answer's memory within
- * the loop thread (no allocation in the pool, no free across threads). */
-uint8_t *rpc_encode_into(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap,
-                         size_t *len);
 int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len);
-/* rpc_encode_into for memory that is not the caller's malloc (a slab block,
- * say): buf (cap bytes) is never reallocated or freed; returns buf when the
- * message fits, else a new malloc'd buffer, or NULL when out of memory. */
+/* The same into buf (cap bytes), which is never reallocated or freed here:
+ * returns buf when the message fits, else a new malloc'd buffer, or NULL
+ * when out of memory.  A service that allocates buf on the loop (a slab
+ * block) before handing the work to the pool keeps a small answer's memory
+ * within the loop thread (no allocation in the pool, no free across
+ * threads). */
 uint8_t *rpc_encode_fixed(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap, size_t *len);
 /* rpc_send_encoded for bytes held by an owner word (bufref.h; give a
  * bufref as bufref_owner_plain so that transports may copy the bytes):

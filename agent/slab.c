@@ -98,4 +98,11 @@ void *slab_realloc(void *p, size_t n) {
   return q;
 }
 
+static void slab_buf_release(bufref *r) { slab_free(r); }
+
+void *slab_buf_owner(slab_buf *b) {
+  b->ref.release = slab_buf_release;
+  return bufref_owner_plain(&b->ref);
+}
+
 unsigned slab_kept(unsigned cls) { return cls < SLAB_CLASSES ? conch.slab[cls].n : 0; }

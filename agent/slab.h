@@ -18,6 +18,9 @@
 #define CONCH_SLAB_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "agent/bufref.h"
 
 #define SLAB_CLASSES 7 /* 32 … 2048 */
 #define SLAB_CLASS_BYTES (32u * 1024)
@@ -27,6 +30,17 @@ void *slab_alloc(size_t n);
 void *slab_calloc(size_t nmemb, size_t size);
 void *slab_realloc(void *p, size_t n); /* n == 0: frees p, NULL */
 void slab_free(void *p);               /* NULL: no-op */
+
+/* A slab block whose bytes can travel to a transport and come back to the
+ * slab once written: allocate sizeof(slab_buf) + n with slab_alloc (grow
+ * with slab_realloc), fill data, hand over slab_buf_owner(b) (an owner
+ * word, bufref.h; plain memory, so transports may copy it). */
+typedef struct slab_buf {
+  bufref ref;
+  size_t pad; /* data 16-byte aligned */
+  uint8_t data[];
+} slab_buf;
+void *slab_buf_owner(slab_buf *b);
 
 /* Free blocks kept in class i (tests). */
 unsigned slab_kept(unsigned cls);

@@ -1,12 +1,9 @@
 /* fs/listing — run a ListFiles/SearchFiles walk in the thread pool and
  * answer the unary call; see handlers.h.  The answer is encoded in the
- * pool thread too (rpc_encode_into, into a buffer the loop allocated), so
- * the loop only hands the bytes over and frees them itself once written.
- *
- * The answer's first buffer is a slab block (loop only) with a bufref: the
- * pool encodes into it and never reallocates it (rpc_encode_fixed: a larger
- * answer goes to a new malloc'd buffer), and it goes back to the slab once
- * written.  With a hundred listings in flight a malloc'd buffer missed
+ * pool thread too, so the loop only hands the bytes over: into a slab_buf
+ * the loop allocated (slab.h), which the pool never reallocates
+ * (rpc_encode_fixed: a larger answer goes to a new malloc'd buffer) and
+ * which goes back to the slab once written.  With a hundred listings in flight a malloc'd buffer missed
  * glibc's tcache on both ends.
  *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
@@ -28,13 +25,7 @@
 #include "proto/agent.pb-c.h"
 
 /* The answer's first buffer: a 512-byte slab block. */
-typedef struct listing_buf {
-  bufref ref;
-  size_t pad; /* data 16-byte aligned */
-  uint8_t data[512 - 16];
-} listing_buf;
-
-static void listing_buf_release(bufref *r) { slab_free(r); }
+#define LISTING_BUF (512 - sizeof(slab_buf))
 
 struct fs_listing {
   pool_job job; /* first: the job is the listing */
@@ -43,7 +34,7 @@ struct fs_listing {
   atomic_int cancel;
   const ProtobufCMessageDescriptor *resp;
   fs_walk w;
-  listing_buf *eb; /* the first buffer (loop's slab), until sent */
+  slab_buf *eb;     /* the first buffer (LISTING_BUF bytes), until sent */
   uint8_t *enc;     /* the encoded answer (pool thread): eb->data, a malloc'd */
   size_t enc_len;   /* buffer when it did not fit, NULL when out of memory */
   void *owned;
@@ -61,12 +52,11 @@ static void listing_free(fs_listing *l) {
 fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) {
   fs_listing *l = daemon_cache_get(&conch.cache_listing, sizeof *l);
   if (!l) return NULL;
-  l->eb = slab_alloc(sizeof *l->eb);
+  l->eb = slab_alloc(sizeof *l->eb + LISTING_BUF);
   if (!l->eb) {
     daemon_cache_put(&conch.cache_listing, l, sizeof *l);
     return NULL;
   }
-  l->eb->ref.release = listing_buf_release;
   l->enc = l->eb->data;
   l->call = c;
   l->resp = resp;
@@ -113,12 +103,12 @@ static void listing_encode(fs_listing *l) {
       Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, sizeof l->eb->data, &l->enc_len);
+      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, LISTING_BUF, &l->enc_len);
     } else {
       Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, sizeof l->eb->data, &l->enc_len);
+      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, LISTING_BUF, &l->enc_len);
     }
   }
   if (!small) {
@@ -157,7 +147,7 @@ static void listing_after(pool_job *j, int canceled) {
   if (!l->enc) {
     r = -2;
   } else if (l->enc == l->eb->data) { /* the slab block goes with the bytes */
-    r = rpc_send_encoded_ref(c, l->enc, l->enc_len, bufref_owner_plain(&l->eb->ref));
+    r = rpc_send_encoded_ref(c, l->enc, l->enc_len, slab_buf_owner(l->eb));
     l->eb = NULL;
   } else {
     r = rpc_send_encoded(c, l->enc, l->enc_len);

@@ -478,9 +478,9 @@ static void enc_msg(wbuf *w, const ProtobufCMessage *m) {
   w_ch(w, '}');
 }
 
-static char *encode_in(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap, int fixed,
-                       size_t *len) {
-  wbuf w = {buf, 0, buf ? cap : 0, 0, buf && fixed};
+char *pbjson_encode_fixed(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
+                          size_t *len) {
+  wbuf w = {buf, 0, buf ? cap : 0, 0, buf != NULL};
   if (w_room(&w, headroom + (w.cap ? 1 : 255)) < 0) { /* a first block when none was given */
     if (!w.fixed) free(w.buf);
     return NULL;
@@ -496,18 +496,8 @@ static char *encode_in(const ProtobufCMessage *msg, size_t headroom, char *buf, 
   return w.buf;
 }
 
-char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
-                         size_t *len) {
-  return encode_in(msg, headroom, buf, cap, 0, len);
-}
-
-char *pbjson_encode_fixed(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
-                          size_t *len) {
-  return encode_in(msg, headroom, buf, cap, 1, len);
-}
-
 char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len) {
-  return pbjson_encode_into(msg, headroom, NULL, 0, len);
+  return pbjson_encode_fixed(msg, headroom, NULL, 0, len);
 }
 
 char *pbjson_encode(const ProtobufCMessage *msg, size_t *len) {

@@ -28,16 +28,11 @@ char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
 /* The same with `headroom` bytes left free before the JSON (an envelope
  * prefix, say): the JSON starts at the returned pointer + headroom. */
 char *pbjson_encode_at(const ProtobufCMessage *msg, size_t headroom, size_t *len);
-/* The same into buf (malloc'd, cap bytes; NULL/0 for none), grown with
- * realloc when the JSON does not fit: returns the buffer, which may have
- * moved, or NULL when out of memory (buf is then freed).  Lets a caller
- * encode in another thread into memory its own thread allocated. */
-char *pbjson_encode_into(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
-                         size_t *len);
 /* The same into the caller's buffer (cap bytes), which is never
  * reallocated or freed here: returns buf when the message fits, else a new
  * malloc'd buffer with the whole encoding (buf's bytes then do not
- * matter), or NULL when out of memory. */
+ * matter; buf NULL: always a new one), or NULL when out of memory.  Lets a
+ * caller encode in another thread into memory its own thread allocated. */
 char *pbjson_encode_fixed(const ProtobufCMessage *msg, size_t headroom, char *buf, size_t cap,
                           size_t *len);
 

@@ -62,12 +62,3 @@ ProtobufCMessage *pbwire_unpack_mem(const ProtobufCMessageDescriptor *d, const u
                                     pbmem *m) {
   return protobuf_c_message_unpack(d, &m->a, n, p);
 }
-
-ProtobufCMessage *pbwire_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
-                                size_t budget, int *over) {
-  pbmem m;
-  pbmem_init(&m, NULL, 0, budget);
-  ProtobufCMessage *r = pbwire_unpack_mem(d, p, n, &m);
-  if (over) *over = m.over;
-  return r;
-}

@@ -17,18 +17,14 @@
  * protobuf-c's own unpack is the judge of validity). */
 int pbwire_has_nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n);
 
-/* protobuf_c_message_unpack with a memory bound: the message may take at
- * most `budget` bytes of malloc'd memory, each allocation counted with 16
- * bytes of overhead.  Without it 16 MiB of empty repeated strings (2 bytes
+/* protobuf_c_message_unpack in m's memory (pbmem.h: a caller's buffer,
+ * then malloc within a budget, each allocation counted with 16 bytes of
+ * overhead).  Without the bound 16 MiB of empty repeated strings (2 bytes
  * each on the wire) became 8 M allocations, some 320 MiB.  NULL when the
- * input is invalid or over the budget (then *over = 1).  The result is
- * freed with protobuf_c_message_free_unpacked(m, NULL). */
-/* The same in m's memory (pbmem.h): free it with
- * protobuf_c_message_free_unpacked(msg, &m->a); m->over tells a refusal
- * for the budget from invalid input. */
+ * input is invalid or over the budget (then m->over = 1).  Free the result
+ * with protobuf_c_message_free_unpacked(msg, &m->a) (or NULL when m has no
+ * buffer). */
 ProtobufCMessage *pbwire_unpack_mem(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
                                     pbmem *m);
-ProtobufCMessage *pbwire_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
-                                size_t budget, int *over);
 
 #endif

@@ -74,6 +74,15 @@ class Server:
         return text
 
 
+def status_kib(pid, field):
+    """A "<field>: N kB" line of /proc/<pid>/status (VmRSS, VmHWM), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def sanitizer_report(text):
     for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
         if marker in text:

@@ -18,7 +18,7 @@ import pytest
 
 import agent_pb2 as pb
 from conch import Client, envelope, parse_envelopes
-from conftest import Server, sanitizer_report
+from conftest import Server, sanitizer_report, status_kib
 from h2conn import H2Client
 
 FS = "/pb.FileService/"
@@ -418,14 +418,6 @@ def test_oversized_envelope_is_resource_exhausted(cl, proto):
     assert e["message"]
 
 
-def vm_hwm_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmHWM")
-
-
 @pytest.mark.parametrize("codec", ["json", "proto"])
 def test_message_of_tiny_values_is_refused_with_bounded_memory(codec):
     """A 16 MiB SearchFiles request of empty exclude patterns (3 bytes each
@@ -443,14 +435,14 @@ def test_message_of_tiny_values_is_refused_with_bounded_memory(codec):
     # ASan's quarantine would hold freed memory back from the peak count
     s = Server(name="budget-" + codec, env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:quarantine_size_mb=8"})
     try:
-        before = vm_hwm_kib(s.proc.pid)
+        before = status_kib(s.proc.pid, "VmHWM")
         c = Client(s.url, s.token)
         for _ in range(2):
             st, e, _ = c.unary("/pb.FileService/SearchFiles", body, ctype="application/" + codec)
             assert st == 429, (st, e)
             assert e["code"] == "resource_exhausted"
             assert "bytes of memory to decode" in e["message"]
-        grew = vm_hwm_kib(s.proc.pid) - before
+        grew = status_kib(s.proc.pid, "VmHWM") - before
         # the body (16 MiB) + the 64 MiB budget + allocator and sanitizer overhead
         assert grew < 200 * 1024, f"peak grew by {grew} KiB"
         # an ordinary request on the same server still works

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conch import Client, envelope
-from conftest import serve
+from conftest import serve, status_kib
 
 DOWNLOAD = "/pb.FileService/GetFileStream"
 UPLOAD = "/pb.FileService/PostFileStream"
@@ -26,14 +26,6 @@ def lean_server():
     """A private server whose ASan quarantine is small, so RSS tracks live memory."""
     yield from serve("files-flow",
                      env={"ASAN_OPTIONS": "quarantine_size_mb=1:detect_leaks=1:abort_on_error=0"})
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def recv_until(s, marker):
@@ -99,10 +91,10 @@ def test_download_slow_reader_bounded(lean_server, tmp_path):
             f.write(block)
     srv = lean_server
     time.sleep(0.3)
-    base = rss_kib(srv.proc.pid)
+    base = status_kib(srv.proc.pid, "VmRSS")
     s, head = slow_download(srv, p)
     time.sleep(1.5)  # not reading: the server must not buffer the file
-    after = rss_kib(srv.proc.pid)
+    after = status_kib(srv.proc.pid, "VmRSS")
     assert after - base < 24 * 1024, (base, after)
     s.settimeout(60)
     data = read_chunked_response(s, head)
@@ -184,12 +176,12 @@ def test_upload_fast_writer_bounded(lean_server, tmp_path):
     s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+proto\r\n"
                "conch-init-token: %s\r\nContent-Length: %d\r\n\r\n"
                % (UPLOAD, srv.token, total)).encode())
-    base = rss_kib(srv.proc.pid)
+    base = status_kib(srv.proc.pid, "VmRSS")
     peak = base
     s.sendall(env)
     for _ in range(n - 1):
         s.sendall(later)
-        peak = max(peak, rss_kib(srv.proc.pid))
+        peak = max(peak, status_kib(srv.proc.pid, "VmRSS"))
     resp = b""
     s.settimeout(60)
     while b"\x02\x00\x00\x00\x02{}" not in resp:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conch import Client, b64, curl, envelope, parse_envelopes, unb64
-from conftest import ROOT, Server, free_port, sanitizer_report
+from conftest import ROOT, Server, free_port, sanitizer_report, status_kib
 
 try:
     import agent_pb2 as pb
@@ -707,7 +707,7 @@ def test_foreground_flow_control(client, server):
     total = 256 << 20
 
     def rss_kib():
-        return int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{server.proc.pid}/status").read()).group(1))
+        return status_kib(server.proc.pid, "VmRSS")
 
     rss0 = rss_kib()
     s = Stream(client, SP, pb.StartProcessRequest(cmd="head", args=["-c", str(total), "/dev/zero"]), proto=True)

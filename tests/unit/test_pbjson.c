@@ -960,9 +960,19 @@ TEST(mutations_never_crash) {
 }
 
 /* Memory bounds of decoding: a document or a wire message of many tiny
- * values is refused (PBJSON_TOO_BIG / pbwire_unpack's *over) instead of
+ * values is refused (PBJSON_TOO_BIG / pbwire_unpack_mem's over) instead of
  * growing ~20-40 times its size past JSON_MEM_BUDGET's 64 MiB cap; a large
  * ordinary one still decodes. */
+/* pbwire_unpack_mem without a buffer, within `budget`; *over as m.over. */
+static ProtobufCMessage *unpack_budget(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+                                       size_t budget, int *over) {
+  pbmem m;
+  pbmem_init(&m, NULL, 0, budget);
+  ProtobufCMessage *r = pbwire_unpack_mem(d, p, n, &m);
+  *over = m.over;
+  return r;
+}
+
 TEST(decode_memory_budget) {
   char err[300];
   int flags = -1;
@@ -1021,11 +1031,11 @@ TEST(decode_memory_budget) {
     w[2 * i + 1] = 0;
   }
   int over = -1;
-  m = pbwire_unpack(&pb__start_process_request__descriptor, w, 2 * n, JSON_MEM_BUDGET(2 * n), &over);
+  m = unpack_budget(&pb__start_process_request__descriptor, w, 2 * n, JSON_MEM_BUDGET(2 * n), &over);
   ASSERT(m == NULL);
   ASSERT_EQ(over, 1);
   /* with the room it takes, the same bytes unpack */
-  m = pbwire_unpack(&pb__start_process_request__descriptor, w, 2 * n, (size_t)256 << 20, &over);
+  m = unpack_budget(&pb__start_process_request__descriptor, w, 2 * n, (size_t)256 << 20, &over);
   ASSERT(m != NULL);
   ASSERT_EQ(over, 0);
   ASSERT_EQ(((Pb__StartProcessRequest *)m)->n_args, n);
@@ -1037,12 +1047,12 @@ TEST(decode_memory_budget) {
   c[0] = 2 << 3 | 2;
   c[1] = 0x80; c[2] = 0x80; c[3] = 0x40; /* varint 1 MiB */
   memset(c + 4, 'z', cl);
-  m = pbwire_unpack(&pb__file_chunk__descriptor, c, cl + 4, JSON_MEM_BUDGET(cl + 4), &over);
+  m = unpack_budget(&pb__file_chunk__descriptor, c, cl + 4, JSON_MEM_BUDGET(cl + 4), &over);
   ASSERT(m != NULL);
   ASSERT_EQ(over, 0);
   ASSERT_EQ(((Pb__FileChunk *)m)->content.len, cl);
   protobuf_c_message_free_unpacked(m, NULL);
-  m = pbwire_unpack(&pb__file_chunk__descriptor, c, 100, JSON_MEM_BUDGET(100), &over);
+  m = unpack_budget(&pb__file_chunk__descriptor, c, 100, JSON_MEM_BUDGET(100), &over);
   ASSERT(m == NULL);
   ASSERT_EQ(over, 0);
   free(c);

@@ -88,11 +88,25 @@ TEST(class_boundaries) {
   }
 }
 
+/* A slab_buf travels as a plain owner word and comes back to its class. */
+TEST(slab_buf_owner_word) {
+  slab_buf *b = slab_alloc(sizeof *b + 100); /* class 128 */
+  ASSERT(b != NULL);
+  ASSERT_EQ((uintptr_t)b->data % 16, 0);
+  void *owner = slab_buf_owner(b);
+  ASSERT_EQ(bufref_owner_is_ref(owner), 1);
+  ASSERT_EQ(bufref_owner_readable(owner), 1);
+  unsigned before = slab_kept(2);
+  bufref_owner_free(owner);
+  ASSERT_EQ(slab_kept(2), before + 1);
+}
+
 int main(void) {
   RUN(reuse_by_class);
   RUN(bounded_free_lists);
   RUN(calloc_and_big);
   RUN(realloc_keeps_bytes);
   RUN(class_boundaries);
+  RUN(slab_buf_owner_word);
   return test_summary();
 }
