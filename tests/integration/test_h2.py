@@ -25,7 +25,7 @@ import pytest
 
 import agent_pb2 as pb
 from conch import curl, envelope, parse_envelopes
-from conftest import Server, sanitizer_report, serve
+from conftest import Server, sanitizer_report, serve, status_kib
 from h2conn import H2Client
 
 FS = "/pb.FileService/"
@@ -250,14 +250,6 @@ def test_complete_upload_over_h2_with_many_data_frames(server, tmp_path):
 
 # ---------------------------------------------------------------- flow control
 
-def vm_kib(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"{field} not in /proc/{pid}/status")
-
-
 @pytest.fixture()
 def lean_server():
     """A private server whose ASan quarantine does not hold freed buffers
@@ -286,7 +278,7 @@ def test_slow_reader_flow_control_bounds_memory(lean_server, tmp_path):
     stream_result(st, pb.FileChunk)
     c0.close()
     time.sleep(0.2)
-    base = vm_kib(server.proc.pid, "VmRSS")
+    base = status_kib(server.proc.pid, "VmRSS")
 
     # the slow reader: 64 KiB stream window, credit given back late
     c = h2client(server, stream_window=64 * 1024, auto_ack=False)
@@ -298,7 +290,7 @@ def test_slow_reader_flow_control_bounds_memory(lean_server, tmp_path):
         t_end = time.time() + 1.0
         while time.time() < t_end:
             c.pump(0.1)
-        peak = vm_kib(server.proc.pid, "VmRSS")
+        peak = status_kib(server.proc.pid, "VmRSS")
         assert len(st.body) <= 64 * 1024 + 5, "server sent beyond the flow-control window"
         last_sample = time.time()
         deadline = time.time() + 120
@@ -309,7 +301,7 @@ def test_slow_reader_flow_control_bounds_memory(lean_server, tmp_path):
                 c.ack(sid)
             c.pump(5)
             if time.time() - last_sample > 0.1:
-                peak = max(peak, vm_kib(server.proc.pid, "VmRSS"))
+                peak = max(peak, status_kib(server.proc.pid, "VmRSS"))
                 last_sample = time.time()
         c.ack(sid)
         assert st.reset is None
