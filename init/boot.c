@@ -16,9 +16,9 @@
 #include "agent/log.h"
 #include "init/bootutil.h"
 #include "init/entrypoint.h"
+#include "init/modules.h"
 #include "init/volumes.h"
 
-#define MAX_TEXT_FILE (4u * 1024 * 1024)
 
 /* ------------------------------------------------------------ helpers */
 
@@ -35,49 +35,9 @@ static int mkdir_p(const char *path, mode_t mode) {
   return 0;
 }
 
-/* Read a whole (small) file; malloc'd, NUL-terminated. */
-static char *read_file(const char *path, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NULL;
-  size_t cap = 4096, n = 0;
-  char *buf = malloc(cap + 1);
-  while (buf) {
-    if (n == cap) {
-      if (cap >= MAX_TEXT_FILE) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      char *nb = realloc(buf, cap * 2 + 1);
-      if (!nb) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = nb;
-      cap *= 2;
-    }
-    ssize_t r = read(fd, buf + n, cap - n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      free(buf);
-      buf = NULL;
-      break;
-    }
-    if (r == 0) break;
-    n += (size_t)r;
-  }
-  close(fd);
-  if (buf) {
-    buf[n] = 0;
-    *len = n;
-  }
-  return buf;
-}
-
 static int is_mounted(const char *mountpoint) {
   size_t n;
-  char *mi = read_file("/proc/self/mountinfo", &n);
+  char *mi = boot_read_file("/proc/self/mountinfo", &n);
   if (!mi) return 0;
   int r = boot_mountinfo_has(mi, n, mountpoint);
   free(mi);
@@ -182,7 +142,7 @@ void boot_early(boot_state *b, int argc, char **argv) {
   init_cmdline_reset(&b->cmd);
   for (int i = 1; i < argc; i++) init_cmdline_word(&b->cmd, argv[i], strlen(argv[i]));
   size_t n;
-  char *cl = read_file("/proc/cmdline", &n);
+  char *cl = boot_read_file("/proc/cmdline", &n);
   if (cl) {
     init_cmdline_parse(&b->cmd, cl, n);
     free(cl);
@@ -196,6 +156,7 @@ void boot_early(boot_state *b, int argc, char **argv) {
   step_dirs();    /* step 5 */
   step_devnodes(); /* step 6 */
   step_mounts();  /* step 7 */
+  modules_load(b->cmd.have_modules ? b->cmd.modules : NULL, "/etc/conch/modules", NULL); /* §9 */
   step_writable(b); /* step 8 */
 }
 
@@ -286,7 +247,7 @@ void boot_layers(boot_state *b) {
 static int fix_passwd(void) {
   const char *path = BOOT_MERGE "/etc/passwd";
   size_t n;
-  char *in = read_file(path, &n);
+  char *in = boot_read_file(path, &n);
   if (!in) {
     if (errno != ENOENT) LOG_WARN("read %s: %s", path, strerror(errno));
     return 0;

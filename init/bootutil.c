@@ -1,8 +1,11 @@
-/* bootutil — passwd fix-up and mountinfo lookup; see bootutil.h. */
+/* bootutil — passwd fix-up, mountinfo lookup, small-file reads; see bootutil.h. */
 #include "init/bootutil.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int boot_mountinfo_has(const char *text, size_t n, const char *mountpoint) {
   size_t i = 0;
@@ -65,3 +68,41 @@ int boot_passwd_fix(const char *in, size_t n, char **out, size_t *outn) {
   return 0;
 }
 
+char *boot_read_file(const char *path, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap + 1);
+  while (buf) {
+    if (n == cap) {
+      if (cap >= BOOT_MAX_TEXT_FILE) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      char *nb = realloc(buf, cap * 2 + 1);
+      if (!nb) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = nb;
+      cap *= 2;
+    }
+    ssize_t r = read(fd, buf + n, cap - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    if (r == 0) break;
+    n += (size_t)r;
+  }
+  close(fd);
+  if (buf) {
+    buf[n] = 0;
+    *len = n;
+  }
+  return buf;
+}

@@ -15,4 +15,9 @@ int boot_passwd_fix(const char *in, size_t n, char **out, size_t *outn);
  * \040 decoded). */
 int boot_mountinfo_has(const char *text, size_t n, const char *mountpoint);
 
+/* A whole small file (at most BOOT_MAX_TEXT_FILE bytes), malloc'd and
+ * NUL-terminated, its length in *len; NULL with errno set on failure. */
+#define BOOT_MAX_TEXT_FILE (4u * 1024 * 1024)
+char *boot_read_file(const char *path, size_t *len);
+
 #endif

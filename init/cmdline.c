@@ -110,6 +110,24 @@ int init_cmdline_word(init_cmdline *c, const char *w, size_t n) {
     if (c->have_listen) return 0;
     return set_listen(c, w + pl, n - pl);
   }
+  if (has_prefix(w, n, "conch.modules=", &pl)) {
+    if (c->have_modules) return 0;
+    size_t vl = n - pl;
+    for (size_t i = 0; i < vl; i++) {
+      char ch = w[pl + i];
+      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+            ch == '_' || ch == '-' || ch == ','))
+        vl = sizeof c->modules; /* invalid */
+    }
+    if (vl >= sizeof c->modules) {
+      LOG_WARN("ignoring conch.modules: invalid module list");
+      return 0;
+    }
+    memcpy(c->modules, w + pl, vl);
+    c->modules[vl] = 0;
+    c->have_modules = 1;
+    return 1;
+  }
   if (has_prefix(w, n, "conch.disk=", &pl)) {
     if (c->have_disk) return 0;
     const char *v = w + pl;

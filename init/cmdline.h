@@ -25,6 +25,8 @@
  *                              chroot, so PATH names a file of the boot root
  *                              (a container runtime or a namespace test can
  *                              reach it from outside the sandbox root)
+ *   conch.modules=<name>[,<name>…]  kernel modules to load (boot.md §9),
+ *                              before those of /etc/conch/modules
  * An invalid value is logged and the key ignored (as if absent).
  */
 #ifndef CONCH_INIT_CMDLINE_H
@@ -47,6 +49,8 @@ typedef struct init_cmdline {
   char layers[INIT_CMDLINE_MAX_LAYERS][INIT_CMDLINE_DEV_MAX];
   int have_disk;
   char disk[INIT_CMDLINE_DEV_MAX]; /* "none" or a device path */
+  int have_modules;
+  char modules[1024]; /* [A-Za-z0-9_,-] */
   int have_listen;
   size_t nlisten;
   char listen[INIT_CMDLINE_MAX_LISTEN][INIT_CMDLINE_LISTEN_MAX];

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# mkimage.sh — bake conch-init into a bootable microVM guest (make vm-image).
+#
+#   init/image/mkimage.sh BIN OUT
+#
+# BIN: the static conch-init (make static).  OUT (e.g. build/vm) receives:
+#   vmlinuz          Debian's stock cloud kernel (linux-image-cloud-amd64)
+#   initramfs.cpio.gz  /init -> /sbin/conch-init, the binary, the kernel
+#                    modules of MODULES with their dependencies (modules.dep
+#                    made by depmod), /etc/conch/modules naming them
+#   rootfs.erofs     a real Debian 12 rootfs (mmdebstrap minbase + python3)
+#   top.erofs        a small newer layer on top (proves layer order)
+# Each erofs image is padded to a 2 MiB multiple, as virtio-pmem needs.
+# Boot with: -kernel vmlinuz -initrd initramfs.cpio.gz, layers as virtio-pmem
+# (newest = pmem0) or virtio-blk with conch.layers=/dev/vda,/dev/vdb.
+#
+# Everything is cached in OUT: the kernel by package version, the rootfs by
+# its package list; the initramfs is rebuilt when BIN or MODULES change.
+# Needs root (mmdebstrap, device nodes in the cpio) and Debian's apt.
+set -euo pipefail
+BIN=${1:?usage: mkimage.sh BIN OUT}
+OUT=${2:?usage: mkimage.sh BIN OUT}
+SUITE=${SUITE:-bookworm}
+PACKAGES=${PACKAGES:-python3,procps}
+MODULES=${MODULES:-virtio_pci virtio_blk virtio_net virtio_pmem nd_pmem erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+log() { echo "mkimage: $*" >&2; }
+
+need=()
+for t in mmdebstrap:mmdebstrap mkfs.erofs:erofs-utils depmod:kmod cpio:cpio; do
+  command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+pad2m() { # pad an image to a multiple of 2 MiB
+  local sz; sz=$(stat -c %s "$1")
+  truncate -s $(( (sz + 2097151) / 2097152 * 2097152 )) "$1"
+}
+
+# ------------------------------------------------------------ kernel
+meta=linux-image-cloud-amd64
+kpkg=$(apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+if [ -z "$kpkg" ]; then apt-get update -qq; kpkg=$(apt-cache depends "$meta" | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'); fi
+kver=${kpkg#linux-image-}
+kdir=$OUT/kernel-$kver
+if [ ! -f "$kdir/.done" ]; then
+  log "fetching $kpkg"
+  rm -rf "$kdir" && mkdir -p "$kdir/dl"
+  (cd "$kdir/dl" && apt-get download "$kpkg" 2>&1 | grep -v unsandboxed >&2 || true)
+  dpkg-deb -x "$kdir"/dl/*.deb "$kdir/root"
+  rm -rf "$kdir/dl"
+  depmod -b "$kdir/root" "$kver"
+  touch "$kdir/.done"
+fi
+cp "$kdir/root/boot/vmlinuz-$kver" "$OUT/vmlinuz.tmp" && mv "$OUT/vmlinuz.tmp" "$OUT/vmlinuz"
+
+# ------------------------------------------------------------ initramfs
+# The dependency closure of MODULES, from modules.dep ("path: dep dep …").
+moddir=$kdir/root/lib/modules/$kver
+resolve() {
+  awk -v want="$MODULES" '
+    function base(p) { sub(/.*\//, "", p); sub(/\.ko(\.[a-z]+)?$/, "", p); gsub(/-/, "_", p); return p }
+    BEGIN { n = split(want, w, " ") }
+    { k = $1; sub(/:$/, "", k); path[base(k)] = k; deps[base(k)] = ""
+      for (i = 2; i <= NF; i++) deps[base(k)] = deps[base(k)] " " $i }
+    function add(m,   d, i, nd) {
+      if (m in seen) return; seen[m] = 1
+      if (!(m in path)) return
+      print path[m]
+      nd = split(deps[m], d, " "); for (i = 1; i <= nd; i++) add(base(d[i]))
+    }
+    END { for (i = 1; i <= n; i++) { m = w[i]; gsub(/-/, "_", m); add(m) } }' "$moddir/modules.dep"
+}
+stamp=$( { sha256sum "$BIN"; echo "$MODULES $kver"; sha256sum "$0"; } | sha256sum | cut -c1-16)
+if [ ! -f "$OUT/initramfs.cpio.gz" ] || [ "$(cat "$OUT/.initramfs.stamp" 2>/dev/null)" != "$stamp" ]; then
+  log "initramfs ($kver)"
+  ir=$OUT/initramfs.d
+  rm -rf "$ir" && mkdir -p "$ir"/{sbin,etc/conch,dev,proc,sys,lib/modules/"$kver"}
+  install -m 0755 "$BIN" "$ir/sbin/conch-init"
+  ln -s /sbin/conch-init "$ir/init"
+  for f in $(resolve); do
+    mkdir -p "$ir/lib/modules/$kver/$(dirname "$f")"
+    cp "$moddir/$f" "$ir/lib/modules/$kver/$f"
+  done
+  for m in $MODULES; do echo "$m"; done > "$ir/etc/conch/modules"
+  cp "$moddir"/modules.{order,builtin,builtin.modinfo} "$ir/lib/modules/$kver/"
+  depmod -b "$ir" "$kver"
+  mknod -m 600 "$ir/dev/console" c 5 1
+  (cd "$ir" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) | gzip -9 > "$OUT/initramfs.cpio.gz.tmp"
+  mv "$OUT/initramfs.cpio.gz.tmp" "$OUT/initramfs.cpio.gz"
+  echo "$stamp" > "$OUT/.initramfs.stamp"
+  rm -rf "$ir"
+fi
+
+# ------------------------------------------------------------ layers
+rstamp="$SUITE $PACKAGES v1"
+if [ ! -f "$OUT/rootfs.erofs" ] || [ "$(cat "$OUT/.rootfs.stamp" 2>/dev/null)" != "$rstamp" ]; then
+  log "rootfs: mmdebstrap --variant=minbase $SUITE + $PACKAGES (a few minutes)"
+  rd=$OUT/rootfs.d
+  rm -rf "$rd"
+  mmdebstrap --quiet --variant=minbase --include="$PACKAGES" \
+    --dpkgopt='path-exclude=/usr/share/{doc,man,locale}/*' "$SUITE" "$rd"
+  rm -rf "$rd"/var/cache/apt/* "$rd"/var/lib/apt/lists/*
+  echo base > "$rd/etc/conch-layer"
+  mkfs.erofs --quiet "$OUT/rootfs.erofs.tmp" "$rd"
+  pad2m "$OUT/rootfs.erofs.tmp"
+  mv "$OUT/rootfs.erofs.tmp" "$OUT/rootfs.erofs"
+  echo "$rstamp" > "$OUT/.rootfs.stamp"
+  rm -rf "$rd"
+fi
+if [ ! -f "$OUT/top.erofs" ]; then
+  td=$OUT/top.d
+  rm -rf "$td" && mkdir -p "$td/etc"
+  echo top > "$td/etc/conch-layer"
+  echo "layer order: pmem0 / the first conch.layers device is the newest" > "$td/etc/conch-top"
+  mkfs.erofs --quiet "$OUT/top.erofs.tmp" "$td"
+  pad2m "$OUT/top.erofs.tmp"
+  mv "$OUT/top.erofs.tmp" "$OUT/top.erofs"
+  rm -rf "$td"
+fi
+log "ready in $OUT: vmlinuz initramfs.cpio.gz rootfs.erofs top.erofs ($kver)"

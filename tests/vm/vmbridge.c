@@ -1,0 +1,140 @@
+/* vmbridge — TEST ONLY: the /init of the VM tests' initramfs overlay.
+ *
+ * This machine has no vhost-vsock, so the host cannot reach the guest's
+ * AF_VSOCK directly.  This wrapper forks a bridge and then execs
+ * /sbin/conch-init with its own argv, so conch-init is PID 1 exactly as in
+ * production.  The bridge carries byte exchanges from the host, over the
+ * second serial port (/dev/ttyS1, a unix socket on the host), to
+ * conch-init's init listener over the guest's real AF_VSOCK, through the
+ * vsock_loopback transport (CID 1):
+ *
+ *   host → ttyS1: u32 BE n, n bytes      written to a new vsock connection
+ *   ttyS1 → host: u32 BE m, m bytes      everything read until EOF (5 s)
+ *                 or u32 0xffffffff, u32 BE errno when no connection could
+ *                 be made within 30 s (module not loaded, nothing listening)
+ *
+ * Never part of the product (the image builder does not include it).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/vm_sockets.h>
+
+#define TTY_NODE "/vmbridge-ttyS1"
+#define MAX_XFER (1u << 20)
+
+static int full_read(int fd, void *buf, size_t n) {
+  char *p = buf;
+  while (n) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static int full_write(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n) {
+    ssize_t r = write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static void put32(unsigned char *b, uint32_t v) {
+  b[0] = v >> 24, b[1] = v >> 16, b[2] = v >> 8, b[3] = v;
+}
+
+static int vsock_connect(unsigned port, int *err) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_LOCAL, .svm_port = port};
+      if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
+      *err = errno;
+      close(fd);
+    } else {
+      *err = errno;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 30) return -1;
+    usleep(20000);
+  }
+}
+
+static void bridge(void) {
+  int tty;
+  for (;;) { /* the node appears once conch-init mounted devtmpfs; make our own */
+    mknod(TTY_NODE, S_IFCHR | 0600, makedev(4, 65));
+    tty = open(TTY_NODE, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (tty >= 0) break;
+    usleep(20000);
+  }
+  struct termios tio;
+  if (tcgetattr(tty, &tio) == 0) {
+    cfmakeraw(&tio);
+    cfsetspeed(&tio, B115200);
+    tcsetattr(tty, TCSANOW, &tio);
+  }
+  static char in[MAX_XFER], out[MAX_XFER];
+  for (;;) {
+    unsigned char h[8];
+    if (full_read(tty, h, 4) != 0) {
+      usleep(100000);
+      continue;
+    }
+    uint32_t n = (uint32_t)h[0] << 24 | h[1] << 16 | h[2] << 8 | h[3];
+    if (n > MAX_XFER || full_read(tty, in, n) != 0) continue;
+    int err = 0;
+    int fd = vsock_connect(4065, &err);
+    if (fd < 0) {
+      put32(h, 0xffffffffu);
+      put32(h + 4, (uint32_t)err);
+      full_write(tty, h, 8);
+      continue;
+    }
+    size_t m = 0;
+    if (full_write(fd, in, n) == 0) {
+      struct pollfd p = {.fd = fd, .events = POLLIN};
+      while (m < sizeof out && poll(&p, 1, 5000) == 1) {
+        ssize_t r = read(fd, out + m, sizeof out - m);
+        if (r <= 0) break;
+        m += (size_t)r;
+      }
+    }
+    close(fd);
+    put32(h, (uint32_t)m);
+    full_write(tty, h, 4);
+    full_write(tty, out, m);
+  }
+}
+
+int main(int argc, char **argv) {
+  (void)argc;
+  pid_t pid = fork();
+  if (pid == 0) {
+    bridge();
+    _exit(0);
+  }
+  execv("/sbin/conch-init", argv);
+  perror("vmbridge: exec /sbin/conch-init");
+  for (;;) pause();
+}
