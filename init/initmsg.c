@@ -8,6 +8,7 @@
 #include "agent/daemon.h"
 #include "init/initstr.h"
 #include "proto/json.h"
+#include "proto/pbjson.h"
 
 typedef struct sv {
   const char *s;
@@ -22,6 +23,7 @@ typedef struct decoded {
   long long prefix;
   const json_value *ns, *search, *opts; /* arrays or NULL */
   sv domain;
+  const json_value *ts, *entropy; /* boot.md §10, raw: their errors are terminal texts */
 } decoded;
 
 #define FAIL(...)                                   \
@@ -113,19 +115,24 @@ static sv item_sv(const json_value *v) {
 }
 
 static int decode(const json_value *root, decoded *d, char *err, size_t errlen) {
-  static const char *const top_keys[] = {"version", "sandboxID", "agentToken", "env", "network"};
+  static const char *const top_keys[] = {"version", "sandboxID", "agentToken", "env",
+                                         "network", "timestampMs", "entropy"};
   static const char *const net_keys[] = {"guestIP", "prefixLength", "gateway", "dns"};
   static const char *const dns_keys[] = {"nameservers", "domain", "search", "options"};
   memset(d, 0, sizeof *d);
   d->sid = d->tok = d->gip = d->gw = d->domain = (sv){"", 0};
   if (root->type == JSON_NULL) return 0;
   if (root->type != JSON_OBJECT) FAIL("message is a JSON %s, not an object", json_type_name(root->type));
-  if (check_keys(root, "message", top_keys, 5, err, errlen) ||
+  if (check_keys(root, "message", top_keys, 7, err, errlen) ||
       get_int(root, "version", &d->version, err, errlen) ||
       get_str(root, "sandboxID", &d->sid, err, errlen) ||
       get_str(root, "agentToken", &d->tok, err, errlen) ||
       get_obj(root, "env", &d->env, err, errlen))
     return -1;
+  d->ts = json_get(root, "timestampMs");
+  d->entropy = json_get(root, "entropy");
+  if (d->ts && d->ts->type == JSON_NULL) d->ts = NULL;
+  if (d->entropy && d->entropy->type == JSON_NULL) d->entropy = NULL;
   if (d->env)
     for (size_t i = 0; i < d->env->n; i++) {
       json_type t = d->env->items[i].type;
@@ -212,10 +219,39 @@ static int check_dns(const decoded *d, char **why) {
   return 0;
 }
 
+/* timestampMs: a positive integer (plain digits), else -1. */
+static int restore_timestamp(const json_value *v, int64_t *out) {
+  if (v->type != JSON_NUMBER || v->len == 0 || v->len > 18) return -1;
+  int64_t acc = 0;
+  for (size_t i = 0; i < v->len; i++) {
+    if (v->str[i] < '0' || v->str[i] > '9') return -1;
+    acc = acc * 10 + (v->str[i] - '0');
+  }
+  if (acc <= 0) return -1;
+  *out = acc;
+  return 0;
+}
+
+/* entropy: base64 of INITMSG_ENTROPY_MIN..MAX bytes, else -1. */
+static int restore_entropy(const json_value *v, unsigned char *out, size_t *outlen) {
+  if (v->type != JSON_STRING || v->len > (INITMSG_ENTROPY_MAX + 2) / 3 * 4) return -1;
+  unsigned char buf[INITMSG_ENTROPY_MAX + 4];
+  long n = pbjson_b64_decode(v->str, v->len, buf);
+  if (n < INITMSG_ENTROPY_MIN || n > INITMSG_ENTROPY_MAX) return -1;
+  memcpy(out, buf, (size_t)n);
+  *outlen = (size_t)n;
+  return 0;
+}
+
+int initmsg_clock_needs_step(int64_t now_ms, int64_t host_ms) {
+  return now_ms < host_ms - INITMSG_CLOCK_BEHIND_MS || now_ms > host_ms + INITMSG_CLOCK_AHEAD_MS;
+}
+
 /* Returns NULL when valid, else the terminal text (malloc'd); *invalid is
  * set to 1 for any failure, so an allocation failure (NULL text) is never
  * mistaken for a valid message. */
 static char *validate_text(const decoded *d, sv *sid, sv *tok, uint32_t *ip, uint32_t *gw,
+                           int64_t *ts_ms, unsigned char *entropy, size_t *entropy_len,
                            int *invalid) {
   istr b = {0};
   *invalid = 1;
@@ -260,6 +296,9 @@ static char *validate_text(const decoded *d, sv *sid, sv *tok, uint32_t *ip, uin
     free(why);
     return istr_take(&b, NULL);
   }
+  if (d->ts && restore_timestamp(d->ts, ts_ms) != 0) return strdup("invalid timestampMs");
+  if (d->entropy && restore_entropy(d->entropy, entropy, entropy_len) != 0)
+    return strdup("invalid entropy");
   *invalid = 0;
   return NULL;
 }
@@ -358,7 +397,7 @@ void initmsg_plan_free(initmsg_plan *p) {
   free(p->env_k);
   free(p->env_v);
   free(p->resolv);
-  memset(p, 0, sizeof *p);
+  explicit_bzero(p, sizeof *p);
 }
 
 int initmsg_process(const char *buf, size_t n, initmsg_plan *plan, char **msg, char *err,
@@ -379,7 +418,10 @@ int initmsg_process(const char *buf, size_t n, initmsg_plan *plan, char **msg, c
   sv sid, tok;
   uint32_t ip = 0, gw = 0;
   int invalid;
-  char *bad = validate_text(&d, &sid, &tok, &ip, &gw, &invalid);
+  int64_t ts_ms = 0;
+  unsigned char entropy[INITMSG_ENTROPY_MAX];
+  size_t entropy_len = 0;
+  char *bad = validate_text(&d, &sid, &tok, &ip, &gw, &ts_ms, entropy, &entropy_len, &invalid);
   int rc = 0;
   if (invalid) {
     *msg = bad;
@@ -388,7 +430,12 @@ int initmsg_process(const char *buf, size_t n, initmsg_plan *plan, char **msg, c
     initmsg_plan_free(plan);
     if (errlen) snprintf(err, errlen, "out of memory");
     rc = -2;
+  } else {
+    plan->timestamp_ms = ts_ms;
+    memcpy(plan->entropy, entropy, entropy_len);
+    plan->entropy_len = entropy_len;
   }
+  explicit_bzero(entropy, sizeof entropy);
   json_free(root);
   if (rc == 1 && !*msg) {
     if (errlen) snprintf(err, errlen, "out of memory");

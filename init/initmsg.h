@@ -10,6 +10,11 @@
  * list elements and env values (→ "").  DECISION: a duplicate key in any
  * object is a decode failure (Go silently keeps the last one; an ambiguous
  * message from the host is a bug we would rather see).
+ *
+ * The restore keys timestampMs and entropy (boot.md §10) are checked after
+ * the network, and their errors are terminal texts, not decode failures
+ * ("invalid timestampMs" for anything but a positive integer, "invalid
+ * entropy" for anything but base64 of 32–512 bytes).
  */
 #ifndef CONCH_INIT_INITMSG_H
 #define CONCH_INIT_INITMSG_H
@@ -20,6 +25,12 @@
 #define INITMSG_MAX_FRAME 16384
 #define INITMSG_MAX_NAMESERVERS 3
 
+/* Restore keys (boot.md §10): timestampMs steps the clock when the guest
+ * is more than 50 ms behind or 5 s ahead; entropy is 32–512 bytes. */
+#define INITMSG_CLOCK_BEHIND_MS 50
+#define INITMSG_CLOCK_AHEAD_MS 5000
+#define INITMSG_ENTROPY_MIN 32
+#define INITMSG_ENTROPY_MAX 512
 /* The validated content of one message, independent of the JSON text. */
 typedef struct initmsg_plan {
   char *sandbox_id;  /* trimmed */
@@ -31,7 +42,12 @@ typedef struct initmsg_plan {
   unsigned prefix_len;
   char *resolv;      /* the exact /etc/resolv.conf bytes */
   size_t resolv_len;
+  int64_t timestamp_ms; /* boot.md §10; 0 = absent */
+  size_t entropy_len;   /* 0 = absent */
+  unsigned char entropy[INITMSG_ENTROPY_MAX];
 } initmsg_plan;
+
+int initmsg_clock_needs_step(int64_t now_ms, int64_t host_ms);
 
 /* Decode and validate frame payload buf[0..n).
  * Returns  0: valid, *plan filled (free with initmsg_plan_free);

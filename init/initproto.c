@@ -23,6 +23,7 @@
 #include "agent/log.h"
 #include "agent/senv.h"
 #include "init/initmsg.h"
+#include "init/restore.h"
 #include "init/network.h"
 
 #define IP_RECV_TIMEOUT_MS 2000
@@ -331,6 +332,7 @@ static void work_done(uv_work_t *w, int status) {
     go_terminal(c, "invalid sandbox environment: out of memory");
     return;
   }
+  if (ips.opts.apply_restore) restore_apply(&c->plan);
   if (c->work_revalidate) {
     LOG_INFO("init message re-applied: network %s, token replaced",
              ips.opts.apply_network ? "revalidated" : "not managed here");

@@ -26,6 +26,7 @@
 
 typedef struct initproto_opts {
   int apply_network;          /* netlink + resolv.conf (boot.md §4) */
+  int apply_restore;          /* timestampMs, entropy (boot.md §10): PID 1 only */
   const char *resolv_path;    /* NULL → "/etc/resolv.conf" */
   int merge_missing;          /* boot step 10 failed: never ready */
   int services_required;      /* boot.md §6 */

@@ -93,6 +93,7 @@ static void boot_finish(void) {
   boot_layers(b); /* step 9 */
   initproto_opts o = {0};
   o.apply_network = 1;
+  o.apply_restore = 1;
   o.on_first = on_first_message;
   o.arg = b;
   initproto_configure(&o);

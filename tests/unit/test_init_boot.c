@@ -37,6 +37,15 @@ TEST(cmdline_keys_and_precedence) {
   ASSERT_STR_EQ(c.disk, "none");
   ASSERT_EQ(c.nlisten, 2);
   ASSERT_STR_EQ(c.listen[1], "unix:/run/init.sock");
+  ASSERT(!c.have_modules);
+  /* conch.modules (boot.md §9): names only; an invalid list is ignored */
+  const char *m = "conch.modules=virtio_pci,vsock-loopback conch.modules=erofs";
+  init_cmdline_parse(&c, m, strlen(m));
+  ASSERT_STR_EQ(c.modules, "virtio_pci,vsock-loopback");
+  init_cmdline_reset(&c);
+  m = "conch.modules=a/../../x conch.modules=erofs";
+  init_cmdline_parse(&c, m, strlen(m));
+  ASSERT_STR_EQ(c.modules, "erofs");
 }
 
 TEST(cmdline_quotes_whitespace_and_invalid) {

@@ -263,6 +263,70 @@ TEST(response_json) {
   free(r);
 }
 
+/* boot.md §10: the restore keys. */
+#define E32 "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=" /* bytes 0..31 */
+TEST(restore_keys_valid) {
+  initmsg_plan p;
+  expect_ok("{" HEAD "," NET ",\"timestampMs\":1764590000123,\"entropy\":\"" E32 "\"}", &p);
+  ASSERT_EQ(p.timestamp_ms, 1764590000123LL);
+  ASSERT_EQ(p.entropy_len, 32);
+  for (int i = 0; i < 32; i++) ASSERT_EQ(p.entropy[i], i);
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"timestampMs\":null,\"entropy\":null}", &p);
+  ASSERT_EQ(p.timestamp_ms, 0);
+  ASSERT_EQ(p.entropy_len, 0);
+  initmsg_plan_free(&p);
+  /* 512 bytes (684 base64 characters, URL-safe without padding too) */
+  char big[1024], msg[1400];
+  memset(big, 'A', 684);
+  big[683] = '=';
+  big[684] = 0;
+  snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"entropy\":\"%s\"}", big);
+  expect_ok(msg, &p);
+  ASSERT_EQ(p.entropy_len, 512);
+  initmsg_plan_free(&p);
+}
+
+TEST(restore_keys_invalid_texts) {
+  static const char *const bad_ts[] = {"0", "-5", "1.5", "1e12", "\"1764590000123\"", "true",
+                                       "{}", "99999999999999999999"};
+  char msg[1400];
+  for (size_t i = 0; i < sizeof bad_ts / sizeof bad_ts[0]; i++) {
+    snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"timestampMs\":%s}", bad_ts[i]);
+    expect_text(msg, "invalid timestampMs");
+  }
+  static const char *const bad_e[] = {
+      "\"AAEC\"",                                        /* 3 bytes */
+      "\"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHg==\"", /* 31 bytes */
+      "\"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8*\"", /* not base64 */
+      "\"\"", "42", "[]"};
+  for (size_t i = 0; i < sizeof bad_e / sizeof bad_e[0]; i++) {
+    snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"entropy\":%s}", bad_e[i]);
+    expect_text(msg, "invalid entropy");
+  }
+  char big[1024];
+  memset(big, 'A', 688); /* 516 bytes */
+  big[688] = 0;
+  snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"entropy\":\"%s\"}", big);
+  expect_text(msg, "invalid entropy");
+  /* order: after the network (§3 step 5), timestampMs before entropy */
+  expect_text("{" HEAD ",\"network\":{\"guestIP\":\"1.2.3\",\"prefixLength\":24,\"gateway\":\"1.2.3.1\"},"
+              "\"timestampMs\":-1}",
+              "guestIP \"1.2.3\" must be a valid IPv4 address");
+  expect_text("{" HEAD "," NET ",\"timestampMs\":-1,\"entropy\":\"x\"}", "invalid timestampMs");
+  expect_text("{\"version\":2,\"entropy\":\"x\"}", "unsupported protocol version 2");
+}
+
+TEST(clock_step_rule) {
+  const int64_t h = 1764590000000LL;
+  ASSERT_EQ(initmsg_clock_needs_step(h, h), 0);
+  ASSERT_EQ(initmsg_clock_needs_step(h - 50, h), 0);   /* 50 ms behind: kept */
+  ASSERT_EQ(initmsg_clock_needs_step(h - 51, h), 1);   /* more than 50 ms behind */
+  ASSERT_EQ(initmsg_clock_needs_step(h + 5000, h), 0); /* 5 s ahead: kept */
+  ASSERT_EQ(initmsg_clock_needs_step(h + 5001, h), 1);
+  ASSERT_EQ(initmsg_clock_needs_step(0, h), 1);
+}
+
 int main(void) {
   RUN(valid_full);
   RUN(valid_minimal_env_absent);
@@ -275,5 +339,8 @@ int main(void) {
   RUN(trim_and_space);
   RUN(ipv4);
   RUN(response_json);
+  RUN(restore_keys_valid);
+  RUN(restore_keys_invalid_texts);
+  RUN(clock_step_rule);
   return test_summary();
 }
