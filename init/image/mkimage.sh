@@ -8,7 +8,8 @@
 #   initramfs.cpio.gz  /init -> /sbin/conch-init, the binary, the kernel
 #                    modules of MODULES with their dependencies (modules.dep
 #                    made by depmod), /etc/conch/modules naming them
-#   rootfs.erofs     a real Debian 12 rootfs (mmdebstrap minbase + python3)
+#   rootfs.erofs     a real Debian 12 rootfs (mmdebstrap minbase + python3,
+#                    procps and sysvinit-core for ps and poweroff)
 #   top.erofs        a small newer layer on top (proves layer order)
 # Each erofs image is padded to a 2 MiB multiple, as virtio-pmem needs.
 # Boot with: -kernel vmlinuz -initrd initramfs.cpio.gz, layers as virtio-pmem
@@ -21,7 +22,7 @@ set -euo pipefail
 BIN=${1:?usage: mkimage.sh BIN OUT}
 OUT=${2:?usage: mkimage.sh BIN OUT}
 SUITE=${SUITE:-bookworm}
-PACKAGES=${PACKAGES:-python3,procps}
+PACKAGES=${PACKAGES:-python3,procps,sysvinit-core}
 MODULES=${MODULES:-virtio_pci virtio_blk virtio_net virtio_pmem nd_pmem erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
