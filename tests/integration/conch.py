@@ -6,6 +6,7 @@ helpers and envelope framing; enough to see what libraries hide.
 import base64
 import http.client
 import json
+import socket
 import struct
 import subprocess
 import urllib.parse
@@ -29,6 +30,15 @@ def parse_envelopes(data: bytes):
         out.append((flags, data[off + 5:off + 5 + n]))
         off += 5 + n
     return out
+
+
+def free_port():
+    """A free TCP port on 127.0.0.1."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def b64(b: bytes) -> str:

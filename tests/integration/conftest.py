@@ -6,7 +6,6 @@ the session.
 """
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,7 @@ BIN = os.environ.get("CONCH_INIT_BIN", os.path.join(ROOT, "build", "asan", "conc
 LOGDIR = os.path.join(ROOT, "build", "test-logs")
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from conch import free_port  # noqa: E402,F401  (re-exported: tests import it from here)
 
 
 class Server:

@@ -24,22 +24,17 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from conch import free_port  # noqa: E402
 IMAGES = os.environ.get("CONCH_VM_IMAGES", os.path.join(ROOT, "build", "vm"))
 QEMU = "qemu-system-x86_64"
 GUEST_IP, GATEWAY, DNS = "10.0.2.15", "10.0.2.2", "10.0.2.3"
 _accel = None
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def accel():
