@@ -854,7 +854,7 @@ void connect_serve(hx *x, const rpc_method *m) {
   }
   /* auth */
   const char *amsg;
-  if (auth_check(hx_get(x, "conch-init-token"), &amsg) != RPC_OK) {
+  if (auth_check_hx(x, &amsg) != RPC_OK) {
     call_fail(c, RPC_UNAUTHENTICATED, amsg);
     return;
   }
