@@ -52,6 +52,9 @@ typedef struct conch_daemon {
   size_t *senv_idx;
   size_t senv_idx_cap; /* power of two, > 2 * senv_len */
 
+  /* ProcessService cgroups (proc/cgroup.c); NULL: process groups only */
+  struct proc_cgroups *cgroups;
+
   /* logging (agent/log.c) */
   int log_level;
   FILE *log_file;

@@ -38,8 +38,11 @@
  * grandchild neither blocks nor dies of SIGPIPE.
  *
  * Signals (SendSignal, timeout, vanished foreground client) go to the whole
- * process group, and only while the leader is unreaped (afterwards the pid
- * — and so the group id — could be reused).
+ * tree — every process in the command's cgroup (cgroup.h), setsid escapees
+ * included — or, without cgroups, to the process group; and only while the
+ * leader is unreaped (afterwards the pid — and so the group id — could be
+ * reused).  A timeout bounds the tree: when the leader exits before it,
+ * the cgroup keeps the deadline and SIGKILLs whatever is left at T.
  */
 #ifndef CONCH_PROC_PROC_H
 #define CONCH_PROC_PROC_H
@@ -130,6 +133,9 @@ struct proc {
   int aborted;      /* foreground starter vanished during PREP */
 
   int64_t timeout_ms;
+  uint64_t deadline_at; /* uv_now at which the timeout falls (timeout_ms > 0) */
+  struct proc_cg *cg;   /* the command's cgroup until the leader is reaped, or NULL */
+  int cg_err;           /* creating it failed (errno; thread pool → loop) */
   uv_timer_t timer;   /* RUNNING: timeout; ENDED: retention */
   uv_timer_t grace;   /* EXITED: quiet checks */
   uint64_t exit_ms;

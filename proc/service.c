@@ -17,6 +17,7 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/senv.h"
+#include "proc/cgroup.h"
 #include "proc/prep.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
@@ -68,6 +69,7 @@ __attribute__((format(printf, 4, 5))) static void proc_set_err(struct proc *p, i
 static void proc_start_work(uv_work_t *w) {
   struct proc *p = w->data;
   char base[4096], clean[4096], err[4400];
+  if (p->cg) p->cg_err = -proc_cg_create(p->cg); /* cgroupfs mkdir takes a global kernel lock */
   if (!getcwd(base, sizeof base)) strcpy(base, "/");
   if (proc_path_clean(p->cwd, base, clean, sizeof clean) != 0) {
     proc_set_err(p, 5, RPC_INVALID_ARGUMENT, "failed to prepare working directory: mkdir %s: %s", p->cwd,
@@ -141,6 +143,11 @@ static void proc_start_done(uv_work_t *w, int status) {
     return;
   }
   char err[4200], msg[4300];
+  if (p->cg && p->cg_err) {
+    LOG_WARN("cannot create cgroup %s: %s (process group only)", proc_cg_name(p->cg), strerror(p->cg_err));
+    proc_cg_release(p->cg, 0);
+    p->cg = NULL;
+  }
   if (proc_launch(p, err, sizeof err) != 0) {
     snprintf(msg, sizeof msg, "%s: %s", proc_prefix(p), err);
     LOG_INFO("process start failed cmd=%s err=\"%s\"", p->cmd, err);
@@ -239,6 +246,7 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   free(keys);
   free(vals);
   p->timeout_ms = rpc_timeout_ms(c);
+  p->cg = proc_cg_new(); /* NULL without cgroups: the process group */
   if (!ok || !p->envp || !proc_sub_add(p, c, !p->background)) {
     proc_release(p);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -447,6 +455,9 @@ int proc_init(uv_loop_t *loop) {
   /* Standalone (not PID 1): become the reaper of our descendants' orphans,
    * as PID 1 is, so they never linger as zombies of someone else. */
   if (getpid() != 1) prctl(PR_SET_CHILD_SUBREAPER, 1);
+  /* PID 1 sets its cgroups up after the boot mounts (init/pid1.c) */
+  const char *cgv = getenv("CONCH_PROC_CGROUPS");
+  if (getpid() != 1 && !(cgv && strcmp(cgv, "0") == 0)) proc_cg_init(loop, 0);
   struct sigaction sa;
   if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
     sa.sa_handler = SIG_IGN;

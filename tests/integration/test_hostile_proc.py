@@ -11,6 +11,7 @@ Each test here failed on e07d766 (the commit before the fix):
 import json
 import os
 import re
+import secrets
 import socket
 import struct
 import threading
@@ -171,3 +172,141 @@ def test_duplicate_token_header_http2(server):
             assert json.loads(bytes(s.body)) == {"code": "unauthenticated", "message": "agent token is invalid"}
     finally:
         c.close()
+
+
+# ---------------------------------------------------------------- 6: trees
+
+def cgroup2_mount():
+    """Where this test sees the cgroup v2 hierarchy (mounted if nowhere)."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            if post.startswith("cgroup2 ") and pre.split()[3] == "/":
+                return pre.split()[4]
+    mp = "/run/conch-test-cgroup2"
+    os.makedirs(mp, exist_ok=True)
+    assert os.system(f"mount -t cgroup2 none {mp}") == 0, "cannot mount cgroup2"
+    return mp
+
+
+def command_cgroup(out):
+    """The 0::PATH line a command printed with `cat /proc/self/cgroup`."""
+    m = re.search(rb"^0::(\S+)$", out, re.M)
+    assert m, out
+    return m.group(1).decode()
+
+
+def procs_of(path):
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def pids_with_arg(arg):
+    """Pids whose command line has the argument arg (our unique sleeps)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if arg.encode() in f.read().split(b"\0"):
+                    out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def kill_pids(pids):
+    for p in pids:
+        try:
+            os.kill(p, 9)
+        except ProcessLookupError:
+            pass
+
+
+def wait_until(pred, timeout, step=0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def test_fork_bomb_is_bounded_by_its_timeout():
+    """A fork bomb whose leader exits at 0.5 s, with Connect-Timeout-Ms 3000,
+    in a v1 pids cgroup of 500: at the deadline everything the command left
+    is killed (DECISION: a timeout bounds the whole tree)."""
+    v1 = f"/sys/fs/cgroup/pids/conch-hostile-{os.getpid()}-{secrets.token_hex(3)}"
+    os.mkdir(v1)
+    srv = None
+    try:
+        with open(f"{v1}/pids.max", "w") as f:
+            f.write("500")
+        srv = Server(name="hostile_bomb")
+        with open(f"{v1}/cgroup.procs", "w") as f:
+            f.write(str(srv.proc.pid))
+        tag = f"302.{secrets.randbelow(10**6):06d}"
+        script = (f"cat /proc/self/cgroup; f() {{ sleep {tag} & f & f & wait; }}; "
+                  "f >/dev/null 2>&1 & sleep 0.5")
+        t0 = time.monotonic()
+        msgs, end = start_stream(srv, {"cmd": "sh", "args": ["-c", script]},
+                                 headers={"Connect-Timeout-Ms": "3000"})
+        took = time.monotonic() - t0
+        assert end == {} and msgs[-1] == {"end": {"exited": True, "status": "exited"}}, (msgs[-1:], end)
+        assert took < 2.5, f"the stream should end with the leader, took {took:.1f} s"
+        cg = command_cgroup(stdout_of(msgs))
+        # before the deadline the bomb lives on: it filled the pids cgroup
+        time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))
+        with open(f"{v1}/pids.current") as f:
+            before = int(f.read())
+        assert before > 200, f"the bomb did not grow ({before} tasks)"
+        # at the deadline (3 s after the request; its timer started later)
+        # every descendant is killed: only the server is left in the pids cgroup
+        time.sleep(max(0.0, t0 + 3.0 - time.monotonic()))
+        assert wait_until(lambda: procs_of(v1) == [srv.proc.pid], t0 + 4.0 - time.monotonic()), \
+            f"{len(procs_of(v1)) - 1} descendants still alive 1 s after the deadline"
+        assert cg != "/", "the command is not in a cgroup of its own"
+        cgdir = cgroup2_mount() + cg
+        assert not procs_of(cgdir), f"processes left in {cg}"
+        assert wait_until(lambda: not os.path.exists(cgdir), 5), f"{cgdir} was not removed"
+        assert health_seconds(srv) < 5
+    finally:
+        # the old binary leaves the bomb running: kill it by pid, round after round
+        for _ in range(200):
+            left = [p for p in procs_of(v1) if srv is None or p != srv.proc.pid]
+            if not left:
+                break
+            kill_pids(left)
+            time.sleep(0.05)
+        if srv is not None:
+            text = srv.stop()
+            assert sanitizer_report(text) is None, sanitizer_report(text)
+        wait_until(lambda: not procs_of(v1), 10)
+        os.rmdir(v1)
+
+
+def test_signal_reaches_setsid_escapee(server, cl):
+    tag = f"301.{secrets.randbelow(10**6):06d}"
+    esc, lead = tag + "1", tag + "2"
+    job = "escapee-" + tag
+    c = cl.conn(timeout=30)
+    c.request("POST", SP, body=envelope(json.dumps({
+        "cmd": "sh", "args": ["-c", f"setsid sleep {esc} & sleep {lead}"],
+        "background": True, "tag": job}).encode()),
+        headers=cl.headers(ctype="application/connect+json"))
+    r = c.getresponse()
+    assert r.status == 200
+    try:
+        assert wait_until(lambda: pids_with_arg(esc) and pids_with_arg(lead), 10), "sleeps not started"
+        st, body, _ = cl.unary("/pb.ProcessService/SendSignal", {"process": {"tag": job}, "signal": 9})
+        assert (st, body) == (200, {}), body
+        assert wait_until(lambda: not pids_with_arg(lead), 5), "the leader's sleep survived"
+        assert wait_until(lambda: not pids_with_arg(esc), 5), \
+            "SendSignal 9 missed the setsid escapee (it left the process group)"
+    finally:
+        c.close()
+        kill_pids(pids_with_arg(esc) + pids_with_arg(lead))
