@@ -124,24 +124,26 @@ static size_t senv_ref_put(struct kvref *refs, size_t *cnt, size_t *tab, size_t 
   return *cnt - 1;
 }
 
-char **senv_build(const char *const *keys, const char *const *vals, size_t n) {
-  size_t max = conch.senv_len + n + 2, cap = senv_table_cap(max);
+/* base (nbase "K=V" strings, unique keys), then the defaults (dk, dv, nd)
+ * where absent, then the overlay (keys, vals, n; the overlay wins). */
+static char **senv_assemble(char *const *base, size_t nbase, const char *const *dk, const char *const *dv,
+                            size_t nd, const char *const *keys, const char *const *vals, size_t n) {
+  size_t max = nbase + nd + n + 1, cap = senv_table_cap(max);
   struct kvref *refs = calloc(max, sizeof *refs);
   size_t *tab = calloc(cap, sizeof *tab);
   char **out = NULL;
   if (!refs || !tab) goto done;
   size_t cnt = 0;
   /* sandbox env first, overlay replaces in place, new overlay keys appended */
-  for (size_t i = 0; i < conch.senv_len; i++) {
-    const char *eq = strchr(conch.senv[i], '=');
-    size_t kl = (size_t)(eq - conch.senv[i]);
-    refs[senv_ref_put(refs, &cnt, tab, cap, conch.senv[i], kl)] = (struct kvref){conch.senv[i], kl, eq + 1};
+  for (size_t i = 0; i < nbase; i++) {
+    const char *eq = strchr(base[i], '=');
+    size_t kl = (size_t)(eq - base[i]);
+    refs[senv_ref_put(refs, &cnt, tab, cap, base[i], kl)] = (struct kvref){base[i], kl, eq + 1};
   }
-  const char *defk[2] = {"HOME", "PATH"}, *defv[2] = {"/root", SENV_DEFAULT_PATH};
-  for (int d = 0; d < 2; d++) {
-    size_t kl = strlen(defk[d]), before = cnt;
-    size_t j = senv_ref_put(refs, &cnt, tab, cap, defk[d], kl);
-    if (cnt != before) refs[j] = (struct kvref){defk[d], kl, defv[d]};
+  for (size_t d = 0; d < nd; d++) {
+    size_t kl = strlen(dk[d]), before = cnt;
+    size_t j = senv_ref_put(refs, &cnt, tab, cap, dk[d], kl);
+    if (cnt != before) refs[j] = (struct kvref){dk[d], kl, dv[d]};
   }
   for (size_t i = 0; i < n; i++) {
     size_t kl = strlen(keys[i]);
@@ -165,4 +167,15 @@ done:
   free(refs);
   free(tab);
   return out;
+}
+
+char **senv_build(const char *const *keys, const char *const *vals, size_t n) {
+  static const char *const defk[2] = {"HOME", "PATH"}, *const defv[2] = {"/root", SENV_DEFAULT_PATH};
+  return senv_assemble(conch.senv, conch.senv_len, defk, defv, 2, keys, vals, n);
+}
+
+char **senv_merge(char *const *base, const char *const *keys, const char *const *vals, size_t n) {
+  size_t nb = 0;
+  while (base && base[nb]) nb++;
+  return senv_assemble(base, nb, NULL, NULL, 0, keys, vals, n);
 }

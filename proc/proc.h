@@ -112,7 +112,9 @@ struct proc {
   char *cmd;
   char **args;    /* effective args (a script run: the script path) */
   size_t nargs;
+  char *args_block;  /* the strings of args (NULL: args[i] malloc'd each) */
   char **env_keys, **env_vals; /* request env only */
+  char *env_kblock, *env_vblock; /* their strings */
   size_t nenv;
   char *cwd;      /* resolved */
   char *script;   /* script path to remove, or NULL */
@@ -123,7 +125,10 @@ struct proc {
   size_t content_len;
   unsigned char *stdin_buf;
   size_t stdin_len;
-  char **envp;    /* senv_build() result, freed after spawn */
+  char **envp;    /* senv_merge() result, freed after spawn */
+  char **base_env; /* sandbox env snapshot (loop) the request env overlays */
+  char *home;      /* default cwd: the sandbox env's HOME */
+  struct Pb__StartProcessRequest *req; /* taken request, copied in the pool */
   char exe[4096]; /* resolved path */
   char prep_err[4608];
   int prep_errcode; /* 0, or the rpc_code of a failed prep step */

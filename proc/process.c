@@ -34,14 +34,18 @@ struct proc *proc_new(struct proc_table *t) {
 static void proc_free(struct proc *p) {
   free(p->tag);
   free(p->cmd);
-  for (size_t i = 0; i < p->nargs; i++) free(p->args[i]);
+  if (p->args_block)
+    free(p->args_block);
+  else
+    for (size_t i = 0; i < p->nargs; i++) free(p->args[i]);
   free(p->args);
-  for (size_t i = 0; i < p->nenv; i++) {
-    free(p->env_keys[i]);
-    free(p->env_vals[i]);
-  }
+  free(p->env_kblock);
+  free(p->env_vblock);
   free(p->env_keys);
   free(p->env_vals);
+  free(p->base_env);
+  free(p->home);
+  if (p->req) protobuf_c_message_free_unpacked((ProtobufCMessage *)p->req, NULL);
   free(p->cwd);
   free(p->script);
   free(p->content);
