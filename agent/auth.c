@@ -30,3 +30,19 @@ rpc_code auth_check(const char *v, const char **msg) {
   }
   return RPC_OK;
 }
+
+rpc_code auth_check_hx(const hx *x, const char **msg) {
+  static const char name[] = "conch-init-token";
+  const char *v = NULL;
+  size_t seen = 0;
+  for (size_t i = 0; i < x->nhdr; i++)
+    if (x->hdr[i].nlen == sizeof name - 1 && memcmp(x->hdr[i].name, name, sizeof name - 1) == 0) {
+      v = x->hdr[i].value;
+      seen++;
+    }
+  if (seen > 1 && conch.token_set) { /* never valid, whatever the copies say */
+    *msg = "agent token is invalid";
+    return RPC_UNAUTHENTICATED;
+  }
+  return auth_check(v, msg);
+}

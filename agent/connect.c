@@ -35,6 +35,9 @@ struct rpc_call {
   size_t msgs_in;
   ProtobufCMessage *req; /* server streaming: the request until body end */
   int req_nul;
+  int decoding;     /* a pool decode (RPC_F_POOL_DECODE) holds the call */
+  int req_taken;    /* rpc_take_request: the service frees the request */
+  int req_takable;  /* inside on_request with a malloc-decoded request */
   int in_paused, in_done, in_end_sent;
   /* output */
   void *unary_owner; /* owner word (bufref.h) of the answer's bytes */
@@ -181,7 +184,7 @@ static void call_closed(uv_handle_t *h) {
 
 /* Free once neither the service nor the transport can reach the call. */
 static void call_maybe_free(rpc_call *c) {
-  if (c->svc_live || c->hx_live || c->end_held || c->freeing) return;
+  if (c->svc_live || c->hx_live || c->end_held || c->freeing || c->decoding) return;
   c->freeing = 1;
   uv_close((uv_handle_t *)&c->deadline, call_closed);
   uv_close((uv_handle_t *)&c->soon, call_closed);
@@ -519,19 +522,23 @@ static int gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *olen, rpc_
 /* Decode one message into mem (pbmem.h: the scratch buffer first, then
  * malloc, within the decode budget); on error fails the call and returns
  * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
-static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed,
-                                     void *scratch, size_t scratch_len, pbmem *mem) {
+/* The decode itself, on any thread (no call state is touched): the
+ * message, or NULL with *code and err (err2 bytes) set; *nul as req_nul. */
+static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int json, int gzip_in,
+                                        const uint8_t *p, size_t n, int compressed, void *scratch,
+                                        size_t scratch_len, pbmem *mem, rpc_code *code, char *err2,
+                                        size_t err2n, int *nul_out) {
   uint8_t *plain = NULL;
   if (compressed) {
-    if (!c->gzip_in) {
-      call_fail(c, RPC_INTERNAL, "protocol error: received compressed message without encoding");
+    if (!gzip_in) {
+      *code = RPC_INTERNAL;
+      snprintf(err2, err2n, "protocol error: received compressed message without encoding");
       return NULL;
     }
-    rpc_code code;
     const char *msg;
     size_t pl;
-    if (gunzip(p, n, &plain, &pl, &code, &msg) != 0) {
-      call_fail(c, code, msg);
+    if (gunzip(p, n, &plain, &pl, code, &msg) != 0) {
+      snprintf(err2, err2n, "%s", msg);
       return NULL;
     }
     p = plain;
@@ -540,10 +547,9 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
   char err[512];
   ProtobufCMessage *m;
   int nul = 0, too_big = 0;
-  const ProtobufCMessageDescriptor *d = c->m->input;
   /* the same bound for both codecs: a JSON document's (json.h) */
   pbmem_init(mem, scratch, scratch_len, JSON_MEM_BUDGET(n));
-  if (c->json) {
+  if (json) {
     int flags = 0;
     m = pbjson_decode_mem(d, (const char *)p, n, &mem->a, &flags, err, sizeof err);
     too_big = (flags & PBJSON_TOO_BIG) != 0 || (!m && mem->over);
@@ -564,14 +570,102 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
              (size_t)JSON_MEM_BUDGET(n));
   free(plain);
   if (!m) {
-    char e2[700];
-    snprintf(e2, sizeof e2, "unmarshal into %s: %s", d->name, err);
+    snprintf(err2, err2n, "unmarshal into %s: %s", d->name, err);
     if (too_big) malloc_trim(0); /* a refused decode may leave millions of small free blocks */
-    call_fail(c, too_big ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT, e2);
+    *code = too_big ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT;
+    return NULL;
+  }
+  *nul_out = nul;
+  return m;
+}
+
+/* Decode one message into mem (pbmem.h: the scratch buffer first, then
+ * malloc, within the decode budget); on error fails the call and returns
+ * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
+static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed,
+                                     void *scratch, size_t scratch_len, pbmem *mem) {
+  rpc_code code = RPC_INTERNAL;
+  char err[700];
+  int nul = 0;
+  ProtobufCMessage *m = decode_message(c->m->input, c->json, c->gzip_in, p, n, compressed, scratch,
+                                       scratch_len, mem, &code, err, sizeof err, &nul);
+  if (!m) {
+    call_fail(c, code, err);
     return NULL;
   }
   c->req_nul = nul;
   return m;
+}
+
+/* ---- RPC_F_POOL_DECODE: a big request decoded in the thread pool ---- */
+struct decode_job {
+  uv_work_t w;
+  rpc_call *c;
+  const ProtobufCMessageDescriptor *d;
+  int json, gzip_in, compressed, nul;
+  uint8_t *bytes; /* a copy: c->in may grow while the pool works */
+  size_t n;
+  ProtobufCMessage *m;
+  rpc_code code;
+  char err[700];
+};
+
+static void decode_job_run(uv_work_t *w) {
+  struct decode_job *j = (struct decode_job *)w;
+  pbmem mem; /* no scratch: the message is plain malloc'd (freed with NULL) */
+  j->m = decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
+                        j->err, sizeof j->err, &j->nul);
+  free(j->bytes);
+  j->bytes = NULL;
+}
+
+static void call_pump(rpc_call *c);
+static void deliver_message(rpc_call *c, ProtobufCMessage *m);
+
+static void decode_job_done(uv_work_t *w, int status) {
+  struct decode_job *j = (struct decode_job *)w;
+  rpc_call *c = j->c;
+  c->decoding = 0;
+  if (c->finished || status != 0) { /* aborted, deadline, shutdown */
+    if (j->m) protobuf_c_message_free_unpacked(j->m, NULL);
+    free(j->bytes);
+    free(j);
+    if (!c->finished) call_fail(c, RPC_CANCELED, "canceled");
+    call_maybe_free(c);
+    return;
+  }
+  if (!j->m) {
+    call_fail(c, j->code, j->err);
+  } else {
+    c->req_nul = j->nul;
+    deliver_message(c, j->m);
+    call_pump(c); /* the end of input may be waiting */
+  }
+  free(j);
+}
+
+/* 1: the message went to the pool (or failed the call), 0: decode it here. */
+static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
+  if (!(c->m->flags & RPC_F_POOL_DECODE) || n < RPC_POOL_DECODE_MIN || c->m->kind == RPC_CLIENT_STREAM)
+    return 0;
+  struct decode_job *j = calloc(1, sizeof *j);
+  uint8_t *copy = j ? malloc(n) : NULL;
+  if (!copy) {
+    free(j);
+    call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return 1;
+  }
+  memcpy(copy, p, n);
+  *j = (struct decode_job){.c = c, .d = c->m->input, .json = c->json, .gzip_in = c->gzip_in,
+                           .compressed = compressed, .bytes = copy, .n = n};
+  if (uv_queue_work(conch.loop, &j->w, decode_job_run, decode_job_done) != 0) {
+    free(copy);
+    free(j);
+    call_fail(c, RPC_INTERNAL, "cannot queue work");
+    return 1;
+  }
+  c->decoding = 1;
+  return 1;
 }
 
 static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
@@ -594,14 +688,25 @@ static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
 static void start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocator *a) {
   c->svc_live = 1;
   c->had_nul = c->req_nul;
+  c->req = req; /* for rpc_take_request during the callback */
+  c->req_takable = a == NULL; /* not one decoded on the stack */
+  c->req_taken = 0;
   c->m->on_request(c, req);
-  if (req) protobuf_c_message_free_unpacked(req, a);
+  if (!c->req_taken && req) protobuf_c_message_free_unpacked(req, a);
+  c->req = NULL;
+  c->req_takable = c->req_taken = 0;
+}
+
+ProtobufCMessage *rpc_take_request(rpc_call *c) {
+  if (!c->req_takable || c->req_taken || !c->req) return NULL;
+  c->req_taken = 1;
+  return c->req;
 }
 
 /* Envelope parsing for streaming protocols: deliver what is complete. */
 static void call_pump(rpc_call *c) {
   size_t off = 0;
-  while (!c->finished && !c->in_paused && c->in_len - off >= 5) {
+  while (!c->finished && !c->in_paused && !c->decoding && c->in_len - off >= 5) {
     const uint8_t *h = c->in + off;
     uint32_t len = (uint32_t)h[1] << 24 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 8 | h[4];
     if (len > RPC_MAX_MESSAGE) {
@@ -616,10 +721,19 @@ static void call_pump(rpc_call *c) {
       call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: invalid envelope flags");
       return;
     }
+    if (c->req) { /* server streaming: exactly one request message */
+      call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: expected only one message, but got multiple");
+      return;
+    }
+    c->msgs_in++;
+    if (pool_decode(c, h + 5, len, flags & 1)) {
+      off += 5 + (size_t)len;
+      if (c->finished) return;
+      break;
+    }
     pbmem mem; /* no scratch: messages outlive this frame (deliver_message) */
     ProtobufCMessage *m = call_decode(c, h + 5, len, flags & 1, NULL, 0, &mem);
     off += 5 + (size_t)len;
-    c->msgs_in++;
     if (!m) return;
     deliver_message(c, m);
   }
@@ -628,7 +742,7 @@ static void call_pump(rpc_call *c) {
     memmove(c->in, c->in + off, c->in_len - off);
     c->in_len -= off;
   }
-  if (c->in_done && !c->in_paused && !c->in_end_sent) {
+  if (c->in_done && !c->in_paused && !c->decoding && !c->in_end_sent) {
     c->in_end_sent = 1;
     if (c->in_len) {
       char e[160];
@@ -854,7 +968,7 @@ void connect_serve(hx *x, const rpc_method *m) {
   }
   /* auth */
   const char *amsg;
-  if (auth_check(hx_get(x, "conch-init-token"), &amsg) != RPC_OK) {
+  if (auth_check_hx(x, &amsg) != RPC_OK) {
     call_fail(c, RPC_UNAUTHENTICATED, amsg);
     return;
   }

@@ -47,6 +47,13 @@ typedef struct conch_daemon {
   /* sandbox environment: "K=V" strings, malloc'd, in insertion order */
   char **senv;
   size_t senv_len, senv_cap;
+  /* hash index over senv (open addressing, slot = index + 1, 0 = empty):
+   * an init message's pairs are set in O(1) each, not by a linear search */
+  size_t *senv_idx;
+  size_t senv_idx_cap; /* power of two, > 2 * senv_len */
+
+  /* ProcessService cgroups (proc/cgroup.c); NULL: process groups only */
+  struct proc_cgroups *cgroups;
 
   /* logging (agent/log.c) */
   int log_level;

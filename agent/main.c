@@ -21,6 +21,7 @@
 #include "init/initproto.h"
 #include "init/pid1.h"
 #include "init/reaper.h"
+#include "proc/cgroup.h"
 #include "proc/service.h"
 
 static const char usage[] =
@@ -189,6 +190,7 @@ static int main_serve(int argc, char **argv) {
   LOG_INFO("conch-init %s standalone pid=%d", CONCH_VERSION, (int)getpid());
   uv_run(conch.loop, UV_RUN_DEFAULT);
   if (init_listen) initproto_close(); /* removes a unix: socket file */
+  proc_cg_shutdown();
   return 0;
 }
 

@@ -20,6 +20,11 @@ const char *senv_get(const char *key);
  * Returns one malloc'd block (free() once), NULL-terminated; NULL on ENOMEM. */
 char **senv_build(const char *const *keys, const char *const *vals, size_t n);
 
+/* The same from a built envp (base, e.g. senv_build's) instead of the
+ * sandbox environment: touches no daemon state, so it may run in the
+ * thread pool on a snapshot taken on the loop. */
+char **senv_merge(char *const *base, const char *const *keys, const char *const *vals, size_t n);
+
 /* Lookup in an envp array as built above. */
 const char *senv_lookup(char *const *envp, const char *key);
 

@@ -15,6 +15,7 @@
 #include "init/initproto.h"
 #include "init/reaper.h"
 #include "agent/server.h"
+#include "proc/cgroup.h"
 #include "proc/service.h"
 
 #define PID1_API_ADDR "0.0.0.0:4064"
@@ -134,6 +135,7 @@ int init_pid1_main(int argc, char **argv) {
   if (proc_init(conch.loop) != 0) LOG_ERROR("proc_init failed: ProcessService unavailable");
   LOG_INFO("conch-init %s starting as PID 1", CONCH_VERSION);
   boot_early(&p1.boot, argc, argv); /* steps 2–8 */
+  proc_cg_init(conch.loop, 1);      /* cgroup2 for ProcessService, before the chroot */
   if (boot_need_pmem_wait(&p1.boot)) { /* step 9: wait ≤ 500 ms without sleeping */
     uv_timer_init(conch.loop, &p1.pmem_timer);
     p1.pmem_deadline = uv_now(conch.loop) + PID1_PMEM_WAIT_MS;

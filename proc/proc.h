@@ -38,8 +38,11 @@
  * grandchild neither blocks nor dies of SIGPIPE.
  *
  * Signals (SendSignal, timeout, vanished foreground client) go to the whole
- * process group, and only while the leader is unreaped (afterwards the pid
- * — and so the group id — could be reused).
+ * tree — every process in the command's cgroup (cgroup.h), setsid escapees
+ * included — or, without cgroups, to the process group; and only while the
+ * leader is unreaped (afterwards the pid — and so the group id — could be
+ * reused).  A timeout bounds the tree: when the leader exits before it,
+ * the cgroup keeps the deadline and SIGKILLs whatever is left at T.
  */
 #ifndef CONCH_PROC_PROC_H
 #define CONCH_PROC_PROC_H
@@ -109,7 +112,9 @@ struct proc {
   char *cmd;
   char **args;    /* effective args (a script run: the script path) */
   size_t nargs;
+  char *args_block;  /* the strings of args (NULL: args[i] malloc'd each) */
   char **env_keys, **env_vals; /* request env only */
+  char *env_kblock, *env_vblock; /* their strings */
   size_t nenv;
   char *cwd;      /* resolved */
   char *script;   /* script path to remove, or NULL */
@@ -120,7 +125,10 @@ struct proc {
   size_t content_len;
   unsigned char *stdin_buf;
   size_t stdin_len;
-  char **envp;    /* senv_build() result, freed after spawn */
+  char **envp;    /* senv_merge() result, freed after spawn */
+  char **base_env; /* sandbox env snapshot (loop) the request env overlays */
+  char *home;      /* default cwd: the sandbox env's HOME */
+  struct Pb__StartProcessRequest *req; /* taken request, copied in the pool */
   char exe[4096]; /* resolved path */
   char prep_err[4608];
   int prep_errcode; /* 0, or the rpc_code of a failed prep step */
@@ -130,6 +138,9 @@ struct proc {
   int aborted;      /* foreground starter vanished during PREP */
 
   int64_t timeout_ms;
+  uint64_t deadline_at; /* uv_now at which the timeout falls (timeout_ms > 0) */
+  struct proc_cg *cg;   /* the command's cgroup until the leader is reaped, or NULL */
+  int cg_err;           /* creating it failed (errno; thread pool → loop) */
   uv_timer_t timer;   /* RUNNING: timeout; ENDED: retention */
   uv_timer_t grace;   /* EXITED: quiet checks */
   uint64_t exit_ms;

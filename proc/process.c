@@ -8,6 +8,7 @@
 
 #include "agent/log.h"
 #include "init/reaper.h"
+#include "proc/cgroup.h"
 #include "proc/exitfmt.h"
 #include "proc/proc.h"
 #include "proc/spawn.h"
@@ -33,20 +34,25 @@ struct proc *proc_new(struct proc_table *t) {
 static void proc_free(struct proc *p) {
   free(p->tag);
   free(p->cmd);
-  for (size_t i = 0; i < p->nargs; i++) free(p->args[i]);
+  if (p->args_block)
+    free(p->args_block);
+  else
+    for (size_t i = 0; i < p->nargs; i++) free(p->args[i]);
   free(p->args);
-  for (size_t i = 0; i < p->nenv; i++) {
-    free(p->env_keys[i]);
-    free(p->env_vals[i]);
-  }
+  free(p->env_kblock);
+  free(p->env_vblock);
   free(p->env_keys);
   free(p->env_vals);
+  free(p->base_env);
+  free(p->home);
+  if (p->req) protobuf_c_message_free_unpacked((ProtobufCMessage *)p->req, NULL);
   free(p->cwd);
   free(p->script);
   free(p->content);
   free(p->stdin_buf);
   free(p->envp);
   free(p->buf);
+  proc_cg_release(p->cg, 0); /* never started (PREP failure) */
   p->t->nrecords--;
   free(p);
 }
@@ -110,6 +116,7 @@ void proc_remove_script(struct proc *p) {
 
 int proc_signal(struct proc *p, int sig) {
   if (p->pid <= 0 || p->reaped) return -ESRCH;
+  if (p->cg) return proc_cg_signal(p->cg, sig);
   if (kill(-p->pid, sig) != 0) return -errno;
   return 0;
 }
@@ -290,6 +297,13 @@ static void proc_on_exit(pid_t pid, int wstatus, void *arg) {
   p->state = PROC_EXITED;
   p->exit_ms = uv_now(p->t->loop);
   uv_timer_stop(&p->timer);
+  /* DECISION (api.md §6 timeouts): a timeout bounds the whole tree, so a
+   * deadline still ahead goes with the cgroup and kills the leftovers */
+  uint64_t left = 0;
+  if (p->timeout_ms > 0 && !p->timed_out)
+    left = p->deadline_at > p->exit_ms ? p->deadline_at - p->exit_ms : 1;
+  proc_cg_release(p->cg, left);
+  p->cg = NULL;
   proc_in_close(p);
   proc_remove_script(p);
   for (int i = 0; i < p->nout; i++) {
@@ -342,6 +356,8 @@ int proc_launch(struct proc *p, char *err, size_t errn) {
       .cols = (unsigned short)p->cols,
       .rows = (unsigned short)p->rows,
       .has_stdin = p->stdin_len > 0,
+      .use_cgroup = proc_cg_fd(p->cg) >= 0,
+      .cgroup_fd = proc_cg_fd(p->cg),
   };
   proc_spawn_result r;
   int rc = proc_spawn(&o, &r, err, errn);
@@ -349,6 +365,11 @@ int proc_launch(struct proc *p, char *err, size_t errn) {
   free(p->envp);
   p->envp = NULL;
   if (rc != 0) return -1;
+  if (p->cg && !r.in_cgroup) { /* no clone3: the process group it is */
+    LOG_WARN("process not started in its cgroup (no clone3) pid=%d", (int)r.pid);
+    proc_cg_release(p->cg, 0);
+    p->cg = NULL;
+  }
 
   if (reaper_watch(r.pid, proc_on_exit, p) != 0) {
     kill(-r.pid, SIGKILL); /* reaped later as an orphan */
@@ -388,6 +409,9 @@ int proc_launch(struct proc *p, char *err, size_t errn) {
       close(r.in_w);
     }
   }
-  if (p->timeout_ms > 0) uv_timer_start(&p->timer, proc_on_timeout, (uint64_t)p->timeout_ms, 0);
+  if (p->timeout_ms > 0) {
+    p->deadline_at = uv_now(p->t->loop) + (uint64_t)p->timeout_ms;
+    uv_timer_start(&p->timer, proc_on_timeout, (uint64_t)p->timeout_ms, 0);
+  }
   return 0;
 }

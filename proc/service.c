@@ -17,6 +17,7 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/senv.h"
+#include "proc/cgroup.h"
 #include "proc/prep.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
@@ -64,10 +65,22 @@ __attribute__((format(printf, 4, 5))) static void proc_set_err(struct proc *p, i
   va_end(ap);
 }
 
+static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req);
+
 /* Thread pool: steps 5 (cwd), 6 (script), 7 (cmd), lookup of 8. */
 static void proc_start_work(uv_work_t *w) {
   struct proc *p = w->data;
   char base[4096], clean[4096], err[4400];
+  if (p->cg) p->cg_err = -proc_cg_create(p->cg); /* cgroupfs mkdir takes a global kernel lock */
+  if (p->req) { /* taken: copying and freeing 100 000 entries is no work for the loop */
+    int r = proc_copy_request(p, p->req);
+    protobuf_c_message_free_unpacked(&p->req->base, NULL);
+    p->req = NULL;
+    if (r != 0) {
+      proc_set_err(p, 0, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+  }
   if (!getcwd(base, sizeof base)) strcpy(base, "/");
   if (proc_path_clean(p->cwd, base, clean, sizeof clean) != 0) {
     proc_set_err(p, 5, RPC_INVALID_ARGUMENT, "failed to prepare working directory: mkdir %s: %s", p->cwd,
@@ -141,6 +154,11 @@ static void proc_start_done(uv_work_t *w, int status) {
     return;
   }
   char err[4200], msg[4300];
+  if (p->cg && p->cg_err) {
+    LOG_WARN("cannot create cgroup %s: %s (process group only)", proc_cg_name(p->cg), strerror(p->cg_err));
+    proc_cg_release(p->cg, 0);
+    p->cg = NULL;
+  }
   if (proc_launch(p, err, sizeof err) != 0) {
     snprintf(msg, sizeof msg, "%s: %s", proc_prefix(p), err);
     LOG_INFO("process start failed cmd=%s err=\"%s\"", p->cmd, err);
@@ -156,6 +174,72 @@ static char *proc_strdup_ok(const char *s, int *ok) {
   char *d = strdup(s ? s : "");
   if (!d) *ok = 0;
   return d;
+}
+
+/* The request's fields into the record (loop, or pool for a taken
+ * request); 0 or -1 (out of memory).  Strings of a list share one block:
+ * freeing 100 000 entries one by one would cost the loop as much again. */
+static char *proc_pack(char **dst, const char *const *src, size_t n) {
+  size_t bytes = 1;
+  for (size_t i = 0; i < n; i++) bytes += strlen(src[i] ? src[i] : "") + 1;
+  char *b = malloc(bytes), *w = b;
+  for (size_t i = 0; b && i < n; i++) {
+    size_t l = strlen(src[i] ? src[i] : "") + 1;
+    memcpy(w, src[i] ? src[i] : "", l);
+    dst[i] = w;
+    w += l;
+  }
+  return b;
+}
+
+static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req) {
+  int ok = 1;
+  p->cmd = proc_strdup_ok(req->cmd, &ok);
+  if (req->n_args) {
+    p->args = calloc(req->n_args, sizeof *p->args);
+    p->args_block = p->args ? proc_pack(p->args, (const char *const *)req->args, req->n_args) : NULL;
+    if (!p->args_block) return -1;
+    p->nargs = req->n_args;
+  }
+  size_t n = req->n_env;
+  const char **keys = calloc(n + 1, sizeof *keys), **vals = calloc(n + 1, sizeof *vals);
+  p->env_keys = calloc(n + 1, sizeof *p->env_keys);
+  p->env_vals = calloc(n + 1, sizeof *p->env_vals);
+  if (!keys || !vals || !p->env_keys || !p->env_vals) ok = 0;
+  for (size_t i = 0; ok && i < n; i++) {
+    keys[i] = req->env[i]->key ? req->env[i]->key : "";
+    vals[i] = req->env[i]->value ? req->env[i]->value : "";
+  }
+  if (ok) {
+    p->env_kblock = proc_pack(p->env_keys, keys, n);
+    p->env_vblock = proc_pack(p->env_vals, vals, n);
+    if (!p->env_kblock || !p->env_vblock) ok = 0;
+    else p->nenv = n;
+  }
+  if (ok) p->envp = senv_merge(p->base_env, keys, vals, n);
+  free(keys);
+  free(vals);
+  if (!ok || !p->envp) return -1;
+  p->cwd = proc_strdup_ok((req->cwd && req->cwd[0]) ? req->cwd : p->home, &ok);
+  if (ok && req->content && req->content[0]) {
+    p->content_len = strlen(req->content);
+    p->content = proc_strdup_ok(req->content, &ok);
+  }
+  if (ok && req->stdin.len) {
+    p->stdin_buf = malloc(req->stdin.len);
+    if (p->stdin_buf) {
+      memcpy(p->stdin_buf, req->stdin.data, req->stdin.len);
+      p->stdin_len = req->stdin.len;
+    } else {
+      ok = 0;
+    }
+  }
+  if (ok && req->pty) {
+    p->has_pty = 1;
+    p->cols = req->pty->cols ? req->pty->cols : PROC_PTY_DEFAULT_COLS;
+    p->rows = req->pty->rows ? req->pty->rows : PROC_PTY_DEFAULT_ROWS;
+  }
+  return ok ? 0 : -1;
 }
 
 static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
@@ -189,57 +273,20 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   int ok = 1;
   p->background = req->background ? 1 : 0;
   p->tag = proc_strdup_ok(tag, &ok);
-  p->cmd = proc_strdup_ok(req->cmd, &ok);
-  if (req->n_args) {
-    p->args = calloc(req->n_args, sizeof *p->args);
-    if (!p->args) ok = 0;
-    for (size_t i = 0; ok && i < req->n_args; i++, p->nargs++) p->args[i] = proc_strdup_ok(req->args[i], &ok);
-  }
-  const char **keys = NULL, **vals = NULL;
-  size_t nov = 0;
-  keys = calloc(req->n_env + 1, sizeof *keys);
-  vals = calloc(req->n_env + 1, sizeof *vals);
-  p->env_keys = calloc(req->n_env + 1, sizeof *p->env_keys);
-  p->env_vals = calloc(req->n_env + 1, sizeof *p->env_vals);
-  if (!keys || !vals || !p->env_keys || !p->env_vals) ok = 0;
-  if (ok && req->pty) { /* TERM default, overridden by the request env */
-    keys[nov] = "TERM";
-    vals[nov++] = "xterm-256color";
-  }
-  for (size_t i = 0; ok && i < req->n_env; i++) {
-    p->env_keys[i] = proc_strdup_ok(req->env[i]->key, &ok);
-    p->env_vals[i] = proc_strdup_ok(req->env[i]->value, &ok);
-    p->nenv++;
-    keys[nov] = req->env[i]->key;
-    vals[nov++] = req->env[i]->value;
-  }
-  if (ok) {
-    const char *home = senv_get("HOME");
-    p->cwd = proc_strdup_ok((req->cwd && req->cwd[0]) ? req->cwd : (home && home[0] ? home : "/root"), &ok);
-  }
-  if (ok && req->content && req->content[0]) {
-    p->content_len = strlen(req->content);
-    p->content = proc_strdup_ok(req->content, &ok);
-  }
-  if (ok && req->stdin.len) {
-    p->stdin_buf = malloc(req->stdin.len);
-    if (p->stdin_buf) {
-      memcpy(p->stdin_buf, req->stdin.data, req->stdin.len);
-      p->stdin_len = req->stdin.len;
-    } else {
-      ok = 0;
-    }
-  }
-  if (ok && req->pty) {
-    p->has_pty = 1;
-    p->cols = req->pty->cols ? req->pty->cols : PROC_PTY_DEFAULT_COLS;
-    p->rows = req->pty->rows ? req->pty->rows : PROC_PTY_DEFAULT_ROWS;
-  }
-  if (ok) p->envp = senv_build(keys, vals, nov);
-  free(keys);
-  free(vals);
+  /* the sandbox env (bounded by the 16 KiB init message) is read here, on
+   * the loop; the request's own fields may be huge (100 000 env entries)
+   * and are copied in the pool when the request can be taken */
+  const char *home = senv_get("HOME");
+  p->home = proc_strdup_ok(home && home[0] ? home : "/root", &ok);
+  static const char *const term_k[1] = {"TERM"}, *const term_v[1] = {"xterm-256color"};
+  p->base_env = senv_build(term_k, term_v, req->pty ? 1 : 0); /* TERM default, under the request env */
   p->timeout_ms = rpc_timeout_ms(c);
-  if (!ok || !p->envp || !proc_sub_add(p, c, !p->background)) {
+  p->cg = proc_cg_new(); /* NULL without cgroups: the process group */
+  if (ok && p->base_env) {
+    p->req = (Pb__StartProcessRequest *)rpc_take_request(c);
+    if (!p->req && proc_copy_request(p, req) != 0) ok = 0;
+  }
+  if (!ok || !p->base_env || !proc_sub_add(p, c, !p->background)) {
     proc_release(p);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
@@ -409,7 +456,7 @@ static void proc_unary_cancel(rpc_call *c, rpc_code why) {}
 
 static const rpc_method proc_methods[] = {
     {"/pb.ProcessService/StartProcess", RPC_SERVER_STREAM, &pb__start_process_request__descriptor,
-     &pb__process_event__descriptor, RPC_F_OWN_DEADLINE, proc_start_on_request, NULL, NULL,
+     &pb__process_event__descriptor, RPC_F_OWN_DEADLINE | RPC_F_POOL_DECODE, proc_start_on_request, NULL, NULL,
      proc_on_cancel},
     {"/pb.ProcessService/Connect", RPC_SERVER_STREAM, &pb__connect_process_request__descriptor,
      &pb__process_event__descriptor, 0, proc_connect_on_request, NULL, NULL, proc_on_cancel},
@@ -447,6 +494,9 @@ int proc_init(uv_loop_t *loop) {
   /* Standalone (not PID 1): become the reaper of our descendants' orphans,
    * as PID 1 is, so they never linger as zombies of someone else. */
   if (getpid() != 1) prctl(PR_SET_CHILD_SUBREAPER, 1);
+  /* PID 1 sets its cgroups up after the boot mounts (init/pid1.c) */
+  const char *cgv = getenv("CONCH_PROC_CGROUPS");
+  if (getpid() != 1 && !(cgv && strcmp(cgv, "0") == 0)) proc_cg_init(loop, 0);
   struct sigaction sa;
   if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
     sa.sa_handler = SIG_IGN;

@@ -1,24 +1,25 @@
 /* spawn — create one child for ProcessService (api.md §6 "The child").
  *
- * posix_spawn (glibc ≥ 2.34 CLONE_VFORK path) with:
- *   POSIX_SPAWN_SETSIGDEF (full set)  every disposition back to SIG_DFL —
- *                                     PID 1 ignores SIGTERM/SIGINT/SIGPIPE
- *   POSIX_SPAWN_SETSIGMASK (empty)    nothing blocked
- *   POSIX_SPAWN_SETPGROUP (pgid 0)    own process group (pipes), or
- *   POSIX_SPAWN_SETSID                own session (PTY): glibc runs setsid()
- *                                     before the file actions, so opening the
- *                                     slave path without O_NOCTTY makes it
- *                                     the controlling terminal
- *   file actions: stdin/stdout/stderr, addchdir_np(cwd), addclosefrom_np(3)
+ * Our own clone3(CLONE_VFORK) + execve, not posix_spawn: glibc 2.36 cannot
+ * start a child inside a cgroup, and a child moved after exec may already
+ * have forked (a fork bomb escapes).  With cgroup_fd >= 0 the kernel puts
+ * the child there at creation (CLONE_INTO_CGROUP).  Without CLONE_VM the
+ * child runs on a copy-on-write copy of the daemon and only makes raw
+ * system calls before execve (no malloc, no locks another thread may hold):
+ *   every signal disposition back to SIG_DFL (PID 1 ignores SIGTERM/SIGINT/
+ *   SIGPIPE), own process group (pipes) or own session with the PTY slave
+ *   opened as controlling terminal, stdin/stdout/stderr, chdir(cwd), every
+ *   other descriptor closed, empty signal mask, execve.
+ * The daemon blocks signals around the clone so that no handler of its own
+ * runs in the child.  CLONE_VFORK suspends the calling thread until the
+ * child has exec'd or exited, as posix_spawn does; an exec failure reports
+ * its errno through a close-on-exec pipe and the child _exits(127) — it is
+ * reaped here with waitpid(pid) *inside the call*, on the calling (loop)
+ * thread, before the error is returned.  The reaper only runs from the
+ * loop, so it can never race that wait; a failed spawn leaves no child
+ * behind (test_proc_spawn checks this).  On success the caller must
+ * reaper_watch() the pid before returning to the loop.
  * The umask is inherited: proc_init() sets the daemon's to 022.
- *
- * Exec failures: glibc's child reports the exec errno through shared memory
- * and _exit(127)s; posix_spawn() then reaps that child itself with
- * waitpid(pid) *inside the call*, on the calling (loop) thread, before
- * returning the error.  The reaper only runs from the loop, so it can never
- * race that wait; a failed spawn leaves no child behind (test_proc_spawn
- * checks this).  On success the caller must reaper_watch() the pid before
- * returning to the loop.
  *
  * Returned descriptors are O_CLOEXEC|O_NONBLOCK, owned by the caller.
  */
@@ -36,6 +37,8 @@ typedef struct proc_spawn_opts {
   int pty;            /* 1: PTY of cols×rows as stdin/stdout/stderr */
   unsigned short cols, rows;
   int has_stdin;      /* 0: the stdin pipe's write end is closed at once */
+  int use_cgroup;     /* 1: start the child in cgroup_fd (a cgroup v2 directory) */
+  int cgroup_fd;
 } proc_spawn_opts;
 
 typedef struct proc_spawn_result {
@@ -43,6 +46,7 @@ typedef struct proc_spawn_result {
   int in_w;    /* stdin pipe write end, or -1 */
   int out_r;   /* stdout pipe read end, or the PTY master */
   int err_r;   /* stderr pipe read end, or -1 (PTY) */
+  int in_cgroup; /* the child started in cgroup_fd (0: clone3 unavailable) */
 } proc_spawn_result;
 
 /* 0, or -1 with err = Go-style "fork/exec <path>: <reason>". */

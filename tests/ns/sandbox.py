@@ -77,6 +77,31 @@ def write(path, text, mode=0o644):
     os.chmod(path, mode)
 
 
+def _rmdir_retry(path, timeout=5.0):
+    """rmdir a cgroup whose last processes may still be exiting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+
+
+def cgroup2_mount():
+    """The host's cgroup v2 hierarchy as this process sees it, or None."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            if post.startswith("cgroup2 ") and pre.split()[3] == "/":
+                return pre.split()[4]
+    return None
+
+
 class Sandbox:
     def __init__(self, binary, vsock_port=None, with_disk=True, entrypoint=True, extra_args=()):
         self.binary = os.path.abspath(binary)
@@ -280,6 +305,14 @@ class Sandbox:
         if getattr(self, "log", None):
             self.log.close()
         run("ip", "netns", "del", self.peer_ns, check=False)
+        # PID 1's command cgroups live in the host's cgroup2 hierarchy (no
+        # cgroup namespace here): empty once its processes are gone
+        for d in sorted(getattr(self, "cgroups", []), key=len, reverse=True):
+            if os.path.isdir(d):
+                for sub in sorted(os.listdir(d)):
+                    if os.path.isdir(os.path.join(d, sub)):
+                        _rmdir_retry(os.path.join(d, sub))
+                _rmdir_retry(d)
         # the namespace's mounts are gone with its last process; loop devices
         # may still be busy for a moment while the kernel tears the mounts down
         deadline = time.monotonic() + 10
@@ -291,6 +324,9 @@ class Sandbox:
             back = run("losetup", "-n", "-O", "BACK-FILE", dev, check=False).stdout.strip()
             if back.startswith(self.work):
                 leftovers.append(f"loop device {dev} still attached to {back}")
+        for d in getattr(self, "cgroups", []):
+            if os.path.exists(d):
+                leftovers.append(f"cgroup {d} not removed")
         if self.peer_ns in run("ip", "netns", "list", check=False).stdout:
             leftovers.append(f"netns {self.peer_ns} still present")
         if self.peer_if in run("ip", "-o", "link", check=False).stdout:

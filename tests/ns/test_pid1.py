@@ -153,6 +153,32 @@ def test_command_runs_in_merged_root(sb):
     assert out == "top\nbase-only\nHOME=/root FOO=bar\n0\n/root\n", out
 
 
+def test_processes_land_in_their_cgroup(sb):
+    """PID 1 mounts cgroup2 (on /run/conch/cgroup of the boot root) and starts
+    every command in a cgroup of its own, removed once the command and what
+    it left behind are gone."""
+    mnt = sbx.cgroup2_mount()
+    assert mnt, "no cgroup2 hierarchy on the host to look at"
+    def v2(text):  # the cgroup v2 line ("0::PATH"); v1 lines may come first
+        m = re.search(r"^0::(/conch-1-[0-9a-f]{8})/(p\d+)$", text, re.M)
+        assert m, text
+        return m
+    m = v2(run_in_sandbox(sb, "cat /proc/self/cgroup"))
+    base = mnt + m.group(1)
+    sb.cgroups = [base]
+    assert "cgroup2 mounted on /run/conch/cgroup" in sb.console()
+    assert os.path.isdir(base)
+    assert wait_for(lambda: not os.path.exists(f"{base}/{m.group(2)}"), 5), "cgroup not removed"
+    # a second command gets another one
+    m2 = v2(run_in_sandbox(sb, "cat /proc/self/cgroup"))
+    assert m2.group(1) == m.group(1) and m2.group(2) != m.group(2), m2.group(0)
+    # a leftover keeps its cgroup until it exits; then the cgroup goes
+    m3 = v2(run_in_sandbox(sb, "cat /proc/self/cgroup; (sleep 1.5 >/dev/null 2>&1 &)"))
+    left = mnt + m3.group(1) + "/" + m3.group(2)
+    assert os.path.isdir(left) and open(f"{left}/cgroup.procs").read().split(), "leftover not in its cgroup"
+    assert wait_for(lambda: not os.path.exists(left), 10), "the emptied cgroup was not removed"
+
+
 def test_sigterm_to_pid1_changes_nothing(sb):
     before = sb.ns_processes()
     out = run_in_sandbox(sb, "kill -TERM 1; kill -INT 1; kill -HUP 1; echo sent")

@@ -1,7 +1,8 @@
 /* test_proc_spawn — children start clean: default dispositions, empty
  * mask, no leaked descriptors, own process group / own session with the PTY
  * as controlling terminal and the requested size, cwd; a failed exec
- * leaves no child behind (glibc reaps it inside posix_spawn). */
+ * leaves no child behind (proc_spawn reaps it inside the call); a child
+ * given a cgroup starts in it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -219,7 +220,7 @@ TEST(exec_failure_leaves_no_child) {
   char err[256];
   ASSERT_EQ(proc_spawn(&o, &r, err, sizeof err), -1);
   ASSERT_STR_EQ(err, "fork/exec /nonexistent/nope: no such file or directory");
-  /* glibc already waited for the failed child: nothing left to reap */
+  /* proc_spawn already waited for the failed child: nothing left to reap */
   errno = 0;
   ASSERT_EQ(waitpid(-1, NULL, WNOHANG), -1);
   ASSERT_EQ(errno, ECHILD);
@@ -234,6 +235,58 @@ TEST(exec_failure_leaves_no_child) {
   ASSERT_EQ(waitpid(-1, NULL, WNOHANG), -1);
 }
 
+/* The child is born in the cgroup (CLONE_INTO_CGROUP): its first
+ * instruction already runs there.  Root and a cgroup2 mount are needed; the
+ * run says so when it lacks them. */
+TEST(child_born_in_cgroup) {
+  char mnt[512] = "", line[1024];
+  FILE *mi = fopen("/proc/self/mountinfo", "r");
+  ASSERT(mi != NULL);
+  while (fgets(line, sizeof line, mi)) {
+    char *sep = strstr(line, " - ");
+    char root[512], mp[512];
+    if (sep && strncmp(sep + 3, "cgroup2 ", 8) == 0 && sscanf(line, "%*s %*s %*s %511s %511s", root, mp) == 2 &&
+        strcmp(root, "/") == 0) {
+      snprintf(mnt, sizeof mnt, "%s", mp);
+      break;
+    }
+  }
+  fclose(mi);
+  if (geteuid() != 0 || !mnt[0]) {
+    printf("  NOT RUN: child_born_in_cgroup needs root and a cgroup2 mount (counted as passed)\n");
+    return;
+  }
+  char own[512] = "";
+  FILE *cg = fopen("/proc/self/cgroup", "r");
+  ASSERT(cg != NULL);
+  while (fgets(line, sizeof line, cg))
+    if (strncmp(line, "0::", 3) == 0) sscanf(line + 3, "%511s", own);
+  fclose(cg);
+  char dir[1200], name[64];
+  snprintf(name, sizeof name, "conch-unit-%d", (int)getpid());
+  snprintf(dir, sizeof dir, "%s%s/%s", mnt, strcmp(own, "/") == 0 ? "" : own, name);
+  ASSERT_EQ(mkdir(dir, 0755), 0);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT(fd >= 0);
+  char *argv[] = {"cat", "/proc/self/cgroup", NULL};
+  proc_spawn_opts o = {.path = "/bin/cat", .argv = argv, .envp = envp, .cwd = "/", .use_cgroup = 1,
+                       .cgroup_fd = fd};
+  proc_spawn_result r;
+  char err[256], out[4096];
+  ASSERT_EQ(proc_spawn(&o, &r, err, sizeof err), 0);
+  ASSERT_EQ(r.in_cgroup, 1);
+  read_all(r.out_r, out, sizeof out, 5000);
+  int st;
+  ASSERT_EQ(waitpid(r.pid, &st, 0), r.pid);
+  close(r.out_r);
+  close(r.err_r);
+  close(fd);
+  char want[700];
+  snprintf(want, sizeof want, "0::%s/%s\n", strcmp(own, "/") == 0 ? "" : own, name);
+  ASSERT_EQ(rmdir(dir), 0);
+  ASSERT(strstr(out, want) != NULL);
+}
+
 int main(void) {
   umask(022);
   RUN(clean_child);
@@ -242,5 +295,6 @@ int main(void) {
   RUN(pty_ctty_and_size);
   RUN(pty_session_leader);
   RUN(exec_failure_leaves_no_child);
+  RUN(child_born_in_cgroup);
   return test_summary();
 }
