@@ -541,14 +541,17 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
 /* ---------------------------------------------------------------- room */
 
 /* Room for n more bytes on st: its own queue is empty (what it made went
- * out within the peer's window), the windows are open, and the
+ * out within the peer's window), the windows are open (once it has sent
+ * something), and the
  * connection's output (q, st's own reservation not counted) is empty or
  * stays within H2_ROOM. */
 static int h2_room_ok(h2s *st, size_t q, size_t n) {
   h2c *sc = st->sess;
   if (st->outq) return 0;
-  if (nghttp2_session_get_stream_remote_window_size(sc->ng, st->id) <= 0 ||
-      nghttp2_session_get_remote_window_size(sc->ng) <= 0)
+  /* a closed window would only hold the bytes here; the first chunk goes
+   * all the same (it carries the response head) */
+  if (st->submitted && (nghttp2_session_get_stream_remote_window_size(sc->ng, st->id) <= 0 ||
+                        nghttp2_session_get_remote_window_size(sc->ng) <= 0))
     return 0;
   return q == 0 || q + n <= H2_ROOM;
 }

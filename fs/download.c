@@ -48,7 +48,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -251,6 +253,21 @@ static void dl_map(fs_download *d) {
   if (d->off >= (uint64_t)st.st_size) d->eof = 1;
 }
 
+/* Kernel pseudo filesystems: their sizes promise nothing (a sysfs
+ * attribute says 4096 and reads a few bytes), so a short read there is not
+ * a file that changed. */
+static int dl_pseudo_fs(int fd) {
+  struct statfs sf;
+  if (fstatfs(fd, &sf) != 0) return 1;
+  switch ((unsigned long)sf.f_type) {
+    case PROC_SUPER_MAGIC: case SYSFS_MAGIC: case DEBUGFS_MAGIC: case TRACEFS_MAGIC:
+    case SECURITYFS_MAGIC: case CGROUP_SUPER_MAGIC: case CGROUP2_SUPER_MAGIC:
+    case EFIVARFS_MAGIC: case BPF_FS_MAGIC:
+      return 1;
+    default: return 0;
+  }
+}
+
 static void dl_open_work(uv_work_t *req) {
   fs_download *d = req->data;
   int fd = open(d->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -279,7 +296,7 @@ static void dl_open_work(uv_work_t *req) {
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     /* pseudo files (procfs: size 0, content on read) are read, not mapped */
     if (!S_ISREG(st.st_mode) || st.st_size <= 0) d->map_mode = 0;
-    if (S_ISREG(st.st_mode) && st.st_size > 0) d->size = (uint64_t)st.st_size;
+    if (S_ISREG(st.st_mode) && st.st_size > 0 && !dl_pseudo_fs(fd)) d->size = (uint64_t)st.st_size;
     /* the first chunk is read once the transport has room for it */
   } else {
     d->map_mode = 0;
