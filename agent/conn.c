@@ -1,6 +1,7 @@
 /* conn — TCP connections; see conn.h. */
 #include "agent/conn.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,10 +49,34 @@ void conn_free_later(conn *c, void *p) {
   c->later[c->nlater++] = p;
 }
 
+/* Give freed heap back to the kernel a little after connections went
+ * away: glibc keeps freed memory in its arenas (the heap top only shrinks
+ * past M_TRIM_THRESHOLD, which grows with every large free), so after a
+ * burst of big answers RSS would stay at its peak.  One trim per second at
+ * most, never on the request path. */
+static void conn_trim_cb(uv_timer_t *t) {
+  (void)t;
+  malloc_trim(0);
+}
+
+static void conn_trim_soon(void) {
+  if (!conch.trim_timer) {
+    conch.trim_timer = malloc(sizeof *conch.trim_timer);
+    if (!conch.trim_timer) return;
+    uv_timer_init(conch.loop, conch.trim_timer);
+    uv_unref((uv_handle_t *)conch.trim_timer);
+  }
+  if (!uv_is_active((uv_handle_t *)conch.trim_timer))
+    uv_timer_start(conch.trim_timer, conn_trim_cb, CONN_TRIM_MS, 0);
+}
+
 static void conn_free_cb(uv_handle_t *h) {
   conn *c = h->data;
   if (--c->handles_open == 0) {
-    if (c->counted) conch.nconns--;
+    if (c->counted) {
+      conch.nconns--;
+      conn_trim_soon();
+    }
     conn_free_later_run(c);
     free(c->later);
     free(c->rbuf);
@@ -167,6 +192,8 @@ static int conn_try_batch(conn *c) {
   return 1;
 }
 
+void conn_authed(conn *c) { c->authed = 1; }
+
 static void conn_on_flush(uv_prepare_t *h) {
   conn *c = h->data;
   /* on_written may queue more: a few rounds, then uv_write */
@@ -175,6 +202,15 @@ static void conn_on_flush(uv_prepare_t *h) {
   conn_submit(c);
   if (c->write_failed && !c->closing) {
     LOG_DEBUG("write failed conn=%llu", (unsigned long long)c->id);
+    conn_close(c);
+    return;
+  }
+  /* measured here, after the kernel took what it would: what is left is
+   * ours to hold */
+  if (!c->authed && !c->closing && c->outq > CONN_UNAUTH_OUTQ) {
+    if (++conch.unauth_closed % 1000 == 1)
+      LOG_WARN("unauthenticated connection closed: output not read peer=%s queued=%zu closed=%llu",
+               c->peer, c->outq, conch.unauth_closed);
     conn_close(c);
   }
 }

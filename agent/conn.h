@@ -39,11 +39,19 @@ struct conn {
   int write_failed; /* closed from the loop, never inside a caller's stack */
   int handles_open;
   int counted; /* in conch.nconns */
+  int authed;  /* a request on it passed the token check (conn_authed) */
   uint64_t id;
   char peer[64];
 };
 
 #define CONN_READ_BUF (64u * 1024)
+/* Before any request on it is authenticated a connection may leave at most
+ * this many bytes unsent (the kernel's socket buffers not counted); past
+ * it, it is closed and counted (conch.unauth_closed): a client that sends
+ * no token and never reads gets nothing buffered for it. */
+#define CONN_UNAUTH_OUTQ (64u * 1024)
+/* malloc_trim this long after a connection closed (agent/conn.c) */
+#define CONN_TRIM_MS 1000
 
 /* Write n buffers; each owned[i] (an owner word, see bufref.h; may be NULL)
  * is released once written.
@@ -66,6 +74,9 @@ void conn_timer(conn *c, uint64_t ms);
 /* Run fn(c) once from the loop, soon (not re-entrantly); a later call with
  * another fn before it ran replaces it — callers use one dispatcher. */
 void conn_defer(conn *c, void (*fn)(conn *c));
+/* A request on c passed the token check: the connection may now queue
+ * what its exchanges' own bounds allow (CONN_UNAUTH_OUTQ no longer applies). */
+void conn_authed(conn *c);
 /* Close (idempotent); proto->on_close runs once, then the conn is freed. */
 void conn_close(conn *c);
 

@@ -53,6 +53,7 @@ struct rpc_call {
   char *held_msg;
   int had_nul;
   void (*drain_cb)(rpc_call *);
+  void (*room_cb)(rpc_call *); /* rpc_out_room said no: ask again then */
   void *user;
 };
 
@@ -427,6 +428,16 @@ void rpc_finishf(rpc_call *c, rpc_code code, const char *fmt, ...) {
 }
 
 size_t rpc_outq_bytes(const rpc_call *c) { return c->hx_live ? hx_outq(c->x) : 0; }
+
+int rpc_out_room(rpc_call *c, size_t n, void (*cb)(rpc_call *c)) {
+  if (c->finished || !c->hx_live) return 1; /* the send will say */
+  if (hx_room(c->x, n)) {
+    c->room_cb = NULL;
+    return 1;
+  }
+  c->room_cb = cb;
+  return 0;
+}
 
 static void call_pump(rpc_call *c);
 
@@ -842,6 +853,12 @@ static void on_abort(hx *x) {
 
 static void on_drain(hx *x) {
   rpc_call *c = x->hdata;
+  if (c->svc_live && c->room_cb) { /* may end the call: nothing after it */
+    void (*rcb)(rpc_call *) = c->room_cb;
+    c->room_cb = NULL;
+    rcb(c);
+    return;
+  }
   if (!c->svc_live || !c->drain_cb) return;
   if (rpc_outq_bytes(c) > RPC_OUTQ_HIGH / 2) return;
   void (*cb)(rpc_call *) = c->drain_cb;
@@ -972,6 +989,7 @@ void connect_serve(hx *x, const rpc_method *m) {
     call_fail(c, RPC_UNAUTHENTICATED, amsg);
     return;
   }
+  hx_authed(x); /* the connection's output is no longer held to CONN_UNAUTH_OUTQ */
   /* timeout */
   const char *tv = (w == W_GRPC || w == W_GRPC_WEB) ? hx_get(x, "grpc-timeout")
                                                     : hx_get(x, "connect-timeout-ms");

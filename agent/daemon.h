@@ -69,6 +69,10 @@ typedef struct conch_daemon {
    * past it a new connection is closed at once and counted */
   unsigned nconns, max_conns;
   unsigned long long conns_refused;
+  /* connections closed for holding more than CONN_UNAUTH_OUTQ of unread
+   * output before any request was authenticated (agent/conn.c) */
+  unsigned long long unauth_closed;
+  uv_timer_t *trim_timer; /* agent/conn.c: malloc_trim after connections closed */
   /* request input buffered by all RPC calls, and its cap (CONCH_RX_BUDGET,
    * default 256 MiB): a call that would pass it fails resource_exhausted */
   size_t rx_buffered, rx_budget;

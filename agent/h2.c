@@ -50,6 +50,10 @@ typedef struct h2s {
   size_t nhead;
   h2buf inl; /* the first queued write's node (a unary answer has one) */
   int inl_used;
+  size_t reserved;    /* hx_room granted this much, not yet written */
+  size_t room_n;      /* waiting for room for this much (in sc's FIFO) */
+  int room_wait;
+  struct h2s *wnext;  /* next in the room FIFO */
 } h2s;
 
 typedef struct h2c {
@@ -85,11 +89,26 @@ typedef struct h2c {
    * a field over H2_MEMO_FIELD bytes is never kept. */
   h2memo memo[H2_MEMO_SETS][H2_MEMO_WAYS];
   uint8_t memo_hand[H2_MEMO_SETS];
+  /* body bytes the streams queued and nghttp2 has not taken yet, plus
+   * what hx_room reserved: with c->outq, the connection's output */
+  size_t held;
+  h2s *whead, *wtail; /* streams waiting for room, first come first served */
+  int read_paused;    /* reading stopped: too much output for the socket */
 } h2c;
 
 #define H2_WRITE_CHUNK (256u * 1024)
 #define H2_COPY_DATA_MAX 4096 /* DATA payloads up to this are copied, not referenced */
 #define H2_CONN_OUTQ_MAX (2u * 1024 * 1024)
+/* No frames are read while this much waits for the socket: requests that
+ * are answered at once (errors, 401s, /health, refused streams) would
+ * otherwise pile up in nghttp2's queue for a client that never reads.
+ * Stream data held back by flow control does not count: it cannot go out
+ * until we read the peer's WINDOW_UPDATE. */
+#define H2_READ_OUTQ_MAX (1u * 1024 * 1024)
+/* hx_room: n more bytes when the connection's output is empty or stays
+ * within this with them — about one file chunk per connection at a time,
+ * whatever the number of streams. */
+#define H2_ROOM (1u * 1024 * 1024)
 
 static void h2_deferred(conn *c);
 static const hx_ops h2_ops;
@@ -119,6 +138,7 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   st->x.tp = st;
   st->x.ops = &h2_ops;
   st->x.http2 = 1;
+  st->x.conn = sc->c;
   st->x.content_length = -1;
   h2check_init(&st->chk);
   st->next = sc->streams;
@@ -169,6 +189,16 @@ static void h2_stream_free(h2s *st) {
     sc->hstream_id = 0;
   }
   if (!st->dispatched) sc->undispatched--;
+  sc->held -= st->outq + st->reserved;
+  if (st->room_wait) { /* out of the room FIFO */
+    h2s **pp = &sc->whead, *prev = NULL;
+    while (*pp != st) {
+      prev = *pp;
+      pp = &(*pp)->wnext;
+    }
+    *pp = st->wnext;
+    if (sc->wtail == st) sc->wtail = prev;
+  }
   if (st->prev) st->prev->next = st->next;
   else sc->streams = st->next;
   if (st->next) st->next->prev = st->prev;
@@ -487,6 +517,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   unsigned nowned = 0;
   b->off += length;
   st->outq -= length;
+  sc->held -= length;
   if (b->off == b->len) { /* the last slice: the write frees the buffer */
     st->qhead = b->next;
     if (!st->qhead) st->qtail = NULL;
@@ -505,6 +536,47 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   if (conn_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
     return NGHTTP2_ERR_CALLBACK_FAILURE;
   return 0;
+}
+
+/* ---------------------------------------------------------------- room */
+
+/* Room for n more bytes on st: its own queue is empty (what it made went
+ * out within the peer's window), the windows are open (once it has sent
+ * something), and the
+ * connection's output (q, st's own reservation not counted) is empty or
+ * stays within H2_ROOM. */
+static int h2_room_ok(h2s *st, size_t q, size_t n) {
+  h2c *sc = st->sess;
+  if (st->outq) return 0;
+  /* a closed window would only hold the bytes here; the first chunk goes
+   * all the same (it carries the response head) */
+  if (st->submitted && (nghttp2_session_get_stream_remote_window_size(sc->ng, st->id) <= 0 ||
+                        nghttp2_session_get_remote_window_size(sc->ng) <= 0))
+    return 0;
+  return q == 0 || q + n <= H2_ROOM;
+}
+
+static size_t h2_conn_queued(h2c *sc) { return sc->c->outq + sc->olen + sc->held; }
+
+/* Waiting streams that now have room, in their order: their on_drain runs
+ * with the other drain notifications (h2_flush_out).  Each is counted in
+ * as if it had taken its room, so as many are woken as fit. */
+static void h2_room_wake(h2c *sc) {
+  size_t q = h2_conn_queued(sc);
+  h2s **pp = &sc->whead, *prev = NULL;
+  while (*pp) {
+    h2s *st = *pp;
+    if (h2_room_ok(st, q, st->room_n)) {
+      *pp = st->wnext;
+      if (sc->wtail == st) sc->wtail = prev;
+      st->room_wait = 0;
+      st->want_drain = 1;
+      q += st->room_n;
+    } else {
+      prev = st;
+      pp = &st->wnext;
+    }
+  }
 }
 
 /* ---------------------------------------------------------------- sending */
@@ -535,6 +607,12 @@ static void h2_flush_out(h2c *sc) {
     conn_close(c);
     return;
   }
+  int pause = c->outq >= H2_READ_OUTQ_MAX;
+  if (pause != sc->read_paused) {
+    sc->read_paused = pause;
+    conn_read_pause(c, pause);
+  }
+  if (sc->whead) h2_room_wake(sc);
   /* drain notifications, outside nghttp2's callbacks */
   for (h2s *st = sc->streams, *n; st; st = n) {
     n = st->next;
@@ -669,6 +747,7 @@ static void h2_resume(h2s *st) {
 
 static int h2_write(hx *x, const hx_part *parts, unsigned n) {
   h2s *st = x->tp;
+  h2c *sc = st->sess;
   h2buf *b[2] = {NULL, NULL};
   for (unsigned i = 0; i < n; i++) /* every node first: all or nothing */
     if (!(b[i] = h2_buf_new(st))) {
@@ -682,7 +761,10 @@ static int h2_write(hx *x, const hx_part *parts, unsigned n) {
     else st->qhead = b[i];
     st->qtail = b[i];
     st->outq += parts[i].len;
+    sc->held += parts[i].len;
   }
+  sc->held -= st->reserved; /* the room it asked for is now these bytes */
+  st->reserved = 0;
   if (st->outq > HX_OUTQ_LOW) st->drain_armed = 1;
   if (!st->submitted) return h2_submit(st, 1);
   h2_resume(st);
@@ -723,7 +805,29 @@ static size_t h2_outq(const hx *x) {
   return st->outq;
 }
 
-static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_outq};
+static int h2_room(hx *x, size_t n) {
+  h2s *st = x->tp;
+  h2c *sc = st->sess;
+  sc->held -= st->reserved;
+  st->reserved = 0;
+  if (!st->room_wait && h2_room_ok(st, h2_conn_queued(sc), n)) {
+    st->reserved = n;
+    sc->held += n;
+    return 1;
+  }
+  st->room_n = n;
+  if (!st->room_wait) { /* to the end of the FIFO */
+    st->room_wait = 1;
+    st->wnext = NULL;
+    if (sc->wtail) sc->wtail->wnext = st;
+    else sc->whead = st;
+    sc->wtail = st;
+  }
+  conn_defer(sc->c, h2_deferred); /* a WINDOW_UPDATE may already be in */
+  return 0;
+}
+
+static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_outq, h2_room};
 
 /* ---------------------------------------------------------------- conn proto */
 
@@ -817,10 +921,32 @@ static long h2_b64url_decode(const char *in, uint8_t *out, size_t cap) {
   return (long)o;
 }
 
+/* Whole entries, each value within RFC 9113 §6.5.2's range: nghttp2 takes
+ * an out-of-range value in HTTP2-Settings as a connection error, after the
+ * 101 would have gone out (the client then heard nothing more). */
 int h2_settings_valid(const char *v) {
   uint8_t buf[512];
   long n = h2_b64url_decode(v, buf, sizeof buf);
-  return n >= 0 && n % 6 == 0;
+  if (n < 0 || n % 6 != 0) return 0;
+  for (long i = 0; i < n; i += 6) {
+    unsigned id = (unsigned)buf[i] << 8 | buf[i + 1];
+    uint32_t val = (uint32_t)buf[i + 2] << 24 | (uint32_t)buf[i + 3] << 16 |
+                   (uint32_t)buf[i + 4] << 8 | buf[i + 5];
+    switch (id) {
+      case NGHTTP2_SETTINGS_ENABLE_PUSH:
+      case NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL:
+        if (val > 1) return 0;
+        break;
+      case NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE:
+        if (val > (uint32_t)NGHTTP2_MAX_WINDOW_SIZE) return 0;
+        break;
+      case NGHTTP2_SETTINGS_MAX_FRAME_SIZE:
+        if (val < 16384 || val > 16777215) return 0; /* 2^14 .. 2^24-1 */
+        break;
+      default: break;
+    }
+  }
+  return 1;
 }
 
 /* nghttp2's allocations go through the loop's size-class cache. */
@@ -876,8 +1002,11 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
     const char *set = hx_get(up, "http2-settings");
     uint8_t sbuf[512];
     long sl = set ? h2_b64url_decode(set, sbuf, sizeof sbuf) : -1;
+    /* a session that gave up on the settings wants nothing more: fail
+     * here, while the 101 can still be dropped unsent */
     if (sl < 0 ||
-        nghttp2_session_upgrade2(sc->ng, sbuf, (size_t)sl, strcmp(up->method, "HEAD") == 0, NULL) != 0) {
+        nghttp2_session_upgrade2(sc->ng, sbuf, (size_t)sl, strcmp(up->method, "HEAD") == 0, NULL) != 0 ||
+        !nghttp2_session_want_read(sc->ng)) {
       hx_free_request(up);
       free(up);
       free(body);

@@ -42,7 +42,20 @@ typedef struct h1 {
   int in_execute;
   int failed;       /* unparseable input: close once the answer is out */
   int head_only;    /* HEAD: the response has no body bytes */
+  int out_wait;     /* next request held back: too much output queued */
+  int room_wait;    /* hx_room said no: on_drain once the output left */
+  size_t room_n;
+  int scan;         /* h1_scan state over the raw request head */
 } h1;
+
+/* The next pipelined request is parsed only while less than this is
+ * queued for the socket: a client that sends requests and never reads the
+ * answers makes us stop reading it, not buffer its answers. */
+#define H1_PARSE_OUTQ (64u * 1024)
+/* hx_room: a producer may add n bytes while the queue is empty, or stays
+ * within this with them (a 1 MiB file chunk: only once the previous one
+ * has reached the kernel). */
+#define H1_ROOM (1u * 1024 * 1024)
 
 static const http_parser_settings h1_settings;
 static const hx_ops h1_ops;
@@ -68,7 +81,7 @@ static void h1_reset_request(h1 *s) {
   s->url_len = s->hname_len = s->hval_len = s->ubody_len = s->ubody_cap = 0;
   s->header_bytes = 0;
   s->in_value = s->dispatched = s->msg_done = s->chunked = 0;
-  s->body_paused = s->drain_armed = s->upgrade = 0;
+  s->body_paused = s->drain_armed = s->upgrade = s->room_wait = 0;
   s->head_len = 0;
   h1_free_x(s);
 }
@@ -144,6 +157,48 @@ static int h1_commit_header(h1 *s) {
   return r;
 }
 
+/* The raw request head, checked before http_parser sees it: it accepts
+ * obs-fold continuation lines and lines ended by a bare LF (or CR), which
+ * RFC 9112 lets a server reject and which proxies may read differently
+ * (request smuggling).  Empty lines before the request line are skipped,
+ * as http_parser does.  Returns 0, or -1 with *why set. */
+enum { SC_PRE, SC_LINE, SC_CR, SC_LSTART, SC_ENDCR, SC_DONE };
+
+static int h1_scan(h1 *s, const uint8_t *d, size_t n, const char **why) {
+  for (size_t i = 0; i < n && s->scan != SC_DONE; i++) {
+    uint8_t ch = d[i];
+    switch (s->scan) {
+      case SC_PRE:
+        if (ch != '\r' && ch != '\n') s->scan = SC_LINE;
+        break;
+      case SC_LINE:
+        if (ch == '\r') s->scan = SC_CR;
+        else if (ch == '\n') goto bare;
+        break;
+      case SC_CR:
+        if (ch != '\n') goto bare;
+        s->scan = SC_LSTART;
+        break;
+      case SC_LSTART:
+        if (ch == ' ' || ch == '\t') {
+          *why = "Bad Request: obsolete line folding";
+          return -1;
+        }
+        if (ch == '\n') goto bare;
+        s->scan = ch == '\r' ? SC_ENDCR : SC_LINE;
+        break;
+      case SC_ENDCR:
+        if (ch != '\n') goto bare;
+        s->scan = SC_DONE;
+        break;
+    }
+  }
+  return 0;
+bare:
+  *why = "Bad Request: line not ended by CRLF";
+  return -1;
+}
+
 /* ---------------------------------------------------------------- parser callbacks */
 
 static int h1_on_message_begin(http_parser *p) {
@@ -152,6 +207,7 @@ static int h1_on_message_begin(http_parser *p) {
   s->x = daemon_cache_get(&conch.cache_hx, sizeof *s->x);
   if (!s->x) return -1;
   s->x->content_length = -1;
+  s->x->conn = s->c;
   conn_timer(s->c, HTTP1_HEADER_TIMEOUT_MS);
   return 0;
 }
@@ -444,7 +500,19 @@ static size_t h1_outq(const hx *x) {
   return s->c->outq + s->head_len;
 }
 
-static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq};
+static int h1_room(hx *x, size_t n) {
+  h1 *s = x->tp;
+  size_t q = s->c->outq + s->head_len;
+  if (q == 0 || q + n <= H1_ROOM) {
+    s->room_wait = 0;
+    return 1;
+  }
+  s->room_wait = 1;
+  s->room_n = n;
+  return 0;
+}
+
+static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room};
 
 /* ---------------------------------------------------------------- driving */
 
@@ -487,6 +555,11 @@ static void h1_dispatch(h1 *s) {
 static void h1_execute(h1 *s, const uint8_t *d, size_t n) {
   conn *c = s->c;
   while (n > 0) {
+    const char *why;
+    if (s->scan != SC_DONE && h1_scan(s, d, n, &why) != 0) {
+      if (!s->close_after) h1_fail(s, 400, why);
+      return;
+    }
     s->in_execute = 1;
     size_t done = http_parser_execute(&s->parser, &h1_settings, (const char *)d, n);
     s->in_execute = 0;
@@ -552,9 +625,18 @@ static void h1_next(conn *c) {
     }
     h1_reset_request(s);
     s->parser_paused = 0;
+    s->scan = SC_PRE;
     conn_timer(c, HTTP1_IDLE_TIMEOUT_MS);
   }
   if (s->parser_paused || s->body_paused) return;
+  /* between requests: parse the next one only once the answers so far
+   * have (mostly) left; h1_on_written resumes */
+  if (!s->x && c->outq > H1_PARSE_OUTQ) {
+    s->out_wait = 1;
+    conn_read_pause(c, 1);
+    return;
+  }
+  s->out_wait = 0;
   uint8_t *p = s->pend;
   size_t n = s->pend_len;
   s->pend = NULL;
@@ -589,10 +671,22 @@ static void h1_on_written(conn *c) {
     conn_close(c);
     return;
   }
-  if (s->drain_armed && c->outq <= HX_OUTQ_LOW && s->x && !s->x->ended && s->x->h &&
-      s->x->h->on_drain) {
+  if (s->out_wait && c->outq <= H1_PARSE_OUTQ) {
+    s->out_wait = 0;
+    conn_defer(c, h1_next);
+    return;
+  }
+  hx *x = s->x;
+  if (!x || x->ended || !x->h || !x->h->on_drain) return;
+  if (s->room_wait && (c->outq + s->head_len == 0 || c->outq + s->head_len + s->room_n <= H1_ROOM)) {
+    s->room_wait = 0;
     s->drain_armed = 0;
-    s->x->h->on_drain(s->x);
+    x->h->on_drain(x);
+    return;
+  }
+  if (s->drain_armed && c->outq <= HX_OUTQ_LOW) {
+    s->drain_armed = 0;
+    x->h->on_drain(x);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "agent/conn.h"
+
 const char *hx_getn(const hx *x, const char *lname, size_t l) {
   for (size_t i = 0; i < x->nhdr; i++)
     if (x->hdr[i].nlen == l && memcmp(x->hdr[i].name, lname, l) == 0) return x->hdr[i].value;
@@ -156,4 +158,13 @@ void hx_free_request(hx *x) {
   hx_str_free(x, x->query);
   x->method = x->path = x->query = NULL;
   x->str_used = 0;
+}
+
+int hx_room(hx *x, size_t n) {
+  if (x->ended) return 0;
+  return x->ops->room(x, n);
+}
+
+void hx_authed(hx *x) {
+  if (x->conn) conn_authed(x->conn);
 }

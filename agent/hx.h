@@ -25,6 +25,7 @@
 #include "agent/bufref.h"
 
 typedef struct hx hx;
+struct conn;
 
 typedef struct hx_header {
   const char *name; /* lower case */
@@ -58,6 +59,9 @@ typedef struct hx_ops {
   int (*end)(hx *x, const hx_header *trailers, size_t n);
   void (*pause_body)(hx *x, int paused);
   size_t (*outq)(const hx *x);
+  /* room for about n more bytes now?  1: yes, reserved until the next
+   * write; 0: on_drain runs once there is (see hx_room) */
+  int (*room)(hx *x, size_t n);
 } hx_ops;
 
 #define HX_MAX_HEADERS 128
@@ -67,6 +71,7 @@ typedef struct hx_ops {
 struct hx {
   const hx_ops *ops;
   void *tp; /* transport's per-exchange state */
+  struct conn *conn; /* the connection it arrived on */
   /* request, valid until the hx is freed */
   char *method;
   char *path;   /* path without the query string */
@@ -116,6 +121,16 @@ int hx_simple(hx *x, int status, const char *content_type, const char *body,
               const hx_header *extra, size_t nextra);
 void hx_pause_body(hx *x, int paused);
 size_t hx_outq(const hx *x);
+/* May a producer of large output (a download) make about n more bytes
+ * now?  1: yes — the transport counts them as queued until the next
+ * write; 0: not until what this exchange already queued has left for the
+ * socket (HTTP/2: for the peer's flow-control window, which must be open)
+ * and the connection's queue is under its bound; on_drain runs then.
+ * This keeps a connection's output to about one chunk whatever the number
+ * of its streams. */
+int hx_room(hx *x, size_t n);
+/* The request passed the token check: its connection is authenticated. */
+void hx_authed(hx *x);
 
 /* Used by transports: fill the request part. Returns 0 or -1 (too many). */
 int hx_add_header(hx *x, const char *name, size_t nlen, const char *value, size_t vlen);

@@ -154,6 +154,15 @@ size_t rpc_outq_bytes(const rpc_call *c);
  * from the loop, if it already is).  NULL cancels. */
 void rpc_on_drain(rpc_call *c, void (*cb)(rpc_call *c));
 
+/* For producers of large messages (file chunks), before making the next
+ * one: 1 when the transport has room for about n more bytes now (they
+ * are counted as queued until the next send); else 0, and cb runs once
+ * it has — then ask again.  Room comes when what this call sent before has
+ * left for the socket (HTTP/2: into the peer's open flow-control window)
+ * and the connection's queue is about empty, so a connection holds about
+ * one chunk at a time however many calls it carries. */
+int rpc_out_room(rpc_call *c, size_t n, void (*cb)(rpc_call *c));
+
 /* From inside on_cancel only: hold the call's final answer (the error the
  * layer raised — bad input, deadline) until the service has undone what the
  * client must not see afterwards (an upload's temp file), and then calls

@@ -6,9 +6,16 @@
  *
  * Regular files and block devices: each pool read fills a 1 MiB chunk (or
  * stops at EOF), so a file of 1 MiB + 4 bytes gives exactly 2 chunks and an
- * empty file none.  The next read is queued as soon as a chunk is sent
- * (overlapping disk and network) unless the call's queue holds
- * RPC_OUTQ_HIGH bytes; then it waits for the drain callback.
+ * empty file none.  Each read (or map) waits until the transport has room
+ * for its chunk (rpc_out_room): the previous chunk has left for the socket
+ * (HTTP/2: into the peer's flow-control window) and the connection's queue
+ * is about empty — so a client that stops reading, or holds its window at
+ * 0, costs about one chunk per connection, however many streams it opens.
+ * Disk and network still overlap through the kernel's socket buffer.
+ *
+ * A regular file that ends before the size it had at open (or at the last
+ * window) is "file changed during download: <p>" (data_loss), in both
+ * codecs.
  *
  * Regular files with the proto codec are not read at all (unless their
  * size is 0: procfs files have content all the same): the pool maps
@@ -18,11 +25,14 @@
  * (rpc_send_packed_ref): the page cache is copied once, straight into the
  * socket.  The window is unmapped (in the pool) when its last chunk is
  * written.  Only
- * the kernel reads mapped bytes: a file truncated meanwhile makes the
- * write fail with EFAULT (the connection closes) instead of SIGBUS.  The
- * size is taken by fstat before each window; when mapping or populating
- * fails the download falls back to reads from that offset, which report
- * the real error.
+ * the kernel reads mapped bytes.  The size is taken by fstat before each
+ * window and again once it is populated, so a shrink seen by then ends the
+ * stream with data_loss; when mapping or populating fails the download
+ * falls back to reads from that offset, which report the real error (or
+ * the shrink).  Residual race: a file truncated after that second fstat,
+ * while the window's pages are still queued for the socket, makes the
+ * write fail with EFAULT (the connection closes) instead of SIGBUS — only
+ * the one window in flight is exposed.
  *
  * Special files (FIFOs, character devices) stream until EOF: the fd is
  * non-blocking and watched with uv_poll; each readiness gives one read
@@ -38,7 +48,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -71,13 +83,14 @@ typedef struct fs_download {
   uv_work_t req;
   int busy;       /* pool work queued/running */
   int sending;    /* inside rpc_send: on_cancel must not free */
-  int first_read; /* the open work also did the first read */
   unsigned char *buf; /* the chunk being read; handed to the transport when sent */
   size_t data_off;    /* where file bytes go in buf: room for framing before them */
   size_t n;       /* bytes in buf from the last read */
   int eof;
   int map_mode;   /* regular file, proto codec: windows are mapped, not read */
   uint64_t off;   /* map mode: file offset of the next window */
+  uint64_t pos;   /* read mode: file offset of the next read */
+  uint64_t size;  /* regular file: its size at open (or at the last window); 0 unknown */
   dl_win *win;    /* map mode: the window from the last pool job */
   int sent;       /* chunks sent */
   uint64_t bytes;
@@ -85,6 +98,11 @@ typedef struct fs_download {
 } fs_download;
 
 static int dl_read_more(fs_download *d);
+static void dl_go(fs_download *d);
+
+static void dl_changed(fs_download *d) {
+  fs_status_set(&d->st, RPC_DATA_LOSS, "file changed during download: %s", d->path);
+}
 
 /* A fresh chunk buffer: [headroom + FileChunk field headers][1 MiB data]. */
 static int dl_alloc(fs_download *d) {
@@ -170,9 +188,11 @@ static void dl_fill(fs_download *d) {
     }
     if (r == 0) {
       d->eof = 1;
+      if (d->pos < d->size) dl_changed(d); /* shrank under us */
       return;
     }
     d->n += (size_t)r;
+    d->pos += (uint64_t)r;
   }
 }
 
@@ -184,11 +204,16 @@ static void dl_map(fs_download *d) {
     fs_status_os(&d->st, "stat file", d->path, errno);
     return;
   }
-  if (st.st_size <= 0 || (uint64_t)st.st_size <= d->off) {
+  if ((uint64_t)st.st_size < d->size) {
+    dl_changed(d);
+    return;
+  }
+  d->size = (uint64_t)st.st_size;
+  if (d->size <= d->off) {
     d->eof = 1;
     return;
   }
-  uint64_t left = (uint64_t)st.st_size - d->off;
+  uint64_t left = d->size - d->off;
   size_t len = left < DL_WINDOW ? (size_t)left : DL_WINDOW;
   dl_win *w = malloc(sizeof *w);
   void *m = w ? mmap(NULL, len, PROT_READ, MAP_SHARED, d->fd, (off_t)d->off) : MAP_FAILED;
@@ -196,9 +221,18 @@ static void dl_map(fs_download *d) {
     munmap(m, len); /* an I/O error or a truncation: the reads say which */
     m = MAP_FAILED;
   }
+  /* truncated while being populated: say so now rather than let the
+   * socket write fail on the missing pages */
+  if (m != MAP_FAILED && (fstat(d->fd, &st) != 0 || (uint64_t)st.st_size < d->off + len)) {
+    munmap(m, len);
+    free(w);
+    dl_changed(d);
+    return;
+  }
   if (m == MAP_FAILED) {
     free(w);
     d->map_mode = 0;
+    d->pos = d->off;
     if (lseek(d->fd, (off_t)d->off, SEEK_SET) < 0) {
       fs_status_os(&d->st, "read file", d->path, errno);
       return;
@@ -217,6 +251,21 @@ static void dl_map(fs_download *d) {
   d->win = w;
   d->off += len;
   if (d->off >= (uint64_t)st.st_size) d->eof = 1;
+}
+
+/* Kernel pseudo filesystems: their sizes promise nothing (a sysfs
+ * attribute says 4096 and reads a few bytes), so a short read there is not
+ * a file that changed. */
+static int dl_pseudo_fs(int fd) {
+  struct statfs sf;
+  if (fstatfs(fd, &sf) != 0) return 1;
+  switch ((unsigned long)sf.f_type) {
+    case PROC_SUPER_MAGIC: case SYSFS_MAGIC: case DEBUGFS_MAGIC: case TRACEFS_MAGIC:
+    case SECURITYFS_MAGIC: case CGROUP_SUPER_MAGIC: case CGROUP2_SUPER_MAGIC:
+    case EFIVARFS_MAGIC: case BPF_FS_MAGIC:
+      return 1;
+    default: return 0;
+  }
 }
 
 static void dl_open_work(uv_work_t *req) {
@@ -245,16 +294,10 @@ static void dl_open_work(uv_work_t *req) {
   if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    d->first_read = 1;
     /* pseudo files (procfs: size 0, content on read) are read, not mapped */
     if (!S_ISREG(st.st_mode) || st.st_size <= 0) d->map_mode = 0;
-    if (d->map_mode) {
-      dl_map(d);
-    } else if (dl_alloc(d) != 0) {
-      fs_status_set(&d->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
-    } else {
-      dl_fill(d);
-    }
+    if (S_ISREG(st.st_mode) && st.st_size > 0 && !dl_pseudo_fs(fd)) d->size = (uint64_t)st.st_size;
+    /* the first chunk is read once the transport has room for it */
   } else {
     d->map_mode = 0;
     d->pollable = 1; /* decided on the loop: uv_poll or pool reads */
@@ -341,9 +384,22 @@ static void dl_send_failed(fs_download *d) {
   }
 }
 
-static void dl_on_drain(rpc_call *c) {
+static void dl_on_room(rpc_call *c) {
   fs_download *d = rpc_user(c);
-  if (!d || !d->call) return;
+  if (!d || !d->call || d->busy) return;
+  dl_go(d);
+}
+
+/* The next chunk, once the transport has room for it (else dl_on_room
+ * comes back here): a pool read or map, or (special files) polling. */
+static void dl_go(fs_download *d) {
+  if (!rpc_out_room(d->call, d->map_mode ? DL_WINDOW : FS_CHUNK_MAX, dl_on_room)) {
+    if (d->polling) {
+      uv_poll_stop(&d->poll);
+      d->polling = 0;
+    }
+    return;
+  }
   if (d->pollable) {
     if (!d->polling && d->poll_init) {
       d->polling = 1;
@@ -352,19 +408,6 @@ static void dl_on_drain(rpc_call *c) {
     return;
   }
   if (dl_read_more(d) != 0) dl_finish(d, RPC_INTERNAL, "queue file read failed");
-}
-
-/* After a chunk went out: go on, or wait for the queue to drain. */
-static void dl_next(fs_download *d) {
-  if (rpc_outq_bytes(d->call) >= RPC_OUTQ_HIGH) {
-    if (d->polling) {
-      uv_poll_stop(&d->poll);
-      d->polling = 0;
-    }
-    rpc_on_drain(d->call, dl_on_drain);
-    return;
-  }
-  if (!d->pollable && dl_read_more(d) != 0) dl_finish(d, RPC_INTERNAL, "queue file read failed");
 }
 
 static void dl_after_read(uv_work_t *req, int status) {
@@ -389,27 +432,21 @@ static void dl_after_read(uv_work_t *req, int status) {
   d->win = NULL;
   d->buf = NULL;
   d->n = 0;
-  /* prepare the next one while this one goes out */
-  int ahead = !eof && rpc_outq_bytes(d->call) < RPC_OUTQ_HIGH;
-  int queued = !ahead || dl_read_more(d) == 0;
   int r = 0;
-  if (queued && w) {
+  if (w) {
     r = dl_send_window(d, w);
-  } else if (queued && n > 0) { /* d->buf belongs to the read in flight, if any */
+  } else if (n > 0) {
     r = dl_send(d, chunk, n);
     chunk = NULL; /* dl_send took it */
   }
   free(chunk);
   if (w) dl_win_release(&w->ref); /* the producer's reference */
-  if (!queued) {
-    dl_finish(d, RPC_INTERNAL, "queue file read failed");
-  } else if (r < 0) {
+  if (r < 0)
     dl_send_failed(d);
-  } else if (eof) {
+  else if (eof)
     dl_finish(d, RPC_OK, NULL);
-  } else if (!ahead) {
-    rpc_on_drain(d->call, dl_on_drain);
-  }
+  else
+    dl_go(d); /* the next chunk once this one has left */
 }
 
 static int dl_read_more(fs_download *d) {
@@ -452,7 +489,7 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
     dl_send_failed(d);
     return;
   }
-  dl_next(d);
+  dl_go(d); /* polling goes on only while the transport has room */
 }
 
 static void dl_after_open(uv_work_t *req, int status) {
@@ -471,18 +508,14 @@ static void dl_after_open(uv_work_t *req, int status) {
     if (uv_poll_init(conch.loop, &d->poll, d->fd) == 0) {
       d->poll_init = 1;
       d->poll.data = d;
-      d->polling = 1;
-      uv_poll_start(&d->poll, UV_READABLE, dl_on_poll);
-      return;
+    } else {
+      /* Not pollable (e.g. /dev/zero): blocking reads in the pool. */
+      d->pollable = 0;
+      int fl = fcntl(d->fd, F_GETFL);
+      if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_NONBLOCK);
     }
-    /* Not pollable (e.g. /dev/zero): blocking reads in the pool. */
-    d->pollable = 0;
-    int fl = fcntl(d->fd, F_GETFL);
-    if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_NONBLOCK);
-    if (dl_read_more(d) != 0) dl_finish(d, RPC_INTERNAL, "queue file read failed");
-    return;
   }
-  dl_after_read(req, 0); /* the open work already read the first chunk */
+  dl_go(d);
 }
 
 void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
