@@ -22,7 +22,7 @@ SBINDIR   ?= $(PREFIX)/sbin
 CC        ?= cc
 PROTOC_C  ?= protoc-c
 
-BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
+BUILD_DEPS := gcc make pkg-config clang libclang-rt-14-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
               libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
 TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
               nghttp2-client nghttp2-server iproute2 erofs-utils util-linux rpm e2fsprogs bc \
@@ -42,6 +42,10 @@ STATIC_LIBS := -Wl,-Bstatic -lnghttp2 -luv_a -lprotobuf-c -lb64 -lhttp_parser -l
 dev_CFLAGS    := -O2 -g
 asan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 static_CFLAGS := -O2 -DCONCH_STATIC
+# libFuzzer drivers (tests/fuzz): the library built by clang with coverage
+fuzz_CC       := clang
+fuzz_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
+                 -fno-sanitize-recover=undefined -Wno-deprecated-declarations
 
 # quiet by default; make V=1 shows the commands
 ifeq ($(V),1)
@@ -51,7 +55,7 @@ Q := @
 endif
 
 .PHONY: all dev asan static run check unit integration packaging install rpm clean deps test-deps bench \
-        vm-image vm-check
+        vm-image vm-check fuzz fuzz-build fuzz-smoke
 all: dev
 
 # ---------------------------------------------------------------- deps
@@ -92,11 +96,11 @@ $(1)_OBJS := $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRCS)) build/$(1)/obj/gen/a
 build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h | $(DEPS_STAMP)
 	@mkdir -p $$(dir $$@)
 	@$(if $(Q),echo "  CC [$(1)] $$<")
-	$(Q)$(CC) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+	$(Q)$(or $($(1)_CC),$(CC)) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 
 build/$(1)/obj/gen/agent.pb-c.o: build/$(1)/gen/proto/agent.pb-c.c
 	@mkdir -p $$(dir $$@)
-	$(Q)$(CC) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
+	$(Q)$(or $($(1)_CC),$(CC)) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 
 build/$(1)/libconch.a: $$($(1)_OBJS)
 	@rm -f $$@
@@ -104,7 +108,7 @@ build/$(1)/libconch.a: $$($(1)_OBJS)
 
 -include $$(patsubst %.o,%.d,$$($(1)_OBJS))
 endef
-$(foreach v,dev asan static,$(eval $(call VARIANT,$(v))))
+$(foreach v,dev asan static fuzz,$(eval $(call VARIANT,$(v))))
 
 build/dev/conch-init: build/dev/obj/agent/main.o build/dev/libconch.a
 	@$(if $(Q),echo "  LD $@")
@@ -137,6 +141,23 @@ integration: asan test-deps
 packaging: deps
 	tests/packaging.sh
 
+# Fuzzing (tests/fuzz): make fuzz [FUZZ_SECONDS=60] runs every driver for
+# that long on its checked-in corpus plus build/fuzz/corpus; make check runs
+# each for FUZZ_SMOKE_SECONDS.
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/bin/%,$(FUZZ_SRCS))
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 20
+build/fuzz/bin/%: tests/fuzz/%.c build/fuzz/libconch.a tests/fuzz/fuzz.h tests/fuzz/fuzz_msgs.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)clang $(BASEFLAGS) -Ibuild/fuzz/gen $(fuzz_CFLAGS) -fsanitize=fuzzer $< build/fuzz/libconch.a $(LIBS) -o $@
+fuzz-build: $(FUZZ_BINS)
+fuzz: fuzz-build
+	tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
+fuzz-smoke: fuzz-build
+	tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS) $(FUZZ_BINS)
+
 # The microVM suite (tests/vm): Debian's stock kernel under qemu, booting
 # the image of vm-image.  Runs alone: TCG wants both cores.
 vm-image: static
@@ -146,7 +167,7 @@ vm-check: vm-image test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
 	PYTHONPATH=$(CURDIR)/build/py:$(CURDIR)/tests/integration /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/vm
 
-check: asan unit integration packaging vm-check
+check: asan unit fuzz-smoke integration packaging vm-check
 
 run: dev
 	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \
@@ -172,4 +193,4 @@ rpm: static
 	@find build/rpm/RPMS -name '*.rpm'
 
 clean:
-	rm -rf build/dev build/asan build/static build/rpm  # build/vm (the image cache) is kept
+	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/rpm  # build/vm (the image cache) is kept

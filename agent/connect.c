@@ -570,7 +570,7 @@ static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int
     too_big = !m && mem->over;
     if (!m)
       snprintf(err, sizeof err, "invalid protobuf");
-    else if (pbjson_check_utf8(m, err, sizeof err) != 0) {
+    else if (pbjson_check_decoded(m, err, sizeof err) != 0) {
       protobuf_c_message_free_unpacked(m, &mem->a);
       m = NULL;
     } else

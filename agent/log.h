@@ -16,7 +16,8 @@ typedef enum log_level { LOG_LVL_DEBUG, LOG_LVL_INFO, LOG_LVL_WARN, LOG_LVL_ERRO
 
 void log_write(log_level lvl, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_list ap);
+void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 
 /* Also append to this file (created 0644).  Returns 0 or -errno. */
 int log_open_file(const char *path);

@@ -25,25 +25,23 @@ static void restore_clock(int64_t host_ms) {
 }
 
 static void restore_entropy(const unsigned char *b, size_t n) {
-  struct {
-    struct rand_pool_info info;
-    unsigned char buf[INITMSG_ENTROPY_MAX];
-  } req;
-  req.info.entropy_count = (int)(n * 8);
-  req.info.buf_size = (int)n;
-  memcpy(req.buf, b, n);
+  _Alignas(struct rand_pool_info) unsigned char raw[sizeof(struct rand_pool_info) + INITMSG_ENTROPY_MAX];
+  struct rand_pool_info *info = (struct rand_pool_info *)raw;
+  info->entropy_count = (int)(n * 8);
+  info->buf_size = (int)n;
+  memcpy(raw + sizeof *info, b, n);
   int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
     LOG_WARN("entropy not credited: open /dev/urandom: %s", strerror(errno));
     return;
   }
-  if (ioctl(fd, RNDADDENTROPY, &req.info) != 0)
+  if (ioctl(fd, RNDADDENTROPY, info) != 0)
     LOG_WARN("entropy not credited: RNDADDENTROPY: %s", strerror(errno));
   else if (ioctl(fd, RNDRESEEDCRNG) != 0)
     LOG_WARN("CRNG not reseeded: RNDRESEEDCRNG: %s", strerror(errno));
   else
     LOG_INFO("entropy: %zu bytes credited, CRNG reseeded", n);
-  explicit_bzero(&req, sizeof req);
+  explicit_bzero(raw, sizeof raw);
   close(fd);
 }
 

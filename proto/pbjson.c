@@ -525,6 +525,34 @@ static int chk_value(const ProtobufCFieldDescriptor *f, const void *p, pbj_path 
   return 0;
 }
 
+static int cmp_cstr(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A string key twice in the map field f (n entries at arr): -1 and the text. */
+static int chk_map_keys(const ProtobufCFieldDescriptor *f, const char *arr, size_t n, pbj_path *path,
+                        char *err, size_t errlen) {
+  const ProtobufCFieldDescriptor *kf = &((const ProtobufCMessageDescriptor *)f->descriptor)->fields[0];
+  if (n < 2 || kf->type != PROTOBUF_C_TYPE_STRING) return 0;
+  const char **keys = malloc(n * sizeof *keys);
+  if (!keys) {
+    if (err && errlen) snprintf(err, errlen, "out of memory checking field \"%s\"", path->s);
+    return -1;
+  }
+  size_t k = 0;
+  for (size_t j = 0; j < n; j++) {
+    const ProtobufCMessage *e = ((ProtobufCMessage *const *)arr)[j];
+    const char *s = e ? *(char *const *)PBJ_MEMBER(e, kf) : NULL;
+    keys[k++] = s ? s : "";
+  }
+  qsort(keys, k, sizeof *keys, cmp_cstr);
+  int dup = 0;
+  for (size_t j = 1; j < k && !dup; j++) dup = strcmp(keys[j - 1], keys[j]) == 0;
+  free(keys);
+  if (dup && err && errlen) snprintf(err, errlen, "duplicate map key in field \"%s\"", path->s);
+  return dup ? -1 : 0;
+}
+
 static int chk_msg(const ProtobufCMessage *m, pbj_path *path, char *err, size_t errlen) {
   const ProtobufCMessageDescriptor *d = m->descriptor;
   for (unsigned i = 0; i < d->n_fields; i++) {
@@ -540,6 +568,7 @@ static int chk_msg(const ProtobufCMessage *m, pbj_path *path, char *err, size_t 
       const char *arr = *(const char *const *)p;
       size_t sz = pbj_elt_size(f->type);
       int map = pbj_is_map(d, f);
+      if (map && arr && chk_map_keys(f, arr, n, path, err, errlen) < 0) return -1;
       for (size_t j = 0; arr && j < n; j++) {
         size_t mk = pbj_path_index(path, j);
         if (map) {
@@ -564,7 +593,7 @@ static int chk_msg(const ProtobufCMessage *m, pbj_path *path, char *err, size_t 
   return 0;
 }
 
-int pbjson_check_utf8(const ProtobufCMessage *msg, char *err, size_t errlen) {
+int pbjson_check_decoded(const ProtobufCMessage *msg, char *err, size_t errlen) {
   if (!msg) return 0;
   pbj_path path = {{0}, 0};
   return chk_msg(msg, &path, err, errlen);

@@ -23,7 +23,7 @@
 /* Encode.  Returns a malloc'd, NUL-terminated buffer (length in *len) or NULL on ENOMEM.
  * One pass into a buffer that grows by doubling.  JSON cannot
  * carry invalid UTF-8: such bytes in string fields come out as U+FFFD (run
- * pbjson_check_utf8 first where that matters). */
+ * pbjson_check_decoded first where that matters). */
 char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
 /* The same with `headroom` bytes left free before the JSON (an envelope
  * prefix, say): the JSON starts at the returned pointer + headroom. */
@@ -61,9 +61,12 @@ ProtobufCMessage *pbjson_decode_mem(const ProtobufCMessageDescriptor *desc, cons
                                     size_t len, ProtobufCAllocator *a, int *flags, char *err,
                                     size_t errlen);
 
-/* Check that every string field (recursively, incl. maps and repeated) of an
- * unpacked message is valid UTF-8.  0 = ok, -1 = invalid (field named in err). */
-int pbjson_check_utf8(const ProtobufCMessage *msg, char *err, size_t errlen);
+/* Check an unpacked protobuf message as the JSON decoder checks its input:
+ * every string field (recursively, incl. maps and repeated) is valid UTF-8,
+ * and no map has a key twice (JSON rejects that; protobuf would silently
+ * keep both entries, which List would then echo as a JSON object with a
+ * repeated key).  0 = ok, -1 = invalid (field named in err). */
+int pbjson_check_decoded(const ProtobufCMessage *msg, char *err, size_t errlen);
 
 /* Strict base64 helpers (also used by tests).  b64 decode accepts standard
  * and URL-safe alphabets, padding optional; returns decoded length or -1. */

@@ -617,6 +617,25 @@ def test_invalid_utf8_proto(cl, tmp_path):
     assert no_leftovers(tmp_path)
 
 
+def test_duplicate_map_key_proto_rejected_like_json(cl):
+    """A map key twice is legal protobuf wire data, but List would echo the
+    stored env as a JSON object with a repeated key: refused in both codecs
+    (found by tests/fuzz/fuzz_pbwire)."""
+    def entry(k, v):
+        e = pb.StartProcessRequest.EnvEntry(key=k, value=v).SerializeToString()
+        return b"\x1a" + bytes([len(e)]) + e
+    raw = pb.StartProcessRequest(cmd="true").SerializeToString() + entry("A", "1") + entry("A", "2")
+    st, msgs, end = cl.stream("/pb.ProcessService/StartProcess", [raw], json_codec=False)
+    assert (st, msgs) == (200, []) and end["error"] == err(
+        "invalid_argument", 'unmarshal into pb.StartProcessRequest: duplicate map key in field "env"'), end
+    st, msgs, end = cl.stream("/pb.ProcessService/StartProcess", [b'{"cmd":"true","env":{"A":"1","A":"2"}}'])
+    assert st == 200 and end["error"]["code"] == "invalid_argument" and "duplicate map key" in end["error"]["message"]
+    # distinct keys still work
+    raw = pb.StartProcessRequest(cmd="true").SerializeToString() + entry("A", "1") + entry("B", "2")
+    st, msgs, end = cl.stream("/pb.ProcessService/StartProcess", [raw], json_codec=False)
+    assert st == 200 and end == {}, end
+
+
 def test_nul_in_path_is_rejected(cl, tmp_path):
     st, resp, _ = cl.unary(LIST, json.dumps({"path": str(tmp_path) + "/a\u0000b"}).encode())
     assert (st, resp) == (400, err("invalid_argument", "filepath contains a NUL byte for list files"))

@@ -502,7 +502,7 @@ static void round_trip(const ProtobufCMessage *m) {
   if (strcmp(js, js2) != 0) TEST_FAIL_("JSON differs:\n    %s\n    %s", js, js2);
   char *js3 = enc(d);
   ASSERT_STR_EQ(js3, js);
-  ASSERT_EQ(pbjson_check_utf8(d, NULL, 0), 0);
+  ASSERT_EQ(pbjson_check_decoded(d, NULL, 0), 0);
   free(js3);
   free(js2);
   protobuf_c_message_free_unpacked(u, NULL);
@@ -825,15 +825,15 @@ TEST(check_utf8) {
   char err[200] = "";
   Pb__StartProcessRequest sp = PB__START_PROCESS_REQUEST__INIT;
   sp.cmd = "ok \xe4\xb8\xad";
-  ASSERT_EQ(pbjson_check_utf8(&sp.base, err, sizeof err), 0);
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), 0);
   sp.cwd = "bad\xff";
-  ASSERT_EQ(pbjson_check_utf8(&sp.base, err, sizeof err), -1);
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), -1);
   ASSERT(strstr(err, "\"cwd\""));
   sp.cwd = "";
   char *args[] = {"a", "\xc0\xaf"};
   sp.args = args;
   sp.n_args = 2;
-  ASSERT_EQ(pbjson_check_utf8(&sp.base, err, sizeof err), -1);
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), -1);
   ASSERT(strstr(err, "args[1]"));
   sp.n_args = 1;
   Pb__StartProcessRequest__EnvEntry e = PB__START_PROCESS_REQUEST__ENV_ENTRY__INIT;
@@ -842,18 +842,31 @@ TEST(check_utf8) {
   Pb__StartProcessRequest__EnvEntry *env[] = {&e};
   sp.env = env;
   sp.n_env = 1;
-  ASSERT_EQ(pbjson_check_utf8(&sp.base, err, sizeof err), -1);
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), -1);
   ASSERT(strstr(err, "env[K].value"));
   e.value = "v";
   e.key = "\xf5";
-  ASSERT_EQ(pbjson_check_utf8(&sp.base, err, sizeof err), -1);
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), -1);
   ASSERT(strstr(err, "env[0].key"));
   e.key = "K";
-  ASSERT_EQ(pbjson_check_utf8(&sp.base, err, sizeof err), 0);
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), 0);
+  /* a map key twice (legal on the wire, rejected as in JSON; found by fuzz_pbwire) */
+  Pb__StartProcessRequest__EnvEntry e2 = PB__START_PROCESS_REQUEST__ENV_ENTRY__INIT;
+  e2.key = "K";
+  e2.value = "w";
+  Pb__StartProcessRequest__EnvEntry *env2[] = {&e, &e2};
+  sp.env = env2;
+  sp.n_env = 2;
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), -1);
+  ASSERT_STR_EQ(err, "duplicate map key in field \"env\"");
+  e2.key = "L";
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), 0);
+  sp.env = env;
+  sp.n_env = 1;
   /* bytes are not strings */
   sp.stdin.data = (uint8_t *)"\xff";
   sp.stdin.len = 1;
-  ASSERT_EQ(pbjson_check_utf8(&sp.base, err, sizeof err), 0);
+  ASSERT_EQ(pbjson_check_decoded(&sp.base, err, sizeof err), 0);
   /* nested messages */
   Pb__ProcessConfig cfg = PB__PROCESS_CONFIG__INIT;
   cfg.cmd = "\x80";
@@ -863,14 +876,14 @@ TEST(check_utf8) {
   Pb__ListProcessesResponse lr = PB__LIST_PROCESSES_RESPONSE__INIT;
   lr.processes = pis;
   lr.n_processes = 1;
-  ASSERT_EQ(pbjson_check_utf8(&lr.base, err, sizeof err), -1);
+  ASSERT_EQ(pbjson_check_decoded(&lr.base, err, sizeof err), -1);
   ASSERT(strstr(err, "processes[0].config.cmd"));
   /* a binary message with invalid UTF-8 unpacks (protobuf-c 1.4.1 does not check) and is caught */
   size_t n;
   uint8_t *b = pack(&lr.base, &n);
   ProtobufCMessage *u = protobuf_c_message_unpack(&pb__list_processes_response__descriptor, NULL, n, b);
   ASSERT(u);
-  ASSERT_EQ(pbjson_check_utf8(u, err, sizeof err), -1);
+  ASSERT_EQ(pbjson_check_decoded(u, err, sizeof err), -1);
   protobuf_c_message_free_unpacked(u, NULL);
   free(b);
   /* oneof: unselected members are not looked at (none of ProcessEvent's are strings) */
@@ -879,7 +892,7 @@ TEST(check_utf8) {
   Pb__ProcessEvent ev = PB__PROCESS_EVENT__INIT;
   ev.event_case = PB__PROCESS_EVENT__EVENT_END;
   ev.end = &end;
-  ASSERT_EQ(pbjson_check_utf8(&ev.base, err, sizeof err), -1);
+  ASSERT_EQ(pbjson_check_decoded(&ev.base, err, sizeof err), -1);
   ASSERT(strstr(err, "end.error"));
   ASSERT_EQ(pbjson_utf8_valid("\xe4\xb8\xad", 3), 1);
   ASSERT_EQ(pbjson_utf8_valid("\xe4\xb8", 2), 0);
