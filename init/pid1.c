@@ -132,7 +132,6 @@ int init_pid1_main(int argc, char **argv) {
   if (reaper_init(conch.loop) != 0) LOG_ERROR("reaper_init failed");
   uv_signal_init(conch.loop, &p1.sigusr1); /* ref'd: keeps the loop alive forever */
   uv_signal_start(&p1.sigusr1, on_sigusr1, SIGUSR1);
-  if (proc_init(conch.loop) != 0) LOG_ERROR("proc_init failed: ProcessService unavailable");
   LOG_INFO("conch-init %s starting as PID 1", CONCH_VERSION);
   boot_early(&p1.boot, argc, argv); /* steps 2–8 */
   proc_cg_init(conch.loop, 1);      /* cgroup2 for ProcessService, before the chroot */

@@ -12,12 +12,6 @@ import pytest
 import sandbox as sbx
 from test_pid1 import BIN, wait_for
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, loop devices, mounts)"),
-    pytest.mark.skipif(bool(sbx.missing_tools()), reason=f"missing tools: {sbx.missing_tools()}"),
-]
-
-
 @pytest.fixture(scope="module")
 def sb():
     s = sbx.Sandbox(BIN, with_disk=False, entrypoint=False, extra_args=["conch.sharefs=virtiofs"])

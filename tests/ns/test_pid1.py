@@ -8,7 +8,8 @@ chroot into the merged root, the API over the veth (/health, FileService,
 ProcessService running a command inside the merged root), `kill -TERM 1`
 changing nothing, 200 orphaned grandchildren leaving no zombie, READY-state
 token replacement, sticky terminal failure — and that everything is cleaned
-up afterwards.  Needs root; skipped (with the reason) otherwise.
+up afterwards.  Needs root and the tools of sandbox.py: without them the
+suite fails (conftest.py), it never skips.
 """
 import json
 import os
@@ -21,12 +22,6 @@ import sandbox as sbx
 
 BIN = os.environ.get("CONCH_INIT_BIN", os.path.join(os.path.dirname(__file__), "../../build/asan/conch-init"))
 VSOCK = os.path.exists("/dev/vsock")
-
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, loop devices, mounts)"),
-    pytest.mark.skipif(bool(sbx.missing_tools()), reason=f"missing tools: {sbx.missing_tools()}"),
-]
-
 
 @pytest.fixture(scope="module")
 def sb():
@@ -72,8 +67,7 @@ def test_boot_mounted_layers_and_ext4(sb):
 
 
 def test_vsock_listener_bound(sb):
-    if not VSOCK:
-        pytest.skip("no /dev/vsock on this machine: the vsock listener cannot be checked here")
+    assert VSOCK, "no /dev/vsock on this machine: the vsock listener cannot be checked (the VM suite checks it for real)"
     assert f"listening for init messages on vsock:{sb.vsock_port}" in sb.console()
 
 
@@ -128,27 +122,16 @@ def test_fileservice_call(sb):
     assert "entrypoint" in names and "features" in names, body
 
 
-def _processservice(sb):
-    code, _, _ = sb.start_process("/bin/true", [], sb.token)
-    return code == 200
-
-
 def run_in_sandbox(sb, script):
-    """Run a shell script as a sandbox workload: through ProcessService when it
-    is built in, else with nsenter into every namespace and the root of PID 1."""
-    if _processservice(sb):
-        code, events, out = sb.start_process("/bin/sh", ["-c", script], sb.token)
-        assert code == 200, events
-        ends = [e for f, e in events if f == 0 and "end" in e]
-        assert ends and ends[-1]["end"].get("exited"), events
-        return out.decode()
-    r = sb.ns("sh", "-c", script, kinds=("-a", "-r", "-w"))
-    return r.stdout
+    """Run a shell script as a sandbox workload, through ProcessService."""
+    code, events, out = sb.start_process("/bin/sh", ["-c", script], sb.token)
+    assert code == 200, events
+    ends = [e for f, e in events if f == 0 and "end" in e]
+    assert ends and ends[-1]["end"].get("exited"), events
+    return out.decode()
 
 
 def test_command_runs_in_merged_root(sb):
-    if not _processservice(sb):
-        pytest.skip("ProcessService not built in yet: /health and FileService are checked instead")
     out = run_in_sandbox(sb, 'cat /etc/layer-marker /etc/base-only; echo "HOME=$HOME FOO=$FOO"; id -u; pwd')
     assert out == "top\nbase-only\nHOME=/root FOO=bar\n0\n/root\n", out
 
@@ -214,8 +197,7 @@ def test_ready_state_replaces_token(sb):
     code, body = sb.unary("/pb.FileService/ListFiles", {"path": "/"}, "tok-2")
     assert code == 200, body
     assert "[ns-sb-2]" in sb.console().splitlines()[-1] or "ns-sb-2" in sb.console()
-    if _processservice(sb):
-        assert run_in_sandbox(sb, 'echo "$FOO"') == "baz\n"
+    assert run_in_sandbox(sb, 'echo "$FOO"') == "baz\n"
 
 
 def test_zz_terminal_failure_is_sticky(sb):
