@@ -42,6 +42,8 @@ STATIC_LIBS := -Wl,-Bstatic -lnghttp2 -luv_a -lprotobuf-c -lb64 -lhttp_parser -l
 dev_CFLAGS    := -O2 -g
 asan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 static_CFLAGS := -O2 -DCONCH_STATIC
+# ThreadSanitizer: the thread pool and its unit tests (make tsan-check)
+tsan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 # libFuzzer drivers (tests/fuzz): the library built by clang with coverage
 fuzz_CC       := clang
 fuzz_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
@@ -55,7 +57,7 @@ Q := @
 endif
 
 .PHONY: all dev asan static run check unit integration packaging install rpm clean deps test-deps bench \
-        vm-image vm-check fuzz fuzz-build fuzz-smoke
+        vm-image vm-check fuzz fuzz-build fuzz-smoke tsan-check
 all: dev
 
 # ---------------------------------------------------------------- deps
@@ -108,7 +110,7 @@ build/$(1)/libconch.a: $$($(1)_OBJS)
 
 -include $$(patsubst %.o,%.d,$$($(1)_OBJS))
 endef
-$(foreach v,dev asan static fuzz,$(eval $(call VARIANT,$(v))))
+$(foreach v,dev asan static fuzz tsan,$(eval $(call VARIANT,$(v))))
 
 build/dev/conch-init: build/dev/obj/agent/main.o build/dev/libconch.a
 	@$(if $(Q),echo "  LD $@")
@@ -141,6 +143,15 @@ integration: asan test-deps
 packaging: deps
 	tests/packaging.sh
 
+# The pool's tests under ThreadSanitizer (its worker threads and the loop).
+TSAN_TESTS := test_pool test_pool_nofd
+build/tsan/tests/%: tests/unit/%.c build/tsan/libconch.a tests/unit/test.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(BASEFLAGS) -Ibuild/tsan/gen $(tsan_CFLAGS) $< build/tsan/libconch.a $(LIBS) -o $@
+tsan-check: $(addprefix build/tsan/tests/,$(TSAN_TESTS))
+	@fail=0; for t in $^; do echo "== $$t (tsan)"; TSAN_OPTIONS=halt_on_error=1 $$t || fail=1; done; exit $$fail
+
 # Fuzzing (tests/fuzz): make fuzz [FUZZ_SECONDS=60] runs every driver for
 # that long on its checked-in corpus plus build/fuzz/corpus; make check runs
 # each for FUZZ_SMOKE_SECONDS.
@@ -167,7 +178,7 @@ vm-check: vm-image test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
 	PYTHONPATH=$(CURDIR)/build/py:$(CURDIR)/tests/integration /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/vm
 
-check: asan unit fuzz-smoke integration packaging vm-check
+check: asan unit tsan-check fuzz-smoke integration packaging vm-check
 
 run: dev
 	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \
@@ -193,4 +204,4 @@ rpm: static
 	@find build/rpm/RPMS -name '*.rpm'
 
 clean:
-	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/rpm  # build/vm (the image cache) is kept
+	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/tsan build/rpm  # build/vm (the image cache) is kept
