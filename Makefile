@@ -134,8 +134,14 @@ build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
 
-unit: $(UNIT_BINS)
-	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
+# failmalloc interposes malloc: built without ASan, on the dev library
+build/dev/tests/failmalloc: tests/unit/failmalloc.c build/dev/libconch.a tests/unit/test.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) $(BASEFLAGS) -Ibuild/dev/gen $(dev_CFLAGS) $< build/dev/libconch.a $(LIBS) -o $@
+
+unit: $(UNIT_BINS) build/dev/tests/failmalloc
+	@fail=0; for t in $^; do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 integration: asan test-deps
 	tests/run-integration.sh
