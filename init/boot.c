@@ -195,10 +195,26 @@ static size_t pmem_select(unsigned *idx, size_t max) {
   return cnt;
 }
 
+/* NVDIMM regions the kernel knows (virtio-pmem devices, real NVDIMMs):
+ * each gives a /dev/pmemN once nd_pmem has probed it, asynchronously. */
+static size_t nd_regions(void) {
+  DIR *d = opendir("/sys/bus/nd/devices");
+  if (!d) return 0;
+  size_t n = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL)
+    if (strncmp(de->d_name, "region", 6) == 0 && de->d_name[6] >= '0' && de->d_name[6] <= '9') n++;
+  closedir(d);
+  return n;
+}
+
 int boot_need_pmem_wait(const boot_state *b) {
   if (b->cmd.have_layers) return 0;
-  unsigned idx[1];
-  return pmem_select(idx, 1) == 0;
+  unsigned idx[LAYERS_MAX];
+  size_t have = pmem_select(idx, LAYERS_MAX);
+  /* with nd_pmem just loaded (boot.md §9) pmem1 may come after pmem0:
+   * mounting then would lose a layer, so wait for every region's device */
+  return have == 0 || have < nd_regions();
 }
 
 static void mount_layer(boot_state *b, const char *dev, const char *mp) {

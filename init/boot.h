@@ -37,7 +37,9 @@ typedef struct boot_state {
 /* Steps 2–8 (the caller did step 1).  argv words conch.KEY=V come before
  * /proc/cmdline.  Never fails (warnings only). */
 void boot_early(boot_state *b, int argc, char **argv);
-/* 1 if step 9 must wait for /dev/pmem* (no conch.layers and none yet). */
+/* 1 if step 9 must wait for /dev/pmem*: no conch.layers, and no pmem
+ * device yet or fewer than the NVDIMM regions in /sys/bus/nd/devices (the
+ * devices of freshly loaded modules appear one by one). */
 int boot_need_pmem_wait(const boot_state *b);
 /* Step 9: mount the read-only layers and the overlay. */
 void boot_layers(boot_state *b);

@@ -78,6 +78,7 @@ char *boot_read_file(const char *path, size_t *len) {
       if (cap >= BOOT_MAX_TEXT_FILE) {
         free(buf);
         buf = NULL;
+        errno = EFBIG;
         break;
       }
       char *nb = realloc(buf, cap * 2 + 1);
@@ -99,7 +100,9 @@ char *boot_read_file(const char *path, size_t *len) {
     if (r == 0) break;
     n += (size_t)r;
   }
+  int e = errno;
   close(fd);
+  errno = e; /* the caller reports why a read failed */
   if (buf) {
     buf[n] = 0;
     *len = n;

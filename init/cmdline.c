@@ -113,13 +113,13 @@ int init_cmdline_word(init_cmdline *c, const char *w, size_t n) {
   if (has_prefix(w, n, "conch.modules=", &pl)) {
     if (c->have_modules) return 0;
     size_t vl = n - pl;
-    for (size_t i = 0; i < vl; i++) {
+    int bad = vl >= sizeof c->modules;
+    for (size_t i = 0; i < vl && !bad; i++) {
       char ch = w[pl + i];
-      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-            ch == '_' || ch == '-' || ch == ','))
-        vl = sizeof c->modules; /* invalid */
+      bad = !((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '-' || ch == ',');
     }
-    if (vl >= sizeof c->modules) {
+    if (bad) {
       LOG_WARN("ignoring conch.modules: invalid module list");
       return 0;
     }

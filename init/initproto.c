@@ -53,6 +53,7 @@ typedef struct ip_conn {
   network_cfg cfg;
   char *work_result;
   initmsg_plan plan;
+  uint64_t t_recv; /* uv_hrtime() when the frame was complete: ages timestampMs */
   /* readiness wait */
   uint64_t deadline;
   uv_fs_t fsreq;
@@ -332,7 +333,7 @@ static void work_done(uv_work_t *w, int status) {
     go_terminal(c, "invalid sandbox environment: out of memory");
     return;
   }
-  if (ips.opts.apply_restore) restore_apply(&c->plan);
+  if (ips.opts.apply_restore) restore_apply(&c->plan, (int64_t)((uv_hrtime() - c->t_recv) / 1000000));
   if (c->work_revalidate) {
     LOG_INFO("init message re-applied: network %s, token replaced",
              ips.opts.apply_network ? "revalidated" : "not managed here");
@@ -385,6 +386,7 @@ static void conn_on_frame(ip_conn *c) {
   uv_poll_stop(&c->poll);
   char err[160];
   char *bad = NULL;
+  c->t_recv = uv_hrtime();
   int rc = initmsg_process(c->body, c->len, &c->plan, &bad, err, sizeof err);
   if (rc < 0) {
     conn_reject(c, err);

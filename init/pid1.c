@@ -117,7 +117,7 @@ static void pmem_poll(uv_timer_t *t) {
   if (boot_need_pmem_wait(&p1.boot) && uv_now(conch.loop) < p1.pmem_deadline) return;
   uv_timer_stop(t);
   uv_close((uv_handle_t *)t, NULL);
-  if (boot_need_pmem_wait(&p1.boot)) LOG_WARN("no /dev/pmem* after %d ms", PID1_PMEM_WAIT_MS);
+  if (boot_need_pmem_wait(&p1.boot)) LOG_WARN("/dev/pmem* missing or incomplete after %d ms", PID1_PMEM_WAIT_MS);
   boot_finish();
 }
 

@@ -45,7 +45,7 @@ static void restore_entropy(const unsigned char *b, size_t n) {
   close(fd);
 }
 
-void restore_apply(const initmsg_plan *p) {
-  if (p->timestamp_ms > 0) restore_clock(p->timestamp_ms);
+void restore_apply(const initmsg_plan *p, int64_t age_ms) {
+  if (p->timestamp_ms > 0) restore_clock(p->timestamp_ms + (age_ms > 0 ? age_ms : 0));
   if (p->entropy_len > 0) restore_entropy(p->entropy, p->entropy_len);
 }

@@ -13,6 +13,8 @@
 
 #include "init/initmsg.h"
 
-void restore_apply(const initmsg_plan *p);
+/* age_ms: how long ago the message arrived (the network work ran since),
+ * added to timestampMs so the clock is not set into the past. */
+void restore_apply(const initmsg_plan *p, int64_t age_ms);
 
 #endif

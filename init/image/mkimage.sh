@@ -44,8 +44,10 @@ pad2m() { # pad an image to a multiple of 2 MiB
 
 # ------------------------------------------------------------ kernel
 meta=linux-image-cloud-amd64
-kpkg=$(apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-if [ -z "$kpkg" ]; then apt-get update -qq; kpkg=$(apt-cache depends "$meta" | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'); fi
+kpkg() { apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}' || true; }
+kpkg=$(kpkg)
+if [ -z "$kpkg" ]; then apt-get update -qq; kpkg=$(kpkg); fi
+[ -n "$kpkg" ] || { log "cannot find the kernel package of $meta (apt-cache depends)"; exit 1; }
 kver=${kpkg#linux-image-}
 kdir=$OUT/kernel-$kver
 if [ ! -f "$kdir/.done" ]; then
@@ -62,10 +64,11 @@ cp "$kdir/root/boot/vmlinuz-$kver" "$OUT/vmlinuz.tmp" && mv "$OUT/vmlinuz.tmp" "
 # ------------------------------------------------------------ initramfs
 # The dependency closure of MODULES, from modules.dep ("path: dep dep …").
 moddir=$kdir/root/lib/modules/$kver
-resolve() {
+resolve() { # fails naming the MODULES that are neither modules nor built in
   awk -v want="$MODULES" '
     function base(p) { sub(/.*\//, "", p); sub(/\.ko(\.[a-z]+)?$/, "", p); gsub(/-/, "_", p); return p }
     BEGIN { n = split(want, w, " ") }
+    FNR == NR { builtin[base($1)] = 1; next }
     { k = $1; sub(/:$/, "", k); path[base(k)] = k; deps[base(k)] = ""
       for (i = 2; i <= NF; i++) deps[base(k)] = deps[base(k)] " " $i }
     function add(m,   d, i, nd) {
@@ -74,7 +77,11 @@ resolve() {
       print path[m]
       nd = split(deps[m], d, " "); for (i = 1; i <= nd; i++) add(base(d[i]))
     }
-    END { for (i = 1; i <= n; i++) { m = w[i]; gsub(/-/, "_", m); add(m) } }' "$moddir/modules.dep"
+    END { bad = 0
+          for (i = 1; i <= n; i++) { m = w[i]; gsub(/-/, "_", m)
+            if (!(m in path) && !(m in builtin)) { print "mkimage: unknown module " w[i] > "/dev/stderr"; bad = 1 }
+            add(m) }
+          exit bad }' "$moddir/modules.builtin" "$moddir/modules.dep"
 }
 stamp=$( { sha256sum "$BIN"; echo "$MODULES $kver"; sha256sum "$0"; } | sha256sum | cut -c1-16)
 if [ ! -f "$OUT/initramfs.cpio.gz" ] || [ "$(cat "$OUT/.initramfs.stamp" 2>/dev/null)" != "$stamp" ]; then
@@ -83,7 +90,8 @@ if [ ! -f "$OUT/initramfs.cpio.gz" ] || [ "$(cat "$OUT/.initramfs.stamp" 2>/dev/
   rm -rf "$ir" && mkdir -p "$ir"/{sbin,etc/conch,dev,proc,sys,lib/modules/"$kver"}
   install -m 0755 "$BIN" "$ir/sbin/conch-init"
   ln -s /sbin/conch-init "$ir/init"
-  for f in $(resolve); do
+  files=$(resolve) || exit 1
+  for f in $files; do
     mkdir -p "$ir/lib/modules/$kver/$(dirname "$f")"
     cp "$moddir/$f" "$ir/lib/modules/$kver/$f"
   done
@@ -94,6 +102,7 @@ if [ ! -f "$OUT/initramfs.cpio.gz" ] || [ "$(cat "$OUT/.initramfs.stamp" 2>/dev/
   (cd "$ir" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) | gzip -9 > "$OUT/initramfs.cpio.gz.tmp"
   mv "$OUT/initramfs.cpio.gz.tmp" "$OUT/initramfs.cpio.gz"
   echo "$stamp" > "$OUT/.initramfs.stamp"
+  sha256sum < "$BIN" | cut -d' ' -f1 > "$OUT/conch-init.sha256" # the binary inside (tests check it)
   rm -rf "$ir"
 fi
 
@@ -113,7 +122,8 @@ if [ ! -f "$OUT/rootfs.erofs" ] || [ "$(cat "$OUT/.rootfs.stamp" 2>/dev/null)" !
   echo "$rstamp" > "$OUT/.rootfs.stamp"
   rm -rf "$rd"
 fi
-if [ ! -f "$OUT/top.erofs" ]; then
+tstamp="top v1"
+if [ ! -f "$OUT/top.erofs" ] || [ "$(cat "$OUT/.top.stamp" 2>/dev/null)" != "$tstamp" ]; then
   td=$OUT/top.d
   rm -rf "$td" && mkdir -p "$td/etc"
   echo top > "$td/etc/conch-layer"
@@ -121,6 +131,7 @@ if [ ! -f "$OUT/top.erofs" ]; then
   mkfs.erofs --quiet "$OUT/top.erofs.tmp" "$td"
   pad2m "$OUT/top.erofs.tmp"
   mv "$OUT/top.erofs.tmp" "$OUT/top.erofs"
+  echo "$tstamp" > "$OUT/.top.stamp"
   rm -rf "$td"
 fi
 log "ready in $OUT: vmlinuz initramfs.cpio.gz rootfs.erofs top.erofs ($kver)"

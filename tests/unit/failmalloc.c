@@ -54,23 +54,26 @@ void free(void *p) {
 
 typedef int (*parse_fn)(const void *in, size_t n); /* 1 parsed, 0 refused */
 
-/* Run fn with no failure (counting allocations), then once per allocation
- * with that one failing.  Every run: no block left; the failing runs never
- * report success with less than all they needed (they may still succeed
- * when the failure hit an optional path). */
-static void sweep(const char *what, parse_fn fn, const void *in, size_t n) {
+/* Run fn with no failure (counting allocations; it must give `expect`),
+ * then once per allocation with that one failing.  Every run leaves no
+ * block behind; a failing run may refuse a good input (out of memory) but
+ * never accepts a bad one. */
+static void sweep(const char *what, parse_fn fn, const void *in, size_t n, int expect) {
   calls = 0, fail_at = -1, live = 0, armed = 1;
   int ok = fn(in, n);
   armed = 0;
   long total = calls;
+  if (ok != expect) TEST_FAIL_("%s: parse gave %d, expected %d", what, ok, expect);
+  if (total == 0) TEST_FAIL_("%s: no allocation seen: malloc is not interposed", what);
   if (live != 0) TEST_FAIL_("%s: %ld blocks left without a failure", what, live);
   for (long i = 0; i < total; i++) {
     calls = 0, fail_at = i, live = 0, armed = 1;
-    fn(in, n);
+    int r = fn(in, n);
     armed = 0;
     if (live != 0) TEST_FAIL_("%s: allocation %ld of %ld failing left %ld blocks", what, i, total, live);
+    if (r && !expect) TEST_FAIL_("%s: allocation %ld failing made a bad input pass", what, i);
   }
-  fprintf(stderr, "  %s: %ld allocations, each failed once (parse %s)\n", what, total, ok ? "ok" : "refused");
+  printf("  %s: %ld allocations, each failed once (parse %s)\n", what, total, ok ? "ok" : "refused");
 }
 
 static int p_json(const void *in, size_t n) {
@@ -125,15 +128,16 @@ static const char JSON_DOC[] =
     "\"cwd\":\"/tmp\",\"pty\":{\"cols\":80,\"rows\":24},\"stdin\":\"aGk=\",\"tag\":\"t\\u00e9\"}";
 
 TEST(json_parser) {
-  sweep("json", p_json, JSON_DOC, strlen(JSON_DOC));
+  sweep("json", p_json, JSON_DOC, strlen(JSON_DOC), 1);
   const char *deep = "[[[[[[[[{\"a\":[1,2,{\"b\":\"c\"}]}]]]]]]]]";
-  sweep("json deep", p_json, deep, strlen(deep));
+  sweep("json deep", p_json, deep, strlen(deep), 1);
+  sweep("json refused", p_json, "[1,2", 4, 0);
 }
 
 TEST(pbjson_decoder) {
-  sweep("pbjson", p_pbjson, JSON_DOC, strlen(JSON_DOC));
+  sweep("pbjson", p_pbjson, JSON_DOC, strlen(JSON_DOC), 1);
   const char *bad = "{\"cmd\":\"x\",\"env\":{\"A\":\"1\",\"A\":\"2\"}}";
-  sweep("pbjson refused", p_pbjson, bad, strlen(bad));
+  sweep("pbjson refused", p_pbjson, bad, strlen(bad), 0);
 }
 
 TEST(protobuf_decoder) {
@@ -149,7 +153,7 @@ TEST(protobuf_decoder) {
   r.n_env = 1;
   uint8_t buf[256];
   size_t n = protobuf_c_message_pack(&r.base, buf);
-  sweep("protobuf", p_pbwire, buf, n);
+  sweep("protobuf", p_pbwire, buf, n, 1);
 }
 
 TEST(init_message) {
@@ -157,16 +161,16 @@ TEST(init_message) {
                   "\"network\":{\"guestIP\":\"10.0.2.15\",\"prefixLength\":24,\"gateway\":\"10.0.2.2\","
                   "\"dns\":{\"nameservers\":[\"10.0.2.3\"],\"search\":[\"a.test\"],\"options\":[\"x\"]}},"
                   "\"timestampMs\":1764590000123,\"entropy\":\"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\"}";
-  sweep("init message", p_initmsg, m, strlen(m));
+  sweep("init message", p_initmsg, m, strlen(m), 1);
   const char *bad = "{\"version\":1,\"sandboxID\":\"s\",\"agentToken\":\"t\",\"env\":{\"K=\":\"V\"}}";
-  sweep("init message refused", p_initmsg, bad, strlen(bad));
+  sweep("init message refused", p_initmsg, bad, strlen(bad), 0);
 }
 
 TEST(module_order) {
   const char *dep = "kernel/net/vsock.ko:\nkernel/net/vsock_loopback.ko: kernel/net/vmw_common.ko kernel/net/vsock.ko\n"
                     "kernel/net/vmw_common.ko: kernel/net/vsock.ko\nkernel/fs/erofs.ko: kernel/lib/lz4.ko\n"
                     "kernel/lib/lz4.ko:\n";
-  sweep("modules", p_modules, dep, strlen(dep));
+  sweep("modules", p_modules, dep, strlen(dep), 1);
 }
 
 int main(void) {

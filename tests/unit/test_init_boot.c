@@ -46,6 +46,22 @@ TEST(cmdline_keys_and_precedence) {
   m = "conch.modules=a/../../x conch.modules=erofs";
   init_cmdline_parse(&c, m, strlen(m));
   ASSERT_STR_EQ(c.modules, "erofs");
+  /* an argv word is exactly its own length: an invalid one is never read past */
+  init_cmdline_reset(&c);
+  const char *bad[] = {"conch.modules=a.b", "conch.modules=x y", "conch.modules=\xff"};
+  for (size_t i = 0; i < 3; i++) {
+    size_t bl = strlen(bad[i]);
+    char *w = malloc(bl);
+    memcpy(w, bad[i], bl);
+    ASSERT_EQ(init_cmdline_word(&c, w, bl), 0);
+    free(w);
+  }
+  ASSERT(!c.have_modules);
+  char *big = malloc(1100);
+  memcpy(big, "conch.modules=", 14);
+  memset(big + 14, 'a', 1100 - 14);
+  ASSERT_EQ(init_cmdline_word(&c, big, 1100), 0); /* too long */
+  free(big);
 }
 
 TEST(cmdline_quotes_whitespace_and_invalid) {

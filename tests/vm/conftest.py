@@ -26,12 +26,29 @@ BOOT_TIMEOUT = 300  # TCG on a busy 2-core machine: generous on purpose
 
 def boot(layout, name, tmp_path_factory):
     v = vmmod.VM(layout, workdir=str(tmp_path_factory.mktemp(name)), name=name)
-    v.start()
-    v.wait_log("waiting for the init message", timeout=BOOT_TIMEOUT)
-    v.token = secrets.token_hex(16)
-    v.ready(v.token)
+    try:
+        v.start()
+        v.wait_log("waiting for the init message", timeout=BOOT_TIMEOUT)
+        v.token = secrets.token_hex(16)
+        v.ready(v.token)
+    except BaseException:
+        v.close()  # never leave a guest running on the shared machine
+        raise
     v.client = Client(v.url, v.token)
     return v
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _image_is_current():
+    """The image must hold the binary built last (make vm-image)."""
+    import hashlib
+    binp = os.path.join(vmmod.ROOT, "build", "static", "conch-init")
+    shap = os.path.join(vmmod.IMAGES, "conch-init.sha256")
+    if not os.path.exists(shap) or not os.path.exists(binp):
+        pytest.fail("no VM image: run `make vm-image` (or `make vm-check`)", pytrace=False)
+    have = hashlib.sha256(open(binp, "rb").read()).hexdigest()
+    if open(shap).read().strip() != have:
+        pytest.fail("build/vm holds an older conch-init: run `make vm-image`", pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -88,10 +88,11 @@ def overlay_initrd(workdir):
     shutil.copy(br, os.path.join(d, "init"))
     ov = subprocess.run("echo init | cpio -o -H newc --quiet -R 0:0 | gzip", shell=True, cwd=d,
                         check=True, capture_output=True).stdout
-    with open(out + ".tmp", "wb") as f:
+    tmp = f"{out}.{os.getpid()}.tmp"  # the tests and the benchmark may race here
+    with open(tmp, "wb") as f:
         f.write(open(base, "rb").read())
         f.write(ov)
-    os.rename(out + ".tmp", out)
+    os.rename(tmp, out)
     shutil.rmtree(d)
     return out
 
@@ -150,12 +151,13 @@ class VM:
             if os.path.exists(p):
                 os.unlink(p)
         self.t_start = time.time()
+        self.qemu_log = os.path.join(self.workdir, f"{self.name}-qemu.log")
         self.proc = subprocess.Popen(self.args(incoming), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                     stdout=open(self.qemu_log, "wb"), stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while not (os.path.exists(self.bridge_path) and os.path.exists(self.qmp_path)):
             if self.proc.poll() is not None:
-                raise RuntimeError("qemu exited: " + self.proc.stdout.read().decode(errors="replace"))
+                raise RuntimeError("qemu exited: " + open(self.qemu_log, errors="replace").read())
             if time.time() > deadline:
                 raise RuntimeError("qemu did not create its sockets")
             time.sleep(0.05)
