@@ -258,9 +258,10 @@ def h2_headers_block(method, path, extra=()):
     return blk
 
 
-def h2_flood(att, srv, block):
+def h2_flood(att, srv, block, first=b""):
     """Streams whose answer is headers only (END_STREAM on the request),
-    as fast as the server reads them; never read a byte."""
+    as fast as the server reads them; never read a byte.  first: a header
+    block sent as stream 1 before the flood."""
     while not att.stop.is_set():
         try:
             s = tcp_small(srv)
@@ -270,8 +271,8 @@ def h2_flood(att, srv, block):
         att.add("conns")
         s.settimeout(0.2)
         try:
-            s.sendall(H2_PREFACE + frame(4, 0, 0))
-            sid = 1
+            s.sendall(H2_PREFACE + frame(4, 0, 0) + (frame(1, 0x05, 1, first) if first else b""))
+            sid = 3 if first else 1
             while not att.stop.is_set():
                 burst = b"".join(frame(1, 0x05, sid + 2 * i, block) for i in range(64))
                 try:
@@ -354,22 +355,39 @@ def test_h1_pipelined_answers_never_read_without_token(hs, kind, tmp_path):
 
 # ---------------------------------------------------------------- row 2
 
-@pytest.mark.parametrize("kind", ["health", "grpc-no-token"])
+def grpc_block(token=None):
+    block = h2_headers_block("POST", FS + "ListFiles", [(31, "application/grpc")])
+    block += bytes([0x00, 2]) + b"te" + bytes([8]) + b"trailers"  # literal, new name
+    if token:
+        block += bytes([0x00, 16]) + b"conch-init-token" + bytes([len(token)]) + token.encode()
+    return block
+
+
+@pytest.mark.parametrize("kind", ["health", "grpc-no-token", "health-after-token"])
 def test_h2_headers_only_answers_never_read_without_token(hs, kind, tmp_path):
     """Row 2: no token, HTTP/2 streams whose answer is a lone HEADERS frame
     (GET /health with END_STREAM; gRPC without a token: trailers-only), the
-    client never reads.  Reading stops while the answers wait for the
-    socket, and the unauthenticated connection is closed past 64 KiB."""
-    if kind == "health":
-        block = h2_headers_block("GET", "/health")
+    client never reads.  The unauthenticated connection is closed past
+    64 KiB unsent.  health-after-token: the first request carries the
+    token, so the connection is not closed: reading frames stops while
+    1 MiB waits for the socket, and the flood stalls."""
+    first = b""
+    if kind == "grpc-no-token":
+        block = grpc_block()
     else:
-        block = h2_headers_block("POST", FS + "ListFiles", [(31, "application/grpc")])
-        block += bytes([0x00, 2]) + b"te" + bytes([8]) + b"trailers"  # literal, new name
+        block = h2_headers_block("GET", "/health")
+        if kind == "health-after-token":
+            first = grpc_block(hs.token)
     idle = idle_rss(hs, tmp_path)
-    att = Attack(hs, [lambda a: h2_flood(a, hs, block)]).run()
+    att = Attack(hs, [lambda a: h2_flood(a, hs, block, first)]).run()
     att.check()
-    assert att.stats["sent"] > 1 << 20, att.stats
-    assert "unauthenticated connection closed" in log_of(hs)
+    if kind == "health-after-token":
+        assert att.stats["conns"] == 1, att.stats  # never closed: only stalled
+        assert 1 << 20 < att.stats["sent"] < 256 << 20, att.stats
+        assert "unauthenticated connection closed" not in log_of(hs)
+    else:
+        assert att.stats["sent"] > 1 << 20, att.stats
+        assert "unauthenticated connection closed" in log_of(hs)
     after_attack(hs, idle)
 
 
