@@ -194,6 +194,12 @@ static int conn_try_batch(conn *c) {
 
 void conn_authed(conn *c) { c->authed = 1; }
 
+void conn_unauth_over(conn *c, const char *what) {
+  if (++conch.unauth_closed % 1000 == 1)
+    LOG_WARN("unauthenticated connection closed: %s peer=%s queued=%zu closed=%llu", what, c->peer,
+             c->outq, conch.unauth_closed);
+}
+
 static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
 static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
@@ -216,9 +222,7 @@ static void conn_on_flush(uv_prepare_t *h) {
   /* measured here, after the kernel took what it would: what is left is
    * ours to hold */
   if (!c->authed && !c->closing && c->outq > CONN_UNAUTH_OUTQ) {
-    if (++conch.unauth_closed % 1000 == 1)
-      LOG_WARN("unauthenticated connection closed: output not read peer=%s queued=%zu closed=%llu",
-               c->peer, c->outq, conch.unauth_closed);
+    conn_unauth_over(c, "output not read");
     conn_close(c);
   }
 }

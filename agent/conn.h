@@ -80,6 +80,9 @@ void conn_timer(conn *c, uint64_t ms);
 /* Run fn(c) once from the loop, soon (not re-entrantly); a later call with
  * another fn before it ran replaces it — callers use one dispatcher. */
 void conn_defer(conn *c, void (*fn)(conn *c));
+/* c, not authenticated, went past its budget (what: which one, for the
+ * log): counted and logged (first and every 1000th); the caller closes. */
+void conn_unauth_over(conn *c, const char *what);
 /* A request on c passed the token check: the connection may now queue
  * what its exchanges' own bounds allow (CONN_UNAUTH_OUTQ no longer applies). */
 void conn_authed(conn *c);
