@@ -205,7 +205,7 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void conn_on_flush(uv_prepare_t *h) {
   conn *c = h->data;
-  c->turn_bytes = 0;
+  c->turn_reqs = 0;
   if (c->turn_paused) { /* a new loop turn: its reading share again */
     c->turn_paused = 0;
     if (!c->read_paused && !c->closing) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
@@ -333,8 +333,7 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     n -= take;
   }
   if (n > 0 && c->proto && !c->closing) c->proto->on_read(c, d, n);
-  c->turn_bytes += (size_t)nread;
-  if (c->turn_bytes >= CONN_TURN_BYTES && !c->closing && !c->read_paused && !c->turn_paused) {
+  if (c->turn_reqs >= CONN_TURN_REQS && !c->closing && !c->read_paused && !c->turn_paused) {
     c->turn_paused = 1;
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_prepare_start(&c->flush, conn_on_flush);

@@ -36,7 +36,7 @@ struct conn {
   size_t outq; /* bytes handed to uv_write, not yet completed */
   int read_paused;
   int turn_paused;   /* read its share of this loop turn: resumed by the prepare */
-  size_t turn_bytes; /* read since the last prepare */
+  unsigned turn_reqs; /* requests dispatched since the last prepare */
   int closing;
   int write_failed; /* closed from the loop, never inside a caller's stack */
   int handles_open;
@@ -52,10 +52,13 @@ struct conn {
  * it, it is closed and counted (conch.unauth_closed): a client that sends
  * no token and never reads gets nothing buffered for it. */
 #define CONN_UNAUTH_OUTQ (64u * 1024)
-/* A connection reads at most about this much per loop turn, then waits
- * for the next turn (libuv would read up to 32 buffers in a row): a peer
- * flooding tiny frames must not keep the loop from the others. */
-#define CONN_TURN_BYTES CONN_READ_BUF
+/* A connection whose reads of this loop turn dispatched this many requests
+ * reads no more until the next turn (libuv would read up to 32 buffers in
+ * a row): a peer flooding tiny requests must not keep the loop from the
+ * others.  Counted by requests, not bytes: a big upload is one request and
+ * reads at full speed. */
+#define CONN_TURN_REQS 64
+static inline void conn_turn_request(conn *c) { c->turn_reqs++; }
 /* malloc_trim this long after a connection closed (agent/conn.c) */
 #define CONN_TRIM_MS 1000
 

@@ -272,6 +272,7 @@ static void h2_malformed(h2s *st) {
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
   st->sess->undispatched--;
+  conn_turn_request(st->sess->c);
   if (st->chk.content_length >= 0) st->x.content_length = st->chk.content_length;
   router_dispatch(&st->x);
 }

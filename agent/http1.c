@@ -546,6 +546,7 @@ static void h1_dispatch(h1 *s) {
   x->ops = &h1_ops;
   x->tp = s;
   s->dispatched = 1;
+  conn_turn_request(s->c);
   router_dispatch(x);
   if (!s->c->closing && !x->responded && h1_token_in(hx_get(x, "expect"), "100-continue"))
     h1_send_continue(s);

@@ -532,6 +532,9 @@ def test_h2c_upgrade_with_valid_settings_still_upgrades(one):
     b"GET /health HTTP/1.1\rHost: x\r\n\r\n",                                # bare CR
 ], ids=["fold-sp", "fold-ht", "fold-te", "lf-reqline", "lf-all", "lf-header", "lf-end", "cr"])
 def test_obs_fold_and_bare_lf_are_400(one, req):
+    """RFC 9112: a server may reject obs-fold and must not take a bare LF or
+    CR for a line end the way a proxy in front might not (smuggling).
+    http_parser accepted all of these but fold-te and cr (kept as guards)."""
     s = socket.create_connection(("127.0.0.1", one.port), timeout=5)
     try:
         s.sendall(req)
