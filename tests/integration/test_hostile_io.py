@@ -29,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, ROOT, Server, sanitizer_report, status_kib
+from conftest import ROOT, Server, sanitizer_report, status_kib
 from h2conn import H2Client
 
 pb = pytest.importorskip("agent_pb2")
