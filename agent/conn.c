@@ -59,7 +59,7 @@ static void conn_trim_cb(uv_timer_t *t) {
   malloc_trim(0);
 }
 
-static void conn_trim_soon(void) {
+void conn_trim_soon(void) {
   if (!conch.trim_timer) {
     conch.trim_timer = malloc(sizeof *conch.trim_timer);
     if (!conch.trim_timer) return;

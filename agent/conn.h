@@ -86,6 +86,9 @@ void conn_defer(conn *c, void (*fn)(conn *c));
 /* c, not authenticated, went past its budget (what: which one, for the
  * log): counted and logged (first and every 1000th); the caller closes. */
 void conn_unauth_over(conn *c, const char *what);
+/* malloc_trim in CONN_TRIM_MS (once, however often asked meanwhile):
+ * after a connection closed, or an exchange that sent a lot ended. */
+void conn_trim_soon(void);
 /* A request on c passed the token check: the connection may now queue
  * what its exchanges' own bounds allow (CONN_UNAUTH_OUTQ no longer applies). */
 void conn_authed(conn *c);
