@@ -59,7 +59,7 @@ static void conn_trim_cb(uv_timer_t *t) {
   malloc_trim(0);
 }
 
-static void conn_trim_soon(void) {
+void conn_trim_soon(void) {
   if (!conch.trim_timer) {
     conch.trim_timer = malloc(sizeof *conch.trim_timer);
     if (!conch.trim_timer) return;
@@ -146,7 +146,7 @@ static void conn_on_flush(uv_prepare_t *h);
 static int conn_submit(conn *c) {
   wreq *w = c->batch;
   c->batch = NULL;
-  uv_prepare_stop(&c->flush);
+  if (!c->turn_paused) uv_prepare_stop(&c->flush); /* else it still has to resume reading */
   if (!w) return 0;
   int r = c->closing ? UV_ECANCELED
                      : uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, w->nbuf, conn_write_done);
@@ -194,8 +194,22 @@ static int conn_try_batch(conn *c) {
 
 void conn_authed(conn *c) { c->authed = 1; }
 
+void conn_unauth_over(conn *c, const char *what) {
+  if (++conch.unauth_closed % 1000 == 1)
+    LOG_WARN("unauthenticated connection closed: %s peer=%s queued=%zu closed=%llu", what, c->peer,
+             c->outq, conch.unauth_closed);
+}
+
+static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
 static void conn_on_flush(uv_prepare_t *h) {
   conn *c = h->data;
+  c->turn_reqs = 0;
+  if (c->turn_paused) { /* a new loop turn: its reading share again */
+    c->turn_paused = 0;
+    if (!c->read_paused && !c->closing) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+  }
   /* on_written may queue more: a few rounds, then uv_write */
   for (int round = 0; round < 4 && c->batch && !c->closing; round++)
     if (!conn_try_batch(c)) break;
@@ -208,9 +222,7 @@ static void conn_on_flush(uv_prepare_t *h) {
   /* measured here, after the kernel took what it would: what is left is
    * ours to hold */
   if (!c->authed && !c->closing && c->outq > CONN_UNAUTH_OUTQ) {
-    if (++conch.unauth_closed % 1000 == 1)
-      LOG_WARN("unauthenticated connection closed: output not read peer=%s queued=%zu closed=%llu",
-               c->peer, c->outq, conch.unauth_closed);
+    conn_unauth_over(c, "output not read");
     conn_close(c);
   }
 }
@@ -321,6 +333,11 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     n -= take;
   }
   if (n > 0 && c->proto && !c->closing) c->proto->on_read(c, d, n);
+  if (c->turn_reqs >= CONN_TURN_REQS && !c->closing && !c->read_paused && !c->turn_paused) {
+    c->turn_paused = 1;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_prepare_start(&c->flush, conn_on_flush);
+  }
 }
 
 void conn_read_pause(conn *c, int paused) {

@@ -35,6 +35,8 @@ struct conn {
   size_t sniff_len;
   size_t outq; /* bytes handed to uv_write, not yet completed */
   int read_paused;
+  int turn_paused;   /* read its share of this loop turn: resumed by the prepare */
+  unsigned turn_reqs; /* requests dispatched since the last prepare */
   int closing;
   int write_failed; /* closed from the loop, never inside a caller's stack */
   int handles_open;
@@ -50,6 +52,13 @@ struct conn {
  * it, it is closed and counted (conch.unauth_closed): a client that sends
  * no token and never reads gets nothing buffered for it. */
 #define CONN_UNAUTH_OUTQ (64u * 1024)
+/* A connection whose reads of this loop turn dispatched this many requests
+ * reads no more until the next turn (libuv would read up to 32 buffers in
+ * a row): a peer flooding tiny requests must not keep the loop from the
+ * others.  Counted by requests, not bytes: a big upload is one request and
+ * reads at full speed. */
+#define CONN_TURN_REQS 64
+static inline void conn_turn_request(conn *c) { c->turn_reqs++; }
 /* malloc_trim this long after a connection closed (agent/conn.c) */
 #define CONN_TRIM_MS 1000
 
@@ -74,6 +83,12 @@ void conn_timer(conn *c, uint64_t ms);
 /* Run fn(c) once from the loop, soon (not re-entrantly); a later call with
  * another fn before it ran replaces it — callers use one dispatcher. */
 void conn_defer(conn *c, void (*fn)(conn *c));
+/* c, not authenticated, went past its budget (what: which one, for the
+ * log): counted and logged (first and every 1000th); the caller closes. */
+void conn_unauth_over(conn *c, const char *what);
+/* malloc_trim in CONN_TRIM_MS (once, however often asked meanwhile):
+ * after a connection closed, or an exchange that sent a lot ended. */
+void conn_trim_soon(void);
 /* A request on c passed the token check: the connection may now queue
  * what its exchanges' own bounds allow (CONN_UNAUTH_OUTQ no longer applies). */
 void conn_authed(conn *c);

@@ -272,6 +272,7 @@ static void h2_malformed(h2s *st) {
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
   st->sess->undispatched--;
+  conn_turn_request(st->sess->c);
   if (st->chk.content_length >= 0) st->x.content_length = st->chk.content_length;
   router_dispatch(&st->x);
 }
@@ -281,6 +282,10 @@ static void h2_dispatch(h2s *st) {
 static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
   h2c *sc = ud;
   if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  if (!sc->c->authed && sc->nstreams >= H2_UNAUTH_STREAMS) {
+    conn_unauth_over(sc->c, "too many streams");
+    return NGHTTP2_ERR_CALLBACK_FAILURE; /* h2_on_read closes */
+  }
   h2s *st = h2_stream_new(sc, f->hd.stream_id);
   if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
   nghttp2_session_set_stream_user_data(ng, f->hd.stream_id, st);

@@ -15,6 +15,10 @@
 #define H2_MAX_HEADER_LIST (64u * 1024)
 #define H2_STREAM_WINDOW (1u * 1024 * 1024)
 #define H2_CONN_WINDOW (16u * 1024 * 1024)
+/* open streams an unauthenticated connection may have (then it is closed,
+ * counted with CONN_UNAUTH_OUTQ's): each costs a few KiB however little
+ * it asks */
+#define H2_UNAUTH_STREAMS 32
 
 extern const conn_proto h2_conn_proto;
 /* An HTTP2-Settings header value that decodes (base64url, whole frames). */

@@ -36,6 +36,7 @@ static int hx_write_parts(hx *x, hx_part *p, unsigned n) {
     for (unsigned i = 0; i < k; i++) bufref_owner_free(p[i].owner);
     return -1;
   }
+  for (unsigned i = 0; i < k; i++) x->out_bytes += p[i].len;
   return k ? x->ops->write(x, p, k) : 0;
 }
 
@@ -67,6 +68,9 @@ int hx_end(hx *x, const hx_header *trailers, size_t n) {
   if (x->ended) return -1;
   if (!x->responded) hx_respond(x, 200, NULL, 0, 0);
   x->ended = 1;
+  /* a long-lived connection may never close: give a big answer's memory
+   * back once it is done, too */
+  if (x->out_bytes >= HX_TRIM_BYTES) conn_trim_soon();
   return x->ops->end(x, trailers, n);
 }
 

@@ -41,6 +41,7 @@ typedef struct hx_handler {
 } hx_handler;
 
 #define HX_OUTQ_LOW (1u * 1024 * 1024)
+#define HX_TRIM_BYTES (1u * 1024 * 1024)
 
 /* One piece of body bytes: len > 0 bytes at data; owner (bufref.h) is
  * released once they are written, or at once on failure. */
@@ -89,6 +90,7 @@ struct hx {
   const hx_handler *h;
   void *hdata;
   int responded, ended;
+  size_t out_bytes; /* body bytes written: a big answer's end asks for a trim */
 };
 
 const char *hx_getn(const hx *x, const char *lname, size_t l);

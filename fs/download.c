@@ -90,7 +90,8 @@ typedef struct fs_download {
   int map_mode;   /* regular file, proto codec: windows are mapped, not read */
   uint64_t off;   /* map mode: file offset of the next window */
   uint64_t pos;   /* read mode: file offset of the next read */
-  uint64_t size;  /* regular file: its size at open (or at the last window); 0 unknown */
+  uint64_t size;  /* sized: its size at open (or at the last window), else 0 */
+  int sized;      /* a regular file whose size means something (dl_pseudo_fs) */
   dl_win *win;    /* map mode: the window from the last pool job */
   int sent;       /* chunks sent */
   uint64_t bytes;
@@ -208,12 +209,12 @@ static void dl_map(fs_download *d) {
     dl_changed(d);
     return;
   }
-  d->size = (uint64_t)st.st_size;
-  if (d->size <= d->off) {
+  if (d->sized) d->size = (uint64_t)st.st_size;
+  if (st.st_size <= 0 || (uint64_t)st.st_size <= d->off) {
     d->eof = 1;
     return;
   }
-  uint64_t left = d->size - d->off;
+  uint64_t left = (uint64_t)st.st_size - d->off;
   size_t len = left < DL_WINDOW ? (size_t)left : DL_WINDOW;
   dl_win *w = malloc(sizeof *w);
   void *m = w ? mmap(NULL, len, PROT_READ, MAP_SHARED, d->fd, (off_t)d->off) : MAP_FAILED;
@@ -223,7 +224,7 @@ static void dl_map(fs_download *d) {
   }
   /* truncated while being populated: say so now rather than let the
    * socket write fail on the missing pages */
-  if (m != MAP_FAILED && (fstat(d->fd, &st) != 0 || (uint64_t)st.st_size < d->off + len)) {
+  if (m != MAP_FAILED && d->sized && (fstat(d->fd, &st) != 0 || (uint64_t)st.st_size < d->off + len)) {
     munmap(m, len);
     free(w);
     dl_changed(d);
@@ -296,7 +297,8 @@ static void dl_open_work(uv_work_t *req) {
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     /* pseudo files (procfs: size 0, content on read) are read, not mapped */
     if (!S_ISREG(st.st_mode) || st.st_size <= 0) d->map_mode = 0;
-    if (S_ISREG(st.st_mode) && st.st_size > 0 && !dl_pseudo_fs(fd)) d->size = (uint64_t)st.st_size;
+    d->sized = S_ISREG(st.st_mode) && st.st_size > 0 && !dl_pseudo_fs(fd);
+    if (d->sized) d->size = (uint64_t)st.st_size;
     /* the first chunk is read once the transport has room for it */
   } else {
     d->map_mode = 0;
