@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -104,8 +105,12 @@ static void __attribute__((noreturn)) proc_child(const struct proc_child_plan *c
 /* clone3 with CLONE_VFORK (and CLONE_INTO_CGROUP); a kernel or sandbox
  * without clone3 gets clone(CLONE_VFORK) and *in_cg = 0.  Returns the pid
  * (0 in the child), or -1 with errno. */
-static long proc_clone(int cgfd, int *in_cg) {
+static long proc_clone(int cgfd, int *in_cg, pid_t *settid) {
   struct proc_clone_args a = {.flags = CLONE_VFORK, .exit_signal = SIGCHLD};
+  if (settid) {
+    a.flags |= CLONE_PARENT_SETTID;
+    a.parent_tid = (uint64_t)(uintptr_t)settid;
+  }
   if (cgfd >= 0) {
     a.flags |= PROC_CLONE_INTO_CGROUP;
     a.cgroup = (uint64_t)cgfd;
@@ -114,7 +119,7 @@ static long proc_clone(int cgfd, int *in_cg) {
   long pid = syscall(SYS_clone3, &a, sizeof a);
   if (pid < 0 && errno == ENOSYS) {
     *in_cg = 0;
-    pid = syscall(SYS_clone, CLONE_VFORK | SIGCHLD, 0, 0, 0, 0);
+    pid = syscall(SYS_clone, CLONE_VFORK | SIGCHLD | (settid ? CLONE_PARENT_SETTID : 0), 0, settid, 0, 0);
   }
   return pid;
 }
@@ -128,6 +133,7 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   r->pid = -1;
   r->in_w = r->out_r = r->err_r = -1;
   r->in_cgroup = 0;
+  r->failed_pid = 0;
 
   if (o->pty) {
     master = proc_open_pty(o->cols, o->rows, slave, sizeof slave);
@@ -141,7 +147,7 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   sigset_t all, old;
   memset(&all, 0xff, sizeof all); /* glibc's pthread_sigmask leaves its internal 32/33 alone */
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = proc_clone(o->use_cgroup ? o->cgroup_fd : -1, &r->in_cgroup);
+  long pid = proc_clone(o->use_cgroup ? o->cgroup_fd : -1, &r->in_cgroup, o->inflight_pid);
   if (pid == 0) proc_child(&plan);
   e = errno;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -156,8 +162,11 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   proc_close_fd(&ep[0]);
   if (got == (ssize_t)sizeof child_errno) {
     int st;
-    while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {
-    }
+    if (o->inflight_pid) /* off the loop: the reaper reaps it (reaper_inflight) */
+      r->failed_pid = (pid_t)pid;
+    else
+      while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {
+      }
     e = child_errno;
     goto fail_e;
   }
