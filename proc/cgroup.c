@@ -270,8 +270,8 @@ const char *proc_cg_name(const struct proc_cg *cg) {
  * that grows with it.  (A pid that exits and is reused between the read
  * and the kill would be hit: cgroup.kill has no such race, so SIGKILL
  * never comes here while the kernel has it.) */
-static int cg_signal_each(struct proc_cg *cg, int sig) {
-  int fd = openat(cg->fd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+static int cg_each(int dirfd, int (*fn)(pid_t pid, void *arg), void *arg) {
+  int fd = openat(dirfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;
   char buf[4096];
   size_t keep = 0;
@@ -285,7 +285,7 @@ static int cg_signal_each(struct proc_cg *cg, int sig) {
     char *p = buf, *nl;
     while ((nl = memchr(p, '\n', (size_t)(buf + len - p)))) {
       long pid = strtol(p, NULL, 10);
-      if (pid > 0 && kill((pid_t)pid, sig) == 0) n++;
+      if (pid > 0 && fn((pid_t)pid, arg) == 0) n++;
       p = nl + 1;
     }
     keep = (size_t)(buf + len - p);
@@ -293,6 +293,17 @@ static int cg_signal_each(struct proc_cg *cg, int sig) {
   }
   close(fd);
   return n;
+}
+
+static int cg_kill_one(pid_t pid, void *arg) { return kill(pid, *(int *)arg); }
+
+static int cg_signal_each(struct proc_cg *cg, int sig) { return cg_each(cg->fd, cg_kill_one, &sig); }
+
+/* Write pid into the cgroup.procs open at *(int *)arg. */
+static int cg_move_one(pid_t pid, void *arg) {
+  char b[24];
+  int n = snprintf(b, sizeof b, "%d", (int)pid);
+  return write(*(int *)arg, b, (size_t)n) == n ? 0 : -1;
 }
 
 int proc_cg_signal(struct proc_cg *cg, int sig) {
@@ -393,8 +404,17 @@ void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
 void proc_cg_shutdown(void) {
   struct proc_cgroups *g = conch.cgroups;
   if (!g) return;
-  for (struct proc_cg *cg = g->all; cg; cg = cg->next)
-    if (cg->created) unlinkat(g->base_fd, cg->name, AT_REMOVEDIR);
+  /* leftovers live on (as without cgroups), in the daemon's own cgroup:
+   * nothing of ours stays behind in the hierarchy */
+  int to = openat(g->parent_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+  for (struct proc_cg *cg = g->all; cg; cg = cg->next) {
+    if (!cg->created || unlinkat(g->base_fd, cg->name, AT_REMOVEDIR) == 0 || errno != EBUSY) continue;
+    int fd = openat(g->base_fd, cg->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (to >= 0 && fd >= 0) cg_each(fd, cg_move_one, &to);
+    if (fd >= 0) close(fd);
+    unlinkat(g->base_fd, cg->name, AT_REMOVEDIR);
+  }
+  if (to >= 0) close(to);
   if (unlinkat(g->parent_fd, g->base_name, AT_REMOVEDIR) != 0)
     LOG_INFO("cgroup %s kept: %s", g->base_path, strerror(errno));
 }
