@@ -23,6 +23,8 @@ struct proc_cg {
   int created, released, removed;
   uv_timer_t deadline;
   uv_fs_event_t ev;
+  uv_work_t rm; /* the first rmdir, in the pool (cgroupfs takes a global lock) */
+  int rm_err;
   int timer_on, ev_on; /* handle initialised (closed on finish) */
   int handles;
 };
@@ -372,16 +374,9 @@ static void cg_on_deadline(uv_timer_t *t) {
   LOG_INFO("deadline: killing what is left in cgroup %s kill=%d", proc_cg_name(cg), r);
 }
 
-void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
-  if (!cg || cg->released) return;
+/* Still populated: watch cgroup.events ("populated 0" when it empties). */
+static void cg_linger(struct proc_cg *cg) {
   struct proc_cgroups *g = conch.cgroups;
-  cg->released = 1;
-  if (cg_try_remove(cg)) {
-    cg->removed = 1;
-    cg_finish(cg);
-    return;
-  }
-  /* leftovers (`srv &`): watch cgroup.events ("populated 0" when empty) */
   char path[128];
   snprintf(path, sizeof path, "/proc/self/fd/%d/%s/cgroup.events", g->base_fd, cg->name);
   if (uv_fs_event_init(g->loop, &cg->ev) == 0) {
@@ -390,15 +385,45 @@ void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
     int r = uv_fs_event_start(&cg->ev, cg_on_events, path, 0);
     if (r != 0) LOG_WARN("cannot watch %s: %s (removed at shutdown)", path, uv_strerror(r));
   }
+  if (cg_try_remove(cg)) { /* emptied before the watch began */
+    cg->removed = 1;
+    cg_finish(cg);
+  }
+}
+
+static void cg_rm_run(uv_work_t *w) {
+  struct proc_cg *cg = w->data;
+  cg->rm_err = unlinkat(conch.cgroups->base_fd, cg->name, AT_REMOVEDIR) == 0 ? 0 : errno;
+}
+
+static void cg_rm_done(uv_work_t *w, int status) {
+  struct proc_cg *cg = w->data;
+  if (status == 0 && cg->rm_err != EBUSY) {
+    if (cg->rm_err && cg->rm_err != ENOENT)
+      LOG_WARN("cannot remove cgroup %s: %s", proc_cg_name(cg), strerror(cg->rm_err));
+    cg->removed = 1;
+    cg_finish(cg);
+    return;
+  }
+  cg_linger(cg); /* leftovers (`srv &`) */
+}
+
+void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
+  if (!cg || cg->released) return;
+  struct proc_cgroups *g = conch.cgroups;
+  cg->released = 1;
+  if (!cg->created) {
+    cg->removed = 1;
+    cg_finish(cg);
+    return;
+  }
   if (deadline_ms > 0 && uv_timer_init(g->loop, &cg->deadline) == 0) {
     cg->timer_on = 1;
     cg->deadline.data = cg;
     uv_timer_start(&cg->deadline, cg_on_deadline, deadline_ms, 0);
   }
-  if (cg_try_remove(cg)) { /* emptied before the watch began */
-    cg->removed = 1;
-    cg_finish(cg);
-  }
+  cg->rm.data = cg;
+  if (uv_queue_work(g->loop, &cg->rm, cg_rm_run, cg_rm_done) != 0) cg_linger(cg);
 }
 
 void proc_cg_shutdown(void) {

@@ -385,8 +385,8 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
     snprintf(err, errn, "fork/exec %s: cannot allocate memory", p->exe);
     return -1;
   }
-  if (p->cg && !r.in_cgroup) { /* no clone3: the process group it is */
-    LOG_WARN("process not started in its cgroup (no clone3) pid=%d", (int)r.pid);
+  if (p->cg && !r.in_cgroup) { /* (not with today's spawn) the process group it is */
+    LOG_WARN("process not started in its cgroup pid=%d", (int)r.pid);
     proc_cg_release(p->cg, 0);
     p->cg = NULL;
   }
