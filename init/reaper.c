@@ -36,6 +36,7 @@ struct reaper {
   size_t cap; /* power of two */
   size_t used;
   unsigned long orphans;
+  reaper_inflight *inflight; /* spawns under way in the thread pool */
 };
 
 /* The module's state lives in the daemon context (conch.reaper), allocated
@@ -117,6 +118,39 @@ void reaper_unwatch(pid_t pid) {
   if (s) reaper_remove_at((size_t)(s - reaper.slots));
 }
 
+/* An in-flight slot holds pid: keep its status there.  Linear in the spawns
+ * under way (each a PREP record), only for pids without an owner. */
+static int reaper_keep_inflight(pid_t pid, int st) {
+  for (reaper_inflight *s = reaper.inflight; s; s = s->next)
+    if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == pid && !s->reaped) {
+      s->reaped = 1;
+      s->status = st;
+      return 1;
+    }
+  return 0;
+}
+
+void reaper_inflight_add(reaper_inflight *s) {
+  s->pid = 0;
+  s->reaped = s->status = 0;
+  s->prev = NULL;
+  s->next = reaper.inflight;
+  if (s->next) s->next->prev = s;
+  reaper.inflight = s;
+}
+
+int reaper_inflight_claim(reaper_inflight *s, reaper_cb cb, void *arg, int *status) {
+  if (s->prev) s->prev->next = s->next; else reaper.inflight = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->next = s->prev = NULL;
+  pid_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+  if (s->reaped) {
+    *status = s->status;
+    return 1;
+  }
+  return pid > 0 ? reaper_watch(pid, cb, arg) : 0;
+}
+
 void reaper_reap(void) {
   for (;;) {
     int st = 0;
@@ -132,6 +166,8 @@ void reaper_reap(void) {
       void *arg = s->arg;
       reaper_remove_at((size_t)(s - reaper.slots));
       cb(pid, st, arg);
+    } else if (reaper_keep_inflight(pid, st)) {
+      /* a pool-spawned child that exited before its owner watched it */
     } else {
       reaper.orphans++;
       LOG_DEBUG("reaped orphan pid=%d status=0x%x orphans=%lu", (int)pid, st, reaper.orphans);

@@ -31,4 +31,21 @@ void reaper_reap(void);
 /* Orphans reaped so far (tests, logs). */
 unsigned long reaper_orphans_reaped(void);
 
+/* Children cloned off the loop (ProcessService spawns in the thread pool,
+ * so that the execve of a huge environment never holds the loop).  Such a
+ * child may exit before its owner can reaper_watch() it.  So, on the loop,
+ * before the pool job: reaper_inflight_add(s); the clone stores the child's
+ * pid in s->pid as it creates it (CLONE_PARENT_SETTID).  An exited child
+ * whose pid is in an added slot is reaped and its status kept there (not
+ * taken for an orphan); reaper_inflight_claim (loop, after the job) removes
+ * the slot and either hands back that status (returns 1) or watches the pid
+ * for cb (returns 0; -ENOMEM as reaper_watch).  s->pid 0: no child. */
+typedef struct reaper_inflight {
+  pid_t pid; /* written by the kernel from the cloning thread */
+  int reaped, status;
+  struct reaper_inflight *next, *prev;
+} reaper_inflight;
+void reaper_inflight_add(reaper_inflight *s);
+int reaper_inflight_claim(reaper_inflight *s, reaper_cb cb, void *arg, int *status);
+
 #endif

@@ -23,6 +23,8 @@ struct proc_cg {
   int created, released, removed;
   uv_timer_t deadline;
   uv_fs_event_t ev;
+  uv_work_t rm; /* the first rmdir, in the pool (cgroupfs takes a global lock) */
+  int rm_err;
   int timer_on, ev_on; /* handle initialised (closed on finish) */
   int handles;
 };
@@ -270,8 +272,8 @@ const char *proc_cg_name(const struct proc_cg *cg) {
  * that grows with it.  (A pid that exits and is reused between the read
  * and the kill would be hit: cgroup.kill has no such race, so SIGKILL
  * never comes here while the kernel has it.) */
-static int cg_signal_each(struct proc_cg *cg, int sig) {
-  int fd = openat(cg->fd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+static int cg_each(int dirfd, int (*fn)(pid_t pid, void *arg), void *arg) {
+  int fd = openat(dirfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;
   char buf[4096];
   size_t keep = 0;
@@ -285,7 +287,7 @@ static int cg_signal_each(struct proc_cg *cg, int sig) {
     char *p = buf, *nl;
     while ((nl = memchr(p, '\n', (size_t)(buf + len - p)))) {
       long pid = strtol(p, NULL, 10);
-      if (pid > 0 && kill((pid_t)pid, sig) == 0) n++;
+      if (pid > 0 && fn((pid_t)pid, arg) == 0) n++;
       p = nl + 1;
     }
     keep = (size_t)(buf + len - p);
@@ -293,6 +295,17 @@ static int cg_signal_each(struct proc_cg *cg, int sig) {
   }
   close(fd);
   return n;
+}
+
+static int cg_kill_one(pid_t pid, void *arg) { return kill(pid, *(int *)arg); }
+
+static int cg_signal_each(struct proc_cg *cg, int sig) { return cg_each(cg->fd, cg_kill_one, &sig); }
+
+/* Write pid into the cgroup.procs open at *(int *)arg. */
+static int cg_move_one(pid_t pid, void *arg) {
+  char b[24];
+  int n = snprintf(b, sizeof b, "%d", (int)pid);
+  return write(*(int *)arg, b, (size_t)n) == n ? 0 : -1;
 }
 
 int proc_cg_signal(struct proc_cg *cg, int sig) {
@@ -361,16 +374,9 @@ static void cg_on_deadline(uv_timer_t *t) {
   LOG_INFO("deadline: killing what is left in cgroup %s kill=%d", proc_cg_name(cg), r);
 }
 
-void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
-  if (!cg || cg->released) return;
+/* Still populated: watch cgroup.events ("populated 0" when it empties). */
+static void cg_linger(struct proc_cg *cg) {
   struct proc_cgroups *g = conch.cgroups;
-  cg->released = 1;
-  if (cg_try_remove(cg)) {
-    cg->removed = 1;
-    cg_finish(cg);
-    return;
-  }
-  /* leftovers (`srv &`): watch cgroup.events ("populated 0" when empty) */
   char path[128];
   snprintf(path, sizeof path, "/proc/self/fd/%d/%s/cgroup.events", g->base_fd, cg->name);
   if (uv_fs_event_init(g->loop, &cg->ev) == 0) {
@@ -379,22 +385,61 @@ void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
     int r = uv_fs_event_start(&cg->ev, cg_on_events, path, 0);
     if (r != 0) LOG_WARN("cannot watch %s: %s (removed at shutdown)", path, uv_strerror(r));
   }
-  if (deadline_ms > 0 && uv_timer_init(g->loop, &cg->deadline) == 0) {
-    cg->timer_on = 1;
-    cg->deadline.data = cg;
-    uv_timer_start(&cg->deadline, cg_on_deadline, deadline_ms, 0);
-  }
   if (cg_try_remove(cg)) { /* emptied before the watch began */
     cg->removed = 1;
     cg_finish(cg);
   }
 }
 
+static void cg_rm_run(uv_work_t *w) {
+  struct proc_cg *cg = w->data;
+  cg->rm_err = unlinkat(conch.cgroups->base_fd, cg->name, AT_REMOVEDIR) == 0 ? 0 : errno;
+}
+
+static void cg_rm_done(uv_work_t *w, int status) {
+  struct proc_cg *cg = w->data;
+  if (status == 0 && cg->rm_err != EBUSY) {
+    if (cg->rm_err && cg->rm_err != ENOENT)
+      LOG_WARN("cannot remove cgroup %s: %s", proc_cg_name(cg), strerror(cg->rm_err));
+    cg->removed = 1;
+    cg_finish(cg);
+    return;
+  }
+  cg_linger(cg); /* leftovers (`srv &`) */
+}
+
+void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
+  if (!cg || cg->released) return;
+  struct proc_cgroups *g = conch.cgroups;
+  cg->released = 1;
+  if (!cg->created) {
+    cg->removed = 1;
+    cg_finish(cg);
+    return;
+  }
+  if (deadline_ms > 0 && uv_timer_init(g->loop, &cg->deadline) == 0) {
+    cg->timer_on = 1;
+    cg->deadline.data = cg;
+    uv_timer_start(&cg->deadline, cg_on_deadline, deadline_ms, 0);
+  }
+  cg->rm.data = cg;
+  if (uv_queue_work(g->loop, &cg->rm, cg_rm_run, cg_rm_done) != 0) cg_linger(cg);
+}
+
 void proc_cg_shutdown(void) {
   struct proc_cgroups *g = conch.cgroups;
   if (!g) return;
-  for (struct proc_cg *cg = g->all; cg; cg = cg->next)
-    if (cg->created) unlinkat(g->base_fd, cg->name, AT_REMOVEDIR);
+  /* leftovers live on (as without cgroups), in the daemon's own cgroup:
+   * nothing of ours stays behind in the hierarchy */
+  int to = openat(g->parent_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+  for (struct proc_cg *cg = g->all; cg; cg = cg->next) {
+    if (!cg->created || unlinkat(g->base_fd, cg->name, AT_REMOVEDIR) == 0 || errno != EBUSY) continue;
+    int fd = openat(g->base_fd, cg->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (to >= 0 && fd >= 0) cg_each(fd, cg_move_one, &to);
+    if (fd >= 0) close(fd);
+    unlinkat(g->base_fd, cg->name, AT_REMOVEDIR);
+  }
+  if (to >= 0) close(to);
   if (unlinkat(g->parent_fd, g->base_name, AT_REMOVEDIR) != 0)
     LOG_INFO("cgroup %s kept: %s", g->base_path, strerror(errno));
 }

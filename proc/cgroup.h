@@ -16,10 +16,11 @@
  *
  * Lifetime of one command's cgroup (struct proc_cg), on the loop unless
  * marked: proc_cg_new (loop) → proc_cg_create (thread pool: mkdir, open)
- * → the child is cloned into it (spawn.c) → proc_cg_signal while the
- * record runs → proc_cg_release when the leader was reaped: the directory
- * is removed at once if empty, else when cgroup.events says it emptied
- * (inotify); a deadline still pending then kills what is left at its time.
+ * → the child enters it before its exec (spawn.c) → proc_cg_signal while
+ * the record runs → proc_cg_release when the leader was reaped: the
+ * directory is removed (rmdir in the pool) if empty, else when
+ * cgroup.events says it emptied (inotify); a deadline still pending then
+ * kills what is left at its time.
  */
 #ifndef CONCH_PROC_CGROUP_H
 #define CONCH_PROC_CGROUP_H
@@ -41,7 +42,7 @@ void proc_cg_shutdown(void);
 struct proc_cg *proc_cg_new(void);
 /* Thread pool: create and open the directory; 0 or -errno. */
 int proc_cg_create(struct proc_cg *cg);
-/* Directory descriptor for clone3 CLONE_INTO_CGROUP, or -1. */
+/* Directory descriptor for the spawn (its cgroup.procs), or -1. */
 int proc_cg_fd(const struct proc_cg *cg);
 /* Its path below the hierarchy's root as /proc/PID/cgroup shows it (logs). */
 const char *proc_cg_name(const struct proc_cg *cg);

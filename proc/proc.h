@@ -54,6 +54,8 @@
 #include <uv.h>
 
 #include "agent/rpc.h"
+#include "init/reaper.h"
+#include "proc/spawn.h"
 
 #define PROC_READ_MAX (32u * 1024)
 #define PROC_PTY_READ_MAX (16u * 1024)
@@ -135,6 +137,11 @@ struct proc {
   int prep_step;    /* 5, 6 or 8 */
   uv_work_t work;
   int work_pending;
+  /* the spawn, done at the end of the pool work (see proc_launch_spawn) */
+  reaper_inflight inflight;
+  proc_spawn_result sr;
+  int spawn_rc;     /* 0 spawned, -1 failed (spawn_err), 1 not tried */
+  char spawn_err[4200];
   int aborted;      /* foreground starter vanished during PREP */
 
   int64_t timeout_ms;
@@ -174,9 +181,14 @@ struct proc_table {
 
 /* ---- process.c: record lifecycle ---- */
 struct proc *proc_new(struct proc_table *t);
-/* Spawn a PREPared record; 0, or -1 with err (the record is then unusable
- * for events and the caller releases it). */
-int proc_launch(struct proc *p, char *err, size_t errn);
+/* Thread pool, after the prep steps: spawn (spawn_rc, sr, spawn_err).  The
+ * execve of a big environment runs while this thread waits, not the loop. */
+void proc_launch_spawn(struct proc *p);
+/* Loop, after the pool work: own the child (reaper_inflight_claim) and
+ * start reading it; 0, or -1 with err (the record is then unusable for
+ * events and the caller releases it).  Also when nothing was spawned
+ * (spawn_rc 1): the in-flight slot is given up. */
+int proc_launch_finish(struct proc *p, char *err, size_t errn);
 /* Send sig to the process group while the leader is unreaped (0 / -errno). */
 int proc_signal(struct proc *p, int sig);
 /* The service no longer needs the record (foreground end, PREP failure,

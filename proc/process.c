@@ -1,5 +1,6 @@
 /* process — the lifecycle of one process record; see proc.h. */
 #include <errno.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ struct proc *proc_new(struct proc_table *t) {
   p->t = t;
   p->state = PROC_PREP;
   p->pid = 0;
+  p->spawn_rc = 1; /* nothing spawned yet */
   uv_timer_init(t->loop, &p->timer);
   p->timer.data = p;
   uv_timer_init(t->loop, &p->grace);
@@ -332,21 +334,18 @@ static void proc_on_timeout(uv_timer_t *h) {
   }
 }
 
-int proc_launch(struct proc *p, char *err, size_t errn) {
+void proc_launch_spawn(struct proc *p) {
   size_t argc = p->nargs + 1;
   char **argv = calloc(argc + 1, sizeof *argv);
-  if (!argv) {
-    snprintf(err, errn, "fork/exec %s: cannot allocate memory", p->exe);
-    return -1;
+  p->buf = malloc(PROC_READ_MAX);
+  if (!argv || !p->buf) {
+    free(argv);
+    snprintf(p->spawn_err, sizeof p->spawn_err, "fork/exec %s: cannot allocate memory", p->exe);
+    p->spawn_rc = -1;
+    return;
   }
   argv[0] = p->cmd;
   for (size_t i = 0; i < p->nargs; i++) argv[i + 1] = p->args[i];
-  p->buf = malloc(PROC_READ_MAX);
-  if (!p->buf) {
-    free(argv);
-    snprintf(err, errn, "fork/exec %s: cannot allocate memory", p->exe);
-    return -1;
-  }
   proc_spawn_opts o = {
       .path = p->exe,
       .argv = argv,
@@ -358,31 +357,42 @@ int proc_launch(struct proc *p, char *err, size_t errn) {
       .has_stdin = p->stdin_len > 0,
       .use_cgroup = proc_cg_fd(p->cg) >= 0,
       .cgroup_fd = proc_cg_fd(p->cg),
+      .inflight_pid = &p->inflight.pid,
   };
-  proc_spawn_result r;
-  int rc = proc_spawn(&o, &r, err, errn);
+  p->spawn_rc = proc_spawn(&o, &p->sr, p->spawn_err, sizeof p->spawn_err) == 0 ? 0 : -1;
   free(argv);
   free(p->envp);
   p->envp = NULL;
-  if (rc != 0) return -1;
-  if (p->cg && !r.in_cgroup) { /* no clone3: the process group it is */
-    LOG_WARN("process not started in its cgroup (no clone3) pid=%d", (int)r.pid);
-    proc_cg_release(p->cg, 0);
-    p->cg = NULL;
-  }
+}
 
-  if (reaper_watch(r.pid, proc_on_exit, p) != 0) {
-    kill(-r.pid, SIGKILL); /* reaped later as an orphan */
+static void proc_on_failed_exec(pid_t pid, int wstatus, void *arg) {}
+
+int proc_launch_finish(struct proc *p, char *err, size_t errn) {
+  int st = 0;
+  if (p->spawn_rc != 0) { /* the exec failed (its child is the reaper's) or nothing ran */
+    if (reaper_inflight_claim(&p->inflight, proc_on_failed_exec, NULL, &st) < 0)
+      LOG_WARN("cannot watch failed child pid=%d", (int)p->sr.failed_pid);
+    snprintf(err, errn, "%s", p->spawn_err);
+    return -1;
+  }
+  proc_spawn_result r = p->sr;
+  int gone = reaper_inflight_claim(&p->inflight, proc_on_exit, p, &st);
+  if (gone < 0) {
+    if (p->cg) proc_cg_signal(p->cg, SIGKILL); else kill(-r.pid, SIGKILL); /* reaped later as an orphan */
     if (r.in_w >= 0) close(r.in_w);
     if (r.out_r >= 0) close(r.out_r);
     if (r.err_r >= 0) close(r.err_r);
     snprintf(err, errn, "fork/exec %s: cannot allocate memory", p->exe);
     return -1;
   }
+  if (p->cg && !r.in_cgroup) { /* (not with today's spawn) the process group it is */
+    LOG_WARN("process not started in its cgroup pid=%d", (int)r.pid);
+    proc_cg_release(p->cg, 0);
+    p->cg = NULL;
+  }
   p->pid = r.pid;
   p->state = PROC_RUNNING;
   p->started_at = time(NULL);
-
   if (p->has_pty) {
     p->nout = 1;
     proc_out_open(p, 0, r.out_r, PROC_OUT_PTY);
@@ -413,5 +423,6 @@ int proc_launch(struct proc *p, char *err, size_t errn) {
     p->deadline_at = uv_now(p->t->loop) + (uint64_t)p->timeout_ms;
     uv_timer_start(&p->timer, proc_on_timeout, (uint64_t)p->timeout_ms, 0);
   }
+  if (gone == 1) proc_on_exit(r.pid, st, p); /* it exited before we could watch it */
   return 0;
 }

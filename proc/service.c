@@ -127,6 +127,7 @@ static void proc_start_work(uv_work_t *w) {
     proc_set_err(p, 8, RPC_INVALID_ARGUMENT, "%s: %s", proc_prefix(p), err);
     return;
   }
+  proc_launch_spawn(p);
 }
 
 static void proc_start_fail(struct proc *p, rpc_code code, const char *msg) {
@@ -142,7 +143,20 @@ static void proc_start_fail(struct proc *p, rpc_code code, const char *msg) {
 static void proc_start_done(uv_work_t *w, int status) {
   struct proc *p = w->data;
   p->work_pending = 0;
+  char err[4200], msg[4300];
+  if (p->cg && p->cg_err) {
+    LOG_WARN("cannot create cgroup %s: %s (process group only)", proc_cg_name(p->cg), strerror(p->cg_err));
+    proc_cg_release(p->cg, 0);
+    p->cg = NULL;
+  }
+  if (status != 0 || p->prep_errcode) p->spawn_rc = 1; /* nothing was spawned */
+  int launched = proc_launch_finish(p, err, sizeof err) == 0;
   if (status != 0 || p->aborted) {
+    if (launched) { /* the foreground client left while it started */
+      LOG_INFO("foreground client gone during start, killing pid=%d kill=%d", (int)p->pid,
+               proc_signal(p, SIGKILL));
+      return;
+    }
     proc_remove_script(p);
     proc_start_fail(p, RPC_CANCELED, "canceled");
     return;
@@ -153,13 +167,7 @@ static void proc_start_done(uv_work_t *w, int status) {
     proc_start_fail(p, (rpc_code)p->prep_errcode, p->prep_err);
     return;
   }
-  char err[4200], msg[4300];
-  if (p->cg && p->cg_err) {
-    LOG_WARN("cannot create cgroup %s: %s (process group only)", proc_cg_name(p->cg), strerror(p->cg_err));
-    proc_cg_release(p->cg, 0);
-    p->cg = NULL;
-  }
-  if (proc_launch(p, err, sizeof err) != 0) {
+  if (!launched) {
     snprintf(msg, sizeof msg, "%s: %s", proc_prefix(p), err);
     LOG_INFO("process start failed cmd=%s err=\"%s\"", p->cmd, err);
     proc_start_fail(p, RPC_INVALID_ARGUMENT, msg);
@@ -299,8 +307,11 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   }
   p->work.data = p;
   p->work_pending = 1;
+  reaper_inflight_add(&p->inflight); /* before the pool can clone */
   if (uv_queue_work(t->loop, &p->work, proc_start_work, proc_start_done) != 0) {
     p->work_pending = 0;
+    int st;
+    reaper_inflight_claim(&p->inflight, NULL, NULL, &st); /* nothing spawned: just the slot */
     proc_start_fail(p, RPC_INTERNAL, "cannot queue work");
   }
 }

@@ -3,29 +3,20 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
 
 #include "proc/prep.h"
-
-#ifndef CLONE_VFORK
-#define CLONE_VFORK 0x00004000
-#endif
-#define PROC_CLONE_INTO_CGROUP 0x200000000ULL
-
-/* struct clone_args of linux/sched.h up to `cgroup` (size 88, kernel 5.7) */
-struct proc_clone_args {
-  uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
-      set_tid_size, cgroup;
-};
 
 /* the kernel's sigaction for rt_sigaction (x86-64 layout, no restorer needed for SIG_DFL) */
 struct proc_ksigaction {
@@ -64,15 +55,21 @@ struct proc_child_plan {
   const char *slave; /* PTY slave path, or NULL */
   int in0, out1, err1; /* pipe ends for 0/1/2 (not PTY) */
   int errfd;           /* exec errno goes here */
+  int procsfd;         /* the cgroup's cgroup.procs, or -1 */
 };
 
-/* In the child: raw system calls only (see spawn.h). */
-static void __attribute__((noreturn)) proc_child(const struct proc_child_plan *c) {
+/* In the child, on its own small stack in the daemon's memory (CLONE_VM):
+ * raw system calls only, nothing instrumented (see spawn.h). */
+__attribute__((no_sanitize("address", "undefined"))) static int proc_child(void *arg) {
+  const struct proc_child_plan *c = arg;
   long r = 0;
+  /* first of all into the command's cgroup: nothing can fork before */
+  if (c->procsfd >= 0) r = syscall(SYS_write, c->procsfd, "0", 1) == 1 ? 0 : -1;
   struct proc_ksigaction dfl = {0};
-  for (int sig = 1; sig <= 64; sig++)
+  for (int sig = 1; sig <= 64 && r >= 0; sig++)
     if (sig != SIGKILL && sig != SIGSTOP) syscall(SYS_rt_sigaction, sig, &dfl, NULL, 8);
-  if (c->slave) {
+  if (r < 0) {
+  } else if (c->slave) {
     r = syscall(SYS_setsid);
     if (r >= 0) r = syscall(SYS_openat, AT_FDCWD, c->slave, O_RDWR, 0); /* session leader: ctty */
     if (r >= 0) {
@@ -95,32 +92,17 @@ static void __attribute__((noreturn)) proc_child(const struct proc_child_plan *c
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
     syscall(SYS_execve, c->o->path, c->o->argv, c->o->envp);
   }
-  int e = errno;
+  int e = errno; /* the suspended parent thread's errno (shared TLS): it reads it only on failure */
   syscall(SYS_write, c->errfd, &e, sizeof e);
   syscall(SYS_exit_group, 127);
-  __builtin_unreachable();
+  return 127;
 }
 
-/* clone3 with CLONE_VFORK (and CLONE_INTO_CGROUP); a kernel or sandbox
- * without clone3 gets clone(CLONE_VFORK) and *in_cg = 0.  Returns the pid
- * (0 in the child), or -1 with errno. */
-static long proc_clone(int cgfd, int *in_cg) {
-  struct proc_clone_args a = {.flags = CLONE_VFORK, .exit_signal = SIGCHLD};
-  if (cgfd >= 0) {
-    a.flags |= PROC_CLONE_INTO_CGROUP;
-    a.cgroup = (uint64_t)cgfd;
-  }
-  *in_cg = cgfd >= 0;
-  long pid = syscall(SYS_clone3, &a, sizeof a);
-  if (pid < 0 && errno == ENOSYS) {
-    *in_cg = 0;
-    pid = syscall(SYS_clone, CLONE_VFORK | SIGCHLD, 0, 0, 0, 0);
-  }
-  return pid;
-}
+#define PROC_CHILD_STACK (64u * 1024)
 
 int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t errn) {
-  int in[2] = {-1, -1}, out[2] = {-1, -1}, er[2] = {-1, -1}, ep[2] = {-1, -1}, master = -1;
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, er[2] = {-1, -1}, ep[2] = {-1, -1}, master = -1, procs = -1;
+  void *stack = NULL;
   char slave[64];
   char eb[96];
   int e = 0;
@@ -128,6 +110,7 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   r->pid = -1;
   r->in_w = r->out_r = r->err_r = -1;
   r->in_cgroup = 0;
+  r->failed_pid = 0;
 
   if (o->pty) {
     master = proc_open_pty(o->cols, o->rows, slave, sizeof slave);
@@ -137,15 +120,31 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   }
   if (pipe2(ep, O_CLOEXEC)) goto sys_fail;
 
-  struct proc_child_plan plan = {o, o->pty ? slave : NULL, in[0], out[1], er[1], ep[1]};
+  if (o->use_cgroup) {
+    procs = openat(o->cgroup_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+    if (procs < 0) goto sys_fail;
+  }
+  stack = mmap(NULL, PROC_CHILD_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) {
+    stack = NULL;
+    goto sys_fail;
+  }
+  struct proc_child_plan plan = {o, o->pty ? slave : NULL, in[0], out[1], er[1], ep[1], procs};
   sigset_t all, old;
   memset(&all, 0xff, sizeof all); /* glibc's pthread_sigmask leaves its internal 32/33 alone */
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = proc_clone(o->use_cgroup ? o->cgroup_fd : -1, &r->in_cgroup);
-  if (pid == 0) proc_child(&plan);
+  /* CLONE_VM|CLONE_VFORK as posix_spawn: no copy of the daemon's memory */
+  int pid = clone(proc_child, (char *)stack + PROC_CHILD_STACK,
+                  CLONE_VM | CLONE_VFORK | SIGCHLD | (o->inflight_pid ? CLONE_PARENT_SETTID : 0), &plan,
+                  o->inflight_pid);
   e = errno;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
+  munmap(stack, PROC_CHILD_STACK);
+  stack = NULL;
+  if (procs >= 0) close(procs);
+  procs = -1;
   if (pid < 0) goto fail_e;
+  r->in_cgroup = o->use_cgroup;
 
   /* the child has exec'd (ep's write end closed) or exited (errno written) */
   proc_close_fd(&ep[1]);
@@ -156,8 +155,11 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   proc_close_fd(&ep[0]);
   if (got == (ssize_t)sizeof child_errno) {
     int st;
-    while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {
-    }
+    if (o->inflight_pid) /* off the loop: the reaper reaps it (reaper_inflight) */
+      r->failed_pid = (pid_t)pid;
+    else
+      while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {
+      }
     e = child_errno;
     goto fail_e;
   }
@@ -194,6 +196,8 @@ fail_e:
     proc_close_fd(&ep[i]);
   }
   proc_close_fd(&master);
+  proc_close_fd(&procs);
+  if (stack) munmap(stack, PROC_CHILD_STACK);
   r->in_cgroup = 0;
   return -1;
 }

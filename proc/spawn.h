@@ -1,11 +1,14 @@
 /* spawn — create one child for ProcessService (api.md §6 "The child").
  *
- * Our own clone3(CLONE_VFORK) + execve, not posix_spawn: glibc 2.36 cannot
- * start a child inside a cgroup, and a child moved after exec may already
- * have forked (a fork bomb escapes).  With cgroup_fd >= 0 the kernel puts
- * the child there at creation (CLONE_INTO_CGROUP).  Without CLONE_VM the
- * child runs on a copy-on-write copy of the daemon and only makes raw
- * system calls before execve (no malloc, no locks another thread may hold):
+ * Our own clone(CLONE_VM|CLONE_VFORK) + execve, as glibc's posix_spawn
+ * does it, because posix_spawn (glibc 2.36) cannot put the child in a
+ * cgroup, and a child moved after its exec may already have forked (a fork
+ * bomb escapes).  The child runs on a small stack of its own in the
+ * daemon's memory, uninstrumented, and makes raw system calls only (no
+ * malloc, no locks another thread may hold):
+ *   with cgroup_fd: "0" into its cgroup.procs first — nothing it starts can
+ *   be outside (clone3's CLONE_INTO_CGROUP would need a fork-style clone
+ *   copying the daemon's page tables: measured +0.4 ms per start);
  *   every signal disposition back to SIG_DFL (PID 1 ignores SIGTERM/SIGINT/
  *   SIGPIPE), own process group (pipes) or own session with the PTY slave
  *   opened as controlling terminal, stdin/stdout/stderr, chdir(cwd), every
@@ -13,12 +16,14 @@
  * The daemon blocks signals around the clone so that no handler of its own
  * runs in the child.  CLONE_VFORK suspends the calling thread until the
  * child has exec'd or exited, as posix_spawn does; an exec failure reports
- * its errno through a close-on-exec pipe and the child _exits(127) — it is
- * reaped here with waitpid(pid) *inside the call*, on the calling (loop)
- * thread, before the error is returned.  The reaper only runs from the
- * loop, so it can never race that wait; a failed spawn leaves no child
- * behind (test_proc_spawn checks this).  On success the caller must
- * reaper_watch() the pid before returning to the loop.
+ * its errno through a close-on-exec pipe and the child _exits(127).  Called
+ * on the loop, that child is reaped here with waitpid(pid) *inside the
+ * call*, before the error is returned: the reaper only runs from the loop,
+ * so it can never race that wait, and a failed spawn leaves no child behind
+ * (test_proc_spawn checks this); on success the caller must reaper_watch()
+ * the pid before returning to the loop.  Called in the thread pool
+ * (inflight_pid, ProcessService), the reaper owns every wait: see
+ * reaper_inflight in init/reaper.h.
  * The umask is inherited: proc_init() sets the daemon's to 022.
  *
  * Returned descriptors are O_CLOEXEC|O_NONBLOCK, owned by the caller.
@@ -39,6 +44,10 @@ typedef struct proc_spawn_opts {
   int has_stdin;      /* 0: the stdin pipe's write end is closed at once */
   int use_cgroup;     /* 1: start the child in cgroup_fd (a cgroup v2 directory) */
   int cgroup_fd;
+  /* Off the loop (a pool thread): the kernel stores the child's pid here as
+   * it creates it (reaper_inflight), and a child whose exec failed is left
+   * to the reaper (failed_pid) instead of being waited for. */
+  pid_t *inflight_pid;
 } proc_spawn_opts;
 
 typedef struct proc_spawn_result {
@@ -46,7 +55,8 @@ typedef struct proc_spawn_result {
   int in_w;    /* stdin pipe write end, or -1 */
   int out_r;   /* stdout pipe read end, or the PTY master */
   int err_r;   /* stderr pipe read end, or -1 (PTY) */
-  int in_cgroup; /* the child started in cgroup_fd (0: clone3 unavailable) */
+  int in_cgroup; /* the child entered cgroup_fd before its exec */
+  pid_t failed_pid; /* inflight_pid set and the exec failed: that child, unreaped */
 } proc_spawn_result;
 
 /* 0, or -1 with err = Go-style "fork/exec <path>: <reason>". */

@@ -71,6 +71,36 @@ def stdout_of(msgs):
 
 # ---------------------------------------------------------------- 5: big env
 
+def big_request_errors_as_small_ones(server):
+    """A request decoded in the pool (>= 64 KiB) fails with the same texts."""
+    cl = Client(server.url, server.token)
+    pad = {f"K{i:05d}": "v" for i in range(8000)}
+    bad = json.dumps({"cmd": "true", "env": pad})[:-2] + ', "x": 1}}'
+    small = '{"cmd": "true", "env": {"x": 1}}'
+    ends = []
+    for body in (bad, small):
+        st, msgs, end = cl.stream(SP, [body.encode()])
+        assert st == 200 and msgs == []
+        ends.append(end)
+    assert ends[0] == ends[1] and ends[0]["error"]["code"] == "invalid_argument", ends
+    # two messages, the first a big one
+    good = json.dumps({"cmd": "true", "env": pad}).encode()
+    st, msgs, end = cl.stream(SP, [good, b'{"cmd": "true"}'])
+    assert end == {"error": {"code": "invalid_argument",
+                             "message": "protocol error: expected only one message, but got multiple"}}, end
+    # a client that goes away while its big request decodes leaves the server well
+    for _ in range(5):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        head = (f"POST {SP} HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\n"
+                f"conch-init-token: {server.token}\r\nContent-Length: {len(good) + 5}\r\n\r\n").encode()
+        s.sendall(head + envelope(good))
+        s.close()
+    assert health_seconds(server) < 5
+    msgs, end = start_stream(server, {"cmd": "sh", "args": ["-c", "echo $K07999"], "env": pad})
+    assert end == {} and stdout_of(msgs) == b"v\n"
+
+
+
 @pytest.fixture()
 def lone_server():
     """A server of the test's own: a hung loop must not take others down."""
@@ -116,6 +146,8 @@ def test_100k_env_does_not_hold_the_loop(lone_server):
     assert end == {}, end
     assert msgs[-1] == {"end": {"exited": True, "status": "exited"}}
     assert stdout_of(msgs) == b"first middle last /root\n"
+    # the pool decode's other paths: errors, a second message, vanishing clients
+    big_request_errors_as_small_ones(server)
 
 
 # ---------------------------------------------------------------- 8: duplicate token
@@ -310,31 +342,3 @@ def test_signal_reaches_setsid_escapee(server, cl):
     finally:
         c.close()
         kill_pids(pids_with_arg(esc) + pids_with_arg(lead))
-
-
-def test_big_request_errors_as_small_ones(server, cl):
-    """A request decoded in the pool (>= 64 KiB) fails with the same texts."""
-    pad = {f"K{i:05d}": "v" for i in range(8000)}
-    bad = json.dumps({"cmd": "true", "env": pad})[:-2] + ', "x": 1}}'
-    small = '{"cmd": "true", "env": {"x": 1}}'
-    ends = []
-    for body in (bad, small):
-        st, msgs, end = cl.stream(SP, [body.encode()])
-        assert st == 200 and msgs == []
-        ends.append(end)
-    assert ends[0] == ends[1] and ends[0]["error"]["code"] == "invalid_argument", ends
-    # two messages, the first a big one
-    good = json.dumps({"cmd": "true", "env": pad}).encode()
-    st, msgs, end = cl.stream(SP, [good, b'{"cmd": "true"}'])
-    assert end == {"error": {"code": "invalid_argument",
-                             "message": "protocol error: expected only one message, but got multiple"}}, end
-    # a client that goes away while its big request decodes leaves the server well
-    for _ in range(5):
-        s = socket.create_connection(("127.0.0.1", server.port))
-        head = (f"POST {SP} HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\n"
-                f"conch-init-token: {server.token}\r\nContent-Length: {len(good) + 5}\r\n\r\n").encode()
-        s.sendall(head + envelope(good))
-        s.close()
-    assert health_seconds(server) < 5
-    msgs, end = start_stream(server, {"cmd": "sh", "args": ["-c", "echo $K07999"], "env": pad})
-    assert end == {} and stdout_of(msgs) == b"v\n"

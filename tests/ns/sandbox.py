@@ -20,6 +20,7 @@ with it), loop devices detached, the peer namespace deleted, files removed.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -306,8 +307,14 @@ class Sandbox:
             self.log.close()
         run("ip", "netns", "del", self.peer_ns, check=False)
         # PID 1's command cgroups live in the host's cgroup2 hierarchy (no
-        # cgroup namespace here): empty once its processes are gone
-        for d in sorted(getattr(self, "cgroups", []), key=len, reverse=True):
+        # cgroup namespace here): empty once its processes are gone.  PID 1
+        # logs where it made them.
+        mnt = cgroup2_mount()
+        self.cgroups = list(getattr(self, "cgroups", []))
+        if mnt:
+            for m in re.finditer(r"process cgroups: (/\S+)", self.console()):
+                self.cgroups.append(mnt + m.group(1))
+        for d in sorted(set(self.cgroups), key=len, reverse=True):
             if os.path.isdir(d):
                 for sub in sorted(os.listdir(d)):
                     if os.path.isdir(os.path.join(d, sub)):

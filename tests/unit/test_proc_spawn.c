@@ -235,8 +235,8 @@ TEST(exec_failure_leaves_no_child) {
   ASSERT_EQ(waitpid(-1, NULL, WNOHANG), -1);
 }
 
-/* The child is born in the cgroup (CLONE_INTO_CGROUP): its first
- * instruction already runs there.  Root and a cgroup2 mount are needed; the
+/* The child enters the cgroup before anything else (it writes "0" into
+ * cgroup.procs before its exec).  Root and a cgroup2 mount are needed; the
  * run says so when it lacks them. */
 TEST(child_born_in_cgroup) {
   char mnt[512] = "", line[1024];

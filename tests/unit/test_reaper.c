@@ -195,6 +195,50 @@ TEST(watch_args) {
   ASSERT_EQ(WEXITSTATUS(got_status[0]), 9);
 }
 
+/* A child cloned off the loop that exits before its owner watches it: its
+ * status waits in the in-flight slot (not taken for an orphan); a slot
+ * claimed while the child still runs watches it. */
+TEST(inflight_slots) {
+  reaper_inflight early, late, none;
+  reaper_inflight_add(&early);
+  reaper_inflight_add(&late);
+  reaper_inflight_add(&none);
+  unsigned long orphans = reaper_orphans_reaped();
+  pid_t a = fork();
+  if (a == 0) _exit(3);
+  __atomic_store_n(&early.pid, a, __ATOMIC_RELEASE); /* what CLONE_PARENT_SETTID does */
+  int pfd[2];
+  ASSERT_EQ(pipe(pfd), 0);
+  pid_t b = fork();
+  if (b == 0) {
+    char c;
+    close(pfd[1]);
+    ssize_t k = read(pfd[0], &c, 1); /* until the parent closes its end */
+    _exit(k == 0 ? 4 : 5);
+  }
+  close(pfd[0]);
+  __atomic_store_n(&late.pid, b, __ATOMIC_RELEASE);
+  for (int i = 0; i < 200 && !early.reaped; i++) {
+    usleep(10000);
+    reaper_reap();
+  }
+  ASSERT_EQ(early.reaped, 1);
+  ASSERT_EQ(reaper_orphans_reaped(), orphans);
+  int st = -1;
+  ASSERT_EQ(reaper_inflight_claim(&early, on_exit_cb, (void *)(intptr_t)1, &st), 1);
+  ASSERT_EQ(WEXITSTATUS(st), 3);
+  ASSERT_EQ(reaper_inflight_claim(&none, on_exit_cb, NULL, &st), 0); /* nothing spawned */
+  ncalls = 0;
+  memset(got_pid, 0, sizeof got_pid);
+  ASSERT_EQ(reaper_inflight_claim(&late, on_exit_cb, (void *)(intptr_t)2, &st), 0); /* watched */
+  close(pfd[1]);
+  run_until(1, 5000);
+  ASSERT_EQ(ncalls, 1);
+  ASSERT_EQ(got_pid[2], b);
+  ASSERT_EQ(WEXITSTATUS(got_status[2]), 4);
+  ASSERT_EQ(reaper_orphans_reaped(), orphans);
+}
+
 int main(void) {
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   loop = uv_default_loop();
@@ -204,5 +248,6 @@ int main(void) {
   RUN(unwatched_is_orphan);
   RUN(orphan_storm);
   RUN(watch_args);
+  RUN(inflight_slots);
   return test_summary();
 }
