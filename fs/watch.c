@@ -65,6 +65,11 @@
 #define WD_READS 16         /* reads of the inotify fd per wake-up */
 #define WD_READ_BUF (64u * 1024)
 #define WD_KEEPALIVE_MS 30000
+/* Names a scan reported, remembered for WD_SEEN_WINDOW items so that the
+ * kernel's own CREATE for them (queued between the watch and the scan's
+ * read) is not reported a second time; at most WD_SEEN_MAX. */
+#define WD_SEEN_MAX 256
+#define WD_SEEN_WINDOW 20480
 
 #define WD_MASK                                                                                  \
   (IN_CREATE | IN_MODIFY | IN_ATTRIB | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | \
@@ -112,6 +117,9 @@ typedef struct fs_watch {
   uint32_t from_cookie;
   char *from_rel;
   size_t scan_left;
+  struct { char *rel; uint64_t until; } seen[WD_SEEN_MAX];
+  size_t nseen;
+  uint64_t items_seen;
   /* loop-owned */
   uv_poll_t poll;
   uv_timer_t ka;
@@ -267,6 +275,30 @@ static char *join_rel(const char *dir, const char *name, size_t nl) {
   return r;
 }
 
+static void seen_add(fs_watch *w, const char *rel) {
+  if (w->nseen == WD_SEEN_MAX) return; /* reported twice at worst */
+  char *r = strdup(rel);
+  if (!r) return;
+  w->seen[w->nseen].rel = r;
+  w->seen[w->nseen].until = w->items_seen + WD_SEEN_WINDOW;
+  w->nseen++;
+}
+
+/* 1 when rel was reported by a scan (and forget it); expired ones go. */
+static int seen_take(fs_watch *w, const char *rel) {
+  int hit = 0;
+  for (size_t i = 0; i < w->nseen;) {
+    if (!hit && strcmp(w->seen[i].rel, rel) == 0) hit = 1;
+    else if (w->seen[i].until >= w->items_seen) {
+      i++;
+      continue;
+    }
+    free(w->seen[i].rel);
+    w->seen[i] = w->seen[--w->nseen];
+  }
+  return hit;
+}
+
 static int watch_canceled(fs_watch *w) { return atomic_load_explicit(&w->cancel, memory_order_relaxed); }
 
 /* Watch directory `rel` and (recursive) everything below it; with `out`,
@@ -338,6 +370,7 @@ static int watch_tree(fs_watch *w, const char *rel, wd_item ***out, wd_item *own
           x->e.path = x->full;
           x->e.name = fs_path_base(x->full);
           x->has_entry = 1;
+          seen_add(w, x->rel);
           **out = x;
           *out = &x->next;
         }
@@ -426,6 +459,12 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
     return;
   }
   it->rel = it->full + (strlen(it->full) - strlen(rel));
+  if (w->nseen && (m & (IN_CREATE | IN_DELETE | IN_MOVED_FROM)) && seen_take(w, it->rel) &&
+      (m & IN_CREATE)) {
+    it->kind = WI_SKIP; /* a scan reported it already */
+    free(rel);
+    return;
+  }
   int want_entry = 1;
   if (m & IN_CREATE) it->type = PB__EVENT_TYPE__EVENT_TYPE_CREATE;
   else if (m & IN_MODIFY) it->type = PB__EVENT_TYPE__EVENT_TYPE_WRITE;
@@ -469,6 +508,7 @@ static void watch_items_work(pool_job *j) {
   w->scan_left = WD_SCAN_MAX;
   wd_item *it = w->job_first;
   for (size_t i = 0; i < w->job_n; i++) {
+    w->items_seen++;
     watch_item_work(w, it);
     if (i + 1 < w->job_n) it = it->next; /* the last one's next is the loop's */
   }
@@ -496,6 +536,7 @@ static void watch_free(fs_watch *w) {
     item_free(it);
   }
   for (size_t i = 0; i < w->map_cap; i++) free(w->map[i].rel);
+  for (size_t i = 0; i < w->nseen; i++) free(w->seen[i].rel);
   free(w->map);
   free(w->from_rel);
   free(w->root);
