@@ -79,11 +79,13 @@ for (const t of transports(srv.url)) {
       assert.equal(ev.type, EVENT_TYPE_CREATE);
       assert.equal(ev.entry.path, path.join(wd, "new.txt"));
       ac.abort(); // the client's own cancel: canceled, or (HTTP/1.1) just the end
+      let code = "ended";
       try {
-        assert.equal((await it.next()).done, true);
+        while (!(await it.next()).done); // what was already received may still come
       } catch (e) {
-        assert.equal(ConnectError.from(e).code, Code.Canceled);
+        code = ConnectError.from(e).code;
       }
+      assert.ok(code === "ended" || code === Code.Canceled, `after abort: ${code}`);
       await expectError((async () => { for await (const _ of client.watchDir({ path: path.join(wd, "new.txt") }, { headers })); })(),
         Code.InvalidArgument, `path is not a directory: ${wd}/new.txt`);
     });
