@@ -517,17 +517,13 @@ static void watch_items_work(pool_job *j) {
 /* ---- loop side ---- */
 
 static void item_free(wd_item *it) {
-  while (it) {
-    wd_item *x = it->extra, *n;
-    for (; x; x = n) {
-      n = x->next;
-      free(x->full);
-      free(x);
-    }
-    free(it->full);
-    free(it);
-    it = NULL;
+  for (wd_item *x = it->extra, *n; x; x = n) {
+    n = x->next;
+    free(x->full);
+    free(x);
   }
+  free(it->full);
+  free(it);
 }
 
 static void watch_free(fs_watch *w) {
