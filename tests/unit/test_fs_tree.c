@@ -126,9 +126,9 @@ int main(void) {
   RUN(remove_canceled);
   RUN(remove_too_deep);
   RUN(move_xdev_file_and_failure);
-  fs_status st = {RPC_OK, NULL};
-  fs_tree_remove(disk, NULL, &st);
-  fs_tree_remove(shm, NULL, &st);
-  fs_status_clear(&st);
+  /* the over-deep tree is beyond fs_tree_remove by design */
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", disk, shm);
+  if (system(cmd) != 0) fprintf(stderr, "cleanup failed: %s\n", cmd);
   return test_summary();
 }
