@@ -63,7 +63,8 @@
 #define WD_BATCH 512        /* items per pool job */
 #define WD_SCAN_MAX 1024    /* synthetic CREATEs per pool job */
 #define WD_READS 16         /* reads of the inotify fd per wake-up */
-#define WD_READ_BUF (64u * 1024)
+#define WD_READ_BUF (16u * 1024)
+#define WD_READ_EVENTS (WD_READ_BUF / sizeof(struct inotify_event)) /* most one read gives */
 #define WD_KEEPALIVE_MS 30000
 /* Names a scan reported, remembered for WD_SEEN_WINDOW items so that the
  * kernel's own CREATE for them (queued between the watch and the scan's
@@ -131,6 +132,7 @@ typedef struct fs_watch {
   int ending;        /* WI_END queued: ignore what follows */
   int ovf_pending;   /* events were dropped: an overflow is owed */
   int drain_armed;
+  int read_paused;   /* the queue is full and the client keeps up: the kernel holds the events */
   wd_item *head, *raw, *tail; /* head: oldest unsent; raw: first not yet given to a job */
   size_t count, bytes;
   wd_item *job_first;
@@ -641,9 +643,10 @@ static void queue_append(fs_watch *w, wd_item *it) {
   w->bytes += it->namelen;
 }
 
-/* The owed overflow, once there is room for it and one more event. */
+/* The owed overflow, once the queue is down to half (so that a slow
+ * reader gets one overflow per stall, not one per freed slot). */
 static void watch_owe_overflow(fs_watch *w) {
-  if (!w->ovf_pending || w->count + 2 > WD_QUEUE_MAX) return;
+  if (!w->ovf_pending || w->count > WD_QUEUE_MAX / 2) return;
   wd_item *o = item_new(0);
   if (!o) return;
   o->kind = WI_OVERFLOW;
@@ -698,6 +701,16 @@ static void watch_on_poll(uv_poll_t *h, int status, int events) {
   char *buf = malloc(WD_READ_BUF);
   if (!buf) return;
   for (int r = 0; r < WD_READS; r++) {
+    /* No room for a whole read: while the client keeps up the daemon is
+     * the one behind, so leave the events in the kernel's queue (bounded;
+     * past it IN_Q_OVERFLOW) until the pool job catches up; a client that
+     * does not read makes us read and drop instead (one overflow). */
+    if (w->count + WD_READ_EVENTS > WD_QUEUE_MAX && rpc_outq_bytes(w->call) <= RPC_OUTQ_HIGH) {
+      uv_poll_stop(&w->poll);
+      w->polling = 0;
+      w->read_paused = 1;
+      break;
+    }
     ssize_t n = read(w->fd, buf, WD_READ_BUF);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -795,6 +808,11 @@ static void watch_send(fs_watch *w) {
     }
   }
   watch_owe_overflow(w);
+  if (w->read_paused && w->call && w->count + WD_READ_EVENTS <= WD_QUEUE_MAX) {
+    w->read_paused = 0;
+    w->polling = 1;
+    uv_poll_start(&w->poll, UV_READABLE, watch_on_poll);
+  }
 }
 
 static void watch_on_ka(uv_timer_t *t) {
