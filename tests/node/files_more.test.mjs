@@ -7,6 +7,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 
 import { expectError, loadSchema, mkTmp, startServer, tokenHeader, transports } from "./lib/harness.mjs";
 
@@ -88,6 +89,47 @@ for (const t of transports(srv.url)) {
       assert.ok(code === "ended" || code === Code.Canceled, `after abort: ${code}`);
       await expectError((async () => { for await (const _ of client.watchDir({ path: path.join(wd, "new.txt") }, { headers })); })(),
         Code.InvalidArgument, `path is not a directory: ${wd}/new.txt`);
+    });
+  });
+}
+
+// The same routes through the gRPC (HTTP/2) and gRPC-Web protocols.
+for (const [name, transport] of [
+  ["gRPC", createGrpcTransport({ baseUrl: srv.url })],
+  ["gRPC-Web HTTP/1.1", createGrpcWebTransport({ baseUrl: srv.url, httpVersion: "1.1" })],
+]) {
+  describe(name, () => {
+    const client = createClient(schema.FileService, transport);
+    const headers = tokenHeader(srv.token);
+    const dir = path.join(root, name.replace(/[^a-zA-Z0-9]/g, "_"));
+
+    test("MakeDir, Stat, Move, Remove, errors", async () => {
+      const res = await client.makeDir({ path: path.join(dir, "d") }, { headers });
+      assert.equal(res.entry.isDirectory, true);
+      assert.equal((await client.stat({ path: path.join(dir, "d") }, { headers })).entry.name, "d");
+      await client.move({ source: path.join(dir, "d"), destination: path.join(dir, "e") }, { headers });
+      await client.remove({ path: path.join(dir, "e") }, { headers });
+      assert.equal(fs.existsSync(path.join(dir, "e")), false);
+      await expectError(client.stat({ path: path.join(dir, "e") }, { headers }),
+        Code.NotFound, `path not found: ${dir}/e`);
+    });
+
+    test("WatchDir", async () => {
+      const wd = path.join(dir, "w");
+      fs.mkdirSync(wd, { recursive: true });
+      const ac = new AbortController();
+      const it = client.watchDir({ path: wd }, { headers, signal: ac.signal })[Symbol.asyncIterator]();
+      assert.equal((await it.next()).value.event.case, "start");
+      fs.mkdirSync(path.join(wd, "sub"));
+      let ev;
+      while (!ev) {
+        const n = await it.next();
+        if (n.value.event.case === "filesystem") ev = n.value.event.value;
+      }
+      assert.equal(ev.name, "sub");
+      assert.equal(ev.entry.isDirectory, true);
+      ac.abort();
+      try { while (!(await it.next()).done); } catch (e) { /* canceled */ }
     });
   });
 }
