@@ -28,8 +28,11 @@
  * without entry.
  *
  * Bounds: at most WD_QUEUE_MAX events (and WD_QUEUE_BYTES of names) wait per
- * stream; past that events are dropped and one `overflow` event takes
- * their place once there is room, then events resume.  IN_Q_OVERFLOW (the
+ * stream.  When the queue has no room for another read and the client
+ * keeps up (the pool job is what is behind), reading pauses and the events
+ * wait in the kernel's queue; when the client is what is behind, events
+ * past the bound are dropped and one `overflow` event takes their place
+ * once the queue is down to half, then events resume.  IN_Q_OVERFLOW (the
  * kernel's own queue) becomes `overflow` too (folded into a pending one).
  * Sending stops while rpc_outq_bytes() > RPC_OUTQ_HIGH and resumes on
  * drain, so a client that does not read costs at most the queue plus
