@@ -639,6 +639,47 @@ def test_watch_root_removed_ends_ok(server, kind, tmp_path):
     wait_no_inotify(server.proc.pid)
 
 
+def test_watch_root_renamed_ends_ok(server, tmp_path):
+    """The watched directory renamed: RENAME "." and the stream ends OK."""
+    wait_no_inotify(server.proc.pid)
+    (tmp_path / "r").mkdir()
+    w = open_watch(server, "http1", str(tmp_path / "r"))
+    os.rename(tmp_path / "r", tmp_path / "r2")
+    evs = []
+    deadline = time.monotonic() + 5
+    while w.end is None and time.monotonic() < deadline:
+        evs += [m for m in w.poll(0.05) if "filesystem" in m]
+    assert w.end == {} and evs == [{"filesystem": {"name": ".", "type": "EVENT_TYPE_RENAME"}}]
+    w.close()
+    wait_no_inotify(server.proc.pid)
+
+
+def test_watch_dir_moved_out_is_dropped(server, tmp_path):
+    """A directory moved out of a recursive watch loses its watches; one
+    moved in gains them."""
+    pid = server.proc.pid
+    wait_no_inotify(pid)
+    (tmp_path / "in" / "d" / "e").mkdir(parents=True)
+    (tmp_path / "out" / "m" / "n").mkdir(parents=True)
+    w = open_watch(server, "h2", str(tmp_path / "in"), recursive=True)
+    try:
+        assert list(inotify_watches(pid).values()) == [3]
+        os.rename(tmp_path / "in" / "d", tmp_path / "out" / "d")
+        assert fs_events(w, 1)[0][:2] == ("d", "EVENT_TYPE_RENAME")
+        (tmp_path / "out" / "d" / "x").write_text("x")  # outside now: not reported
+        os.rename(tmp_path / "out" / "m", tmp_path / "in" / "m")
+        ev = fs_events(w, 1)
+        assert ev[0][:2] == ("m", "EVENT_TYPE_RENAME") and ev[0][2]["isDirectory"] is True
+        t0 = time.monotonic()
+        (tmp_path / "in" / "m" / "n" / "y").write_text("y")
+        ev = fs_events(w, 1)
+        assert ev[0][:2] == ("m/n/y", "EVENT_TYPE_CREATE") and ev[0][3] - t0 < 0.1
+        assert list(inotify_watches(pid).values()) == [3]  # root, m, m/n
+    finally:
+        w.close()
+    wait_no_inotify(pid)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_watch_errors(server, mode, tmp_path):
     (tmp_path / "f").write_text("x")
