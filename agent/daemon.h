@@ -77,6 +77,10 @@ typedef struct conch_daemon {
    * default 256 MiB): a call that would pass it fails resource_exhausted */
   size_t rx_buffered, rx_budget;
 
+  /* GET /metrics (agent/metrics.c): the /proc/stat cpu sample of the last
+   * call, so cpuUsedPct covers the time since then (since boot at first) */
+  unsigned long long metrics_cpu_busy, metrics_cpu_total;
+
   /* set when the API listener serves /health (init readiness) */
   int api_serving;
 

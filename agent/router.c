@@ -6,6 +6,7 @@
 
 #include "agent/connect.h"
 #include "agent/daemon.h"
+#include "agent/metrics.h"
 
 #define ROUTER_MAX (sizeof conch.routes / sizeof conch.routes[0])
 
@@ -29,6 +30,10 @@ static void router_health(hx *x) {
 void router_dispatch(hx *x) {
   if (strcmp(x->path, "/health") == 0) {
     router_health(x);
+    return;
+  }
+  if (strcmp(x->path, "/metrics") == 0) {
+    metrics_serve(x);
     return;
   }
   for (size_t i = 0; i < conch.nroutes; i++) {

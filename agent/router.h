@@ -1,4 +1,4 @@
-/* router — maps a request to its handler: GET /health, the RPC routes
+/* router — maps a request to its handler: GET /health, GET /metrics (metrics.h), the RPC routes
  * registered by the services (served through the protocol layer in
  * connect.c), 404 for everything else. */
 #ifndef CONCH_ROUTER_H

@@ -27,6 +27,15 @@ void fs_download_on_cancel(rpc_call *c, rpc_code why);
 void fs_list_on_request(rpc_call *c, const ProtobufCMessage *req);
 /* SearchFiles */
 void fs_search_on_request(rpc_call *c, const ProtobufCMessage *req);
+/* Stat, MakeDir, Move, Remove (ops.c) */
+void fs_stat_on_request(rpc_call *c, const ProtobufCMessage *req);
+void fs_mkdir_on_request(rpc_call *c, const ProtobufCMessage *req);
+void fs_move_on_request(rpc_call *c, const ProtobufCMessage *req);
+void fs_remove_on_request(rpc_call *c, const ProtobufCMessage *req);
+void fs_op_on_cancel(rpc_call *c, rpc_code why);
+/* WatchDir (watch.c) */
+void fs_watch_on_request(rpc_call *c, const ProtobufCMessage *req);
+void fs_watch_on_cancel(rpc_call *c, rpc_code why);
 /* ListFiles and SearchFiles */
 void fs_listing_on_cancel(rpc_call *c, rpc_code why);
 

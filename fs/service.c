@@ -44,6 +44,46 @@ static const rpc_method fs_methods[] = {
         .on_request = fs_search_on_request,
         .on_cancel = fs_listing_on_cancel,
     },
+    {
+        .path = "/pb.FileService/Stat",
+        .kind = RPC_UNARY,
+        .input = &pb__stat_request__descriptor,
+        .output = &pb__stat_response__descriptor,
+        .on_request = fs_stat_on_request,
+        .on_cancel = fs_op_on_cancel,
+    },
+    {
+        .path = "/pb.FileService/MakeDir",
+        .kind = RPC_UNARY,
+        .input = &pb__make_dir_request__descriptor,
+        .output = &pb__make_dir_response__descriptor,
+        .on_request = fs_mkdir_on_request,
+        .on_cancel = fs_op_on_cancel,
+    },
+    {
+        .path = "/pb.FileService/Move",
+        .kind = RPC_UNARY,
+        .input = &pb__move_request__descriptor,
+        .output = &pb__move_response__descriptor,
+        .on_request = fs_move_on_request,
+        .on_cancel = fs_op_on_cancel,
+    },
+    {
+        .path = "/pb.FileService/Remove",
+        .kind = RPC_UNARY,
+        .input = &pb__remove_request__descriptor,
+        .output = &pb__remove_response__descriptor,
+        .on_request = fs_remove_on_request,
+        .on_cancel = fs_op_on_cancel,
+    },
+    {
+        .path = "/pb.FileService/WatchDir",
+        .kind = RPC_SERVER_STREAM,
+        .input = &pb__watch_dir_request__descriptor,
+        .output = &pb__watch_dir_event__descriptor,
+        .on_request = fs_watch_on_request,
+        .on_cancel = fs_watch_on_cancel,
+    },
 };
 
 const rpc_method *fs_service_methods(size_t *n) {

@@ -1,0 +1,41 @@
+/* fs/tree — blocking tree operations for Move and Remove (fs/ops.c);
+ * thread-pool work bodies only.
+ *
+ * Remove never follows a symlink: every directory is opened relative to its
+ * parent's fd with O_NOFOLLOW and entries go with unlinkat, so a link (or an
+ * entry swapped for one meanwhile) is removed itself, never its target.  A
+ * directory on another filesystem than its parent (a mount point) is not
+ * entered (its removal fails "device or resource busy").  The walk holds
+ * one fd per level and is bounded to FS_TREE_MAX_DEPTH levels; no name
+ * lists are kept (each directory is read until a pass finds it empty, at
+ * most FS_TREE_MAX_PASSES passes).  A cancel flag stops it between entries.
+ *
+ * Cross-filesystem move (rename said EXDEV): the source is copied to
+ * ".conch-move-<random>" beside the destination — file data fdatasync'ed,
+ * mode, owner and times kept, symlinks recreated, FIFOs/devices mknod'ed,
+ * directories copied recursively under the same bounds (hard links become
+ * separate files) — then renamed onto the destination (atomic: readers see
+ * the old destination or the whole new one), then the source is removed.
+ * Any failure before the rename removes the copy and leaves the source.
+ */
+#ifndef CONCH_FS_TREE_H
+#define CONCH_FS_TREE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "fs/status.h"
+
+#define FS_TREE_MAX_DEPTH 1024
+#define FS_TREE_MAX_PASSES 8
+
+/* mkdir -p of path[0, dirlen) (0755); 0, or -1 with st set. */
+int fs_tree_mkdir_p(const char *path, size_t dirlen, fs_status *st);
+/* Remove path (not following a final symlink), recursively. */
+int fs_tree_remove(const char *path, const atomic_int *cancel, fs_status *st);
+/* Move src to dst across filesystems (see above). */
+int fs_tree_move_xdev(const char *src, const char *dst, const atomic_int *cancel, fs_status *st);
+/* "move <src> to <dst>: <errno text>" with §7's code. */
+void fs_tree_status_move(fs_status *st, const char *src, const char *dst, int err);
+
+#endif
