@@ -94,16 +94,20 @@ static void op_mkdir(fs_op *o) {
   op_entry(o, p);
 }
 
-static void op_move(fs_op *o) {
+/* 0 when o->path exists (not following a final symlink), else the status. */
+static int op_exists(fs_op *o) {
   struct stat sb;
-  if (lstat(o->path, &sb) != 0) {
-    int e = errno;
-    if (e == ENOENT || e == ENOTDIR)
-      fs_status_set(&o->st, RPC_NOT_FOUND, "path not found: %s", o->path);
-    else
-      fs_status_os(&o->st, "stat path", o->path, e);
-    return;
-  }
+  if (lstat(o->path, &sb) == 0) return 0;
+  int e = errno;
+  if (e == ENOENT || e == ENOTDIR)
+    fs_status_set(&o->st, RPC_NOT_FOUND, "path not found: %s", o->path);
+  else
+    fs_status_os(&o->st, "stat path", o->path, e);
+  return -1;
+}
+
+static void op_move(fs_op *o) {
+  if (op_exists(o) != 0) return;
   size_t dl = fs_path_dir_len(o->dst);
   if (dl > 1 && fs_tree_mkdir_p(o->dst, dl, &o->st) != 0) return;
   if (rename(o->path, o->dst) != 0) {
@@ -120,15 +124,7 @@ static void op_move(fs_op *o) {
 }
 
 static void op_remove(fs_op *o) {
-  struct stat sb;
-  if (lstat(o->path, &sb) != 0) {
-    int e = errno;
-    if (e == ENOENT || e == ENOTDIR)
-      fs_status_set(&o->st, RPC_NOT_FOUND, "path not found: %s", o->path);
-    else
-      fs_status_os(&o->st, "stat path", o->path, e);
-    return;
-  }
+  if (op_exists(o) != 0) return;
   fs_tree_remove(o->path, &o->cancel, &o->st);
 }
 
