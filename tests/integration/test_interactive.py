@@ -697,3 +697,56 @@ def test_grpc_web_send_input(server, client):
         assert r.status == 200 and b"grpc-status:0" in envs[-1][1].replace(b" ", b""), envs
     assert t.wait(lambda: t.ev.done, 10)
     assert b"11 33" in t.ev.output("pty") and b"hi" in t.ev.output("pty")
+
+
+# ---------------------------------------------------------------- README's terminal example
+def test_readme_python_terminal(server):
+    """The README's python3 terminal session, run as written (token and port
+    substituted) on a PTY of our own, typed into like a keyboard."""
+    import pty
+    text = open(os.path.join(ROOT, "README.md")).read()
+    code = text.split("A terminal session in Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace('"conch-init-token": "T"', f'"conch-init-token": "{server.token}"')
+    code = code.replace('"127.0.0.1", 4064', f'"127.0.0.1", {server.port}')
+    assert str(server.port) in code and server.token in code
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv("/usr/bin/python3", ["python3", "-c", code])
+    out = b""
+
+    def until(pat, timeout=15):
+        nonlocal out
+        deadline = time.time() + timeout
+        while pat not in out and time.time() < deadline:
+            import select
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if r:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    break
+        assert pat in out, out[-500:]
+    try:
+        time.sleep(1)
+        os.write(fd, b"echo readme-$((40+2))\r")
+        until(b"readme-42")
+        os.write(fd, b"exit\r")
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            p, st = os.waitpid(pid, os.WNOHANG)
+            if p:
+                break
+            try:
+                os.read(fd, 65536)
+            except OSError:
+                pass
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the example did not end with the shell")
+        assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
