@@ -462,6 +462,48 @@ def test_stalled_child_stalls_stream_bounded(server, client):
     assert rss1 - rss0 < 16 * 1024, (rss0, rss1)
 
 
+def test_stalled_child_stalls_stream_h2(server, client):
+    """The same over HTTP/2: the server withholds window updates while the
+    child sleeps, so the client's sends block.  Peak RSS is taken while the
+    child sleeps (afterwards the data flows, and ASan's quarantine of freed
+    buffers grows with the bytes that went through, not with what is held)."""
+    import hashlib
+    pid, t = start_bg(client, {"cmd": "sh", "args": ["-c", "sleep 2; exec sha256sum"], "stdinOpen": True})
+    data = os.urandom(4 * MiB)
+    rss0 = status_kib(server.proc.pid, "VmRSS")
+    peak = [rss0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set() and time.time() < t0 + 1.8:
+            peak[0] = max(peak[0], status_kib(server.proc.pid, "VmRSS"))
+            time.sleep(0.05)
+    t0 = time.time()
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    h2 = H2Client("127.0.0.1", server.port, timeout=30)
+    isid = h2.connect_stream(PS + "StreamInput", [pb.StreamInputRequest(
+        start=pb.StreamInputStart(process=pb.ProcessSelector(pid=pid))).SerializeToString()], server.token,
+        end_stream=False)
+    for i in range(0, len(data), 256 * 1024):
+        m = pb.StreamInputRequest(data=pb.StreamInputData(input=pb.ProcessInput(stdin=data[i:i + 256 * 1024])))
+        h2.send(isid, envelope(m.SerializeToString()))
+    t_sent = time.time() - t0
+    h2.end(isid)
+    s, = h2.wait(isid)
+    stop.set()
+    th.join()
+    h2.close()
+    assert s.status == 200 and [f for f, p in parse_envelopes(bytes(s.body))] == [0, 2], s.body
+    assert t_sent >= 1.0, t_sent  # the sends blocked: no credit while the child slept
+    st, body, _ = client.unary(PS + "CloseStdin", {"process": {"pid": pid}})
+    assert st == 200
+    assert t.wait(lambda: t.ev.done, 20)
+    assert t.ev.output("stdout").split()[0].decode() == hashlib.sha256(data).hexdigest()
+    print(f"h2: RSS before {rss0} KiB, peak while stalled {peak[0]} KiB, sends took {t_sent:.2f} s")
+    assert peak[0] - rss0 < 16 * 1024, (rss0, peak[0])
+
+
 def test_unary_answers_when_written(server, client):
     """SendInput answers once its bytes are in the pipe: at once when they
     fit, after the child starts reading when they do not."""
