@@ -9,8 +9,9 @@
  * child reads — a parked StreamInput has its input paused
  * (rpc_pause_input), so it stops reading its client; a parked SendInput
  * simply has not answered yet.  A call holds at most one parked message
- * (≤ PROC_INPUT_MAX), so memory per process is the FIFO plus one message
- * per waiting call.
+ * (≤ PROC_INPUT_MAX), and parking stops at PROC_INPUT_MAX parked bytes per
+ * process (a call past that fails `resource_exhausted` `process input
+ * queue full`), so a process holds at most 1 MiB queued + 2 MiB parked.
  *
  * Writes are nonblocking: write() until EAGAIN, then a uv_poll on the fd
  * for writable.  For a PTY the fd is a dup of the master, so this poll
@@ -55,6 +56,7 @@ struct proc_input {
 };
 
 #define PROC_STDIN_CLOSED "process stdin is closed"
+#define PROC_INPUT_FULL "process input queue full"
 
 static void proc_in_flush(struct proc *p);
 
@@ -134,6 +136,7 @@ static void proc_input_detach(struct proc_input *in) {
         *pp = in->wnext;
         if (p->in_wait_tail == in) p->in_wait_tail = prev;
       }
+      p->in_parked_bytes -= in->parked->len;
       free(in->parked);
       in->parked = NULL;
     }
@@ -168,9 +171,14 @@ static void proc_in_append(struct proc *p, struct proc_in_chunk *ch) {
   if (ch->owner) ch->owner->inflight++;
 }
 
-/* Queue a chunk behind everything before it; 1 when it had to be parked. */
+/* Queue a chunk behind everything before it; 1 when it had to be parked,
+ * -1 when the parked messages of this process already hold PROC_INPUT_MAX
+ * (many calls pushing at a child that does not read): the caller fails the
+ * call and frees ch. */
 static int proc_in_submit(struct proc *p, struct proc_input *in, struct proc_in_chunk *ch) {
   if (p->in_wait_head || !proc_in_fits(p, ch->len)) {
+    if (p->in_parked_bytes >= PROC_INPUT_MAX) return -1;
+    p->in_parked_bytes += ch->len;
     in->parked = ch;
     in->wnext = NULL;
     if (p->in_wait_tail) p->in_wait_tail->wnext = in; else p->in_wait_head = in;
@@ -188,6 +196,7 @@ static void proc_in_admit(struct proc *p) {
     if (!p->in_wait_head) p->in_wait_tail = NULL;
     struct proc_in_chunk *ch = w->parked;
     w->parked = NULL;
+    p->in_parked_bytes -= ch->len;
     proc_in_append(p, ch);
     if (w->stream && w->call) rpc_pause_input(w->call, 0); /* resumes from a timer: no reentry */
   }
@@ -229,6 +238,7 @@ static void proc_in_drop(struct proc *p) {
   struct proc_input *w;
   while ((w = p->in_wait_head)) {
     p->in_wait_head = w->wnext;
+    p->in_parked_bytes -= w->parked->len;
     free(w->parked);
     w->parked = NULL;
     proc_input_fail(w, RPC_FAILED_PRECONDITION, PROC_STDIN_CLOSED);
@@ -412,7 +422,14 @@ static void proc_send_input_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   in->input_end = 1;
-  if (!proc_in_submit(p, in, ch)) proc_in_flush(p); /* may answer at once */
+  int r = proc_in_submit(p, in, ch);
+  if (r == 0) {
+    proc_in_flush(p); /* may answer at once */
+  } else if (r < 0) {
+    free(ch);
+    proc_input_fail(in, RPC_RESOURCE_EXHAUSTED, PROC_INPUT_FULL);
+    proc_input_detach(in);
+  }
 }
 
 /* ---- StreamInput ---- */
@@ -462,10 +479,15 @@ static void proc_stream_input_on_message(rpc_call *c, const ProtobufCMessage *m)
     proc_stream_input_fail(in, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  if (proc_in_submit(p, in, ch))
+  int r = proc_in_submit(p, in, ch);
+  if (r > 0) {
     rpc_pause_input(c, 1); /* the child is not reading: stop reading the client */
-  else
+  } else if (r < 0) {
+    free(ch);
+    proc_stream_input_fail(in, RPC_RESOURCE_EXHAUSTED, PROC_INPUT_FULL);
+  } else {
     proc_in_flush(p);
+  }
 }
 
 static void proc_stream_input_on_end(rpc_call *c) {

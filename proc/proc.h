@@ -163,6 +163,7 @@ struct proc {
   struct proc_in_chunk *in_head, *in_tail;
   size_t in_bytes;    /* queued, unwritten: at most PROC_INPUT_MAX */
   struct proc_input *in_wait_head, *in_wait_tail; /* calls holding a chunk that did not fit */
+  size_t in_parked_bytes; /* their chunks: parking stops at PROC_INPUT_MAX */
   size_t ninputs;     /* input calls referring to this record */
   struct proc *fnext, *fprev; /* table foreground list (running foreground processes) */
   int in_fg_list;

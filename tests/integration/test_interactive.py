@@ -530,6 +530,31 @@ def test_unary_answers_when_written(server, client):
     assert t.ev.output("stdout").strip() == str(1000 + 2 * MiB).encode()
 
 
+def test_parked_input_bounded(server, client):
+    """Calls pushing at a child that does not read: 1 MiB queued, 1 MiB
+    parked with its call, and the next call past that is refused."""
+    pid, t = start_bg(client, {"cmd": "sh", "args": ["-c", "sleep 2.5; exec wc -c"], "stdinOpen": True})
+    res = {}
+
+    def send(i):
+        st, body, _ = client.unary(PS + "SendInput", {"process": {"pid": pid}, **inp("stdin", b"y" * MiB)})
+        res[i] = (st, body)
+    ths = []
+    for i in range(2):
+        ths.append(threading.Thread(target=send, args=(i,), daemon=True))
+        ths[-1].start()
+        time.sleep(0.4)
+    assert err(client, "SendInput", {"process": {"pid": pid}, **inp("stdin", b"z")}) == \
+        ("resource_exhausted", "process input queue full")
+    for th in ths:
+        th.join(20)
+    assert res == {0: (200, {}), 1: (200, {})}, res
+    st, body, _ = client.unary(PS + "CloseStdin", {"process": {"pid": pid}})
+    assert st == 200
+    assert t.wait(lambda: t.ev.done, 10)
+    assert t.ev.output("stdout").strip() == str(2 * MiB).encode()
+
+
 def test_vanished_input_client_leaves_process(server, client):
     """A StreamInput client that disconnects does not kill the process; its
     bytes already queued are still written."""
