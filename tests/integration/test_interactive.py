@@ -9,6 +9,7 @@ fed by every input path; backpressure (a child that does not read stalls a
 4 MiB StreamInput, the server's RSS stays bounded, nothing is lost once it
 reads); every error text of §9; curl as in the README; grpcio StreamInput.
 """
+import http.client
 import json
 import os
 import queue
@@ -183,6 +184,8 @@ class H1Term(Term):
                         self.ev.finish(json.loads(body))
                         return
                     self.ev.add(event_of(json.loads(body)))
+            except (OSError, ValueError, http.client.HTTPException):
+                self.ev.finish("cut")  # the server went away (module teardown): tests check the trailer
             finally:
                 c.close()
         threading.Thread(target=reader, daemon=True).start()
