@@ -41,8 +41,14 @@ struct proc_in_chunk {
   struct proc_in_chunk *next;
   struct proc_input *owner; /* the call answered once these bytes are written, or NULL */
   size_t len, off;
+  uint8_t *bytes; /* data, or the request's one-shot stdin buffer (taken, not copied) */
   uint8_t data[];
 };
+
+static void proc_chunk_free(struct proc_in_chunk *ch) {
+  if (ch && ch->bytes != ch->data) free(ch->bytes);
+  free(ch);
+}
 
 /* One SendInput or StreamInput call. */
 struct proc_input {
@@ -137,7 +143,7 @@ static void proc_input_detach(struct proc_input *in) {
         if (p->in_wait_tail == in) p->in_wait_tail = prev;
       }
       p->in_parked_bytes -= in->parked->len;
-      free(in->parked);
+      proc_chunk_free(in->parked);
       in->parked = NULL;
     }
   }
@@ -156,6 +162,7 @@ static struct proc_in_chunk *proc_chunk_new(const uint8_t *data, size_t len, str
   ch->owner = owner;
   ch->len = len;
   ch->off = 0;
+  ch->bytes = ch->data;
   if (len) memcpy(ch->data, data, len);
   return ch;
 }
@@ -226,7 +233,7 @@ static void proc_in_drop(struct proc *p) {
   while ((ch = p->in_head)) {
     p->in_head = ch->next;
     struct proc_input *o = ch->owner;
-    free(ch);
+    proc_chunk_free(ch);
     if (o) {
       o->inflight--;
       proc_input_fail(o, RPC_FAILED_PRECONDITION, PROC_STDIN_CLOSED);
@@ -239,7 +246,7 @@ static void proc_in_drop(struct proc *p) {
   while ((w = p->in_wait_head)) {
     p->in_wait_head = w->wnext;
     p->in_parked_bytes -= w->parked->len;
-    free(w->parked);
+    proc_chunk_free(w->parked);
     w->parked = NULL;
     proc_input_fail(w, RPC_FAILED_PRECONDITION, PROC_STDIN_CLOSED);
     proc_input_free_if_done(w);
@@ -268,7 +275,7 @@ static void proc_in_flush(struct proc *p) {
     struct proc_in_chunk *ch;
     while (p->in_fd >= 0 && (ch = p->in_head)) {
       if (ch->off < ch->len) {
-        ssize_t n = write(p->in_fd, ch->data + ch->off, ch->len - ch->off);
+        ssize_t n = write(p->in_fd, ch->bytes + ch->off, ch->len - ch->off);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && errno == EAGAIN) {
           proc_in_admit(p); /* a partial write may have made room */
@@ -287,7 +294,7 @@ static void proc_in_flush(struct proc *p) {
       p->in_head = ch->next;
       if (!p->in_head) p->in_tail = NULL;
       struct proc_input *o = ch->owner;
-      free(ch);
+      proc_chunk_free(ch);
       if (o) {
         o->inflight--;
         proc_input_maybe_done(o);
@@ -314,9 +321,15 @@ int proc_input_open(struct proc *p, int fd) {
     p->in_open = 1;
     p->in_fd = fd;
     if (p->stdin_len) {
-      struct proc_in_chunk *ch = proc_chunk_new(p->stdin_buf, p->stdin_len, NULL);
-      if (ch) proc_in_append(p, ch); /* may exceed PROC_INPUT_MAX alone: it is the request's own */
-      else rc = -1;
+      struct proc_in_chunk *ch = proc_chunk_new(NULL, 0, NULL);
+      if (ch) { /* may exceed PROC_INPUT_MAX alone: it is the request's own */
+        ch->bytes = p->stdin_buf;
+        ch->len = p->stdin_len;
+        p->stdin_buf = NULL;
+        proc_in_append(p, ch);
+      } else {
+        rc = -1;
+      }
     }
     proc_in_flush(p);
   } else {
@@ -426,7 +439,7 @@ static void proc_send_input_on_request(rpc_call *c, const ProtobufCMessage *m) {
   if (r == 0) {
     proc_in_flush(p); /* may answer at once */
   } else if (r < 0) {
-    free(ch);
+    proc_chunk_free(ch);
     proc_input_fail(in, RPC_RESOURCE_EXHAUSTED, PROC_INPUT_FULL);
     proc_input_detach(in);
   }
@@ -483,7 +496,7 @@ static void proc_stream_input_on_message(rpc_call *c, const ProtobufCMessage *m)
   if (r > 0) {
     rpc_pause_input(c, 1); /* the child is not reading: stop reading the client */
   } else if (r < 0) {
-    free(ch);
+    proc_chunk_free(ch);
     proc_stream_input_fail(in, RPC_RESOURCE_EXHAUSTED, PROC_INPUT_FULL);
   } else {
     proc_in_flush(p);
