@@ -558,6 +558,26 @@ def test_parked_input_bounded(server, client):
     assert t.ev.output("stdout").strip() == str(2 * MiB).encode()
 
 
+def test_input_deadline_leaves_process(server, client):
+    """A SendInput that passes its Connect-Timeout-Ms while the child does
+    not read ends deadline_exceeded; the process keeps running and the bytes
+    already queued are still written, in order."""
+    pid, t = start_bg(client, {"cmd": "sh", "args": ["-c", "sleep 1.5; exec cat"], "stdinOpen": True})
+    big = bytes(range(256)) * 4096  # 1 MiB
+    t0 = time.time()
+    st, body, _ = client.unary(PS + "SendInput", {"process": {"pid": pid}, **inp("stdin", big)},
+                               headers={"Connect-Timeout-Ms": "300"})
+    assert (st, body["code"]) == (504, "deadline_exceeded"), body
+    assert time.time() - t0 < 1.2
+    st, body, _ = client.unary(PS + "SendInput", {"process": {"pid": pid}, **inp("stdin", b"tail")})
+    assert (st, body) == (200, {}), body  # answered after the child read the first MiB
+    st, _, _ = client.unary(PS + "CloseStdin", {"process": {"pid": pid}})
+    assert st == 200
+    assert t.wait(lambda: t.ev.done, 10)
+    assert t.ev.output("stdout") == big + b"tail"
+    assert [e for e in t.ev.events if e[0] == "end"] == [("end", 0, "exited", "")]
+
+
 def test_vanished_input_client_leaves_process(server, client):
     """A StreamInput client that disconnects does not kill the process; its
     bytes already queued are still written."""
