@@ -68,6 +68,7 @@
 #define PROC_KEEPALIVE_MS 30000
 #define PROC_MAX_PROCS 4096   /* live records (any state) */
 #define PROC_MAX_SUBS 256     /* subscribers per process */
+#define PROC_INPUT_MAX (1024u * 1024) /* pending input per process; also the largest input message */
 
 enum proc_state { PROC_PREP, PROC_RUNNING, PROC_EXITED, PROC_ENDED };
 enum proc_out_kind { PROC_OUT_STDOUT, PROC_OUT_STDERR, PROC_OUT_PTY };
@@ -157,9 +158,22 @@ struct proc {
 
   struct proc_out out[2];
   int nout;
-  uv_pipe_t in;
-  int in_open;
-  uv_write_t wreq;
+  /* input (input.c): the stdin pipe's write end, or a dup of the PTY
+   * master (its own fd, so its writable watch never disturbs the output
+   * poll); chunks in arrival order across all input RPCs */
+  uv_poll_t in;
+  int in_fd;          /* -1: no input fd */
+  int in_open;        /* poll handle initialised and not closing */
+  int in_polling;     /* waiting for writable */
+  int in_closed;      /* no new input accepted (CloseStdin, one-shot only, exit, EPIPE) */
+  int stdin_open;     /* the request's stdin_open */
+  struct proc_in_chunk *in_head, *in_tail;
+  size_t in_bytes;    /* queued, unwritten: at most PROC_INPUT_MAX */
+  struct proc_input *in_wait_head, *in_wait_tail; /* calls holding a chunk that did not fit */
+  size_t in_parked_bytes; /* their chunks: parking stops at PROC_INPUT_MAX */
+  size_t ninputs;     /* input calls referring to this record */
+  struct proc *fnext, *fprev; /* table foreground list (running foreground processes) */
+  int in_fg_list;
 
   struct proc_sub *subs;
   size_t nsubs;
@@ -174,6 +188,7 @@ struct proc {
 struct proc_table {
   uv_loop_t *loop;
   struct proc *head, *tail; /* background records, start order */
+  struct proc *fg_head;     /* running foreground records (input RPCs find them by pid) */
   size_t nrecords;          /* every live record */
   uint64_t keepalive_ms;
   uint64_t retain_ms;
@@ -202,6 +217,18 @@ void proc_pause(struct proc *p, int paused);
 void proc_table_unlink(struct proc *p);
 /* Free the record if nothing refers to it any more. */
 void proc_check_free(struct proc *p);
+
+/* ---- input.c: stdin / PTY input (api.md §9) ---- */
+/* At launch: take the input fd (pipe write end, or -1 for a PTY: the master
+ * is dup'ed here) and queue the one-shot stdin bytes; 0 or -1 (ENOMEM). */
+int proc_input_open(struct proc *p, int pipe_fd);
+/* The leader was reaped (or the record is going): close the input, fail
+ * calls waiting for bytes that will never be written. */
+void proc_input_shutdown(struct proc *p);
+/* Foreground list of the table. */
+void proc_fg_link(struct proc *p);
+void proc_fg_unlink(struct proc *p);
+extern const rpc_method proc_input_methods[4];
 
 /* ---- fanout.c: subscribers ---- */
 struct proc_sub *proc_sub_add(struct proc *p, rpc_call *c, int lossless);

@@ -24,6 +24,7 @@ struct proc *proc_new(struct proc_table *t) {
   p->state = PROC_PREP;
   p->pid = 0;
   p->spawn_rc = 1; /* nothing spawned yet */
+  p->in_fd = -1;
   uv_timer_init(t->loop, &p->timer);
   p->timer.data = p;
   uv_timer_init(t->loop, &p->grace);
@@ -60,7 +61,8 @@ static void proc_free(struct proc *p) {
 }
 
 void proc_check_free(struct proc *p) {
-  if (p->released && p->handles == 0 && !p->work_pending && p->nsubs == 0 && !p->in_table)
+  if (p->released && p->handles == 0 && !p->work_pending && p->nsubs == 0 && !p->in_table &&
+      p->ninputs == 0)
     proc_free(p);
 }
 
@@ -83,6 +85,7 @@ void proc_release(struct proc *p) {
   if (p->released) return;
   p->released = 1;
   proc_table_unlink(p);
+  proc_input_shutdown(p);
   if (!uv_is_closing((uv_handle_t *)&p->timer)) uv_close((uv_handle_t *)&p->timer, proc_on_close);
   if (!uv_is_closing((uv_handle_t *)&p->grace)) uv_close((uv_handle_t *)&p->grace, proc_on_close);
   /* outputs still open are discarding a grandchild's output until EOF */
@@ -207,22 +210,6 @@ static int proc_out_open(struct proc *p, int idx, int fd, int kind) {
   return 0;
 }
 
-/* ---- stdin ---- */
-static void proc_in_close(struct proc *p) {
-  if (!p->in_open) return;
-  p->in_open = 0;
-  uv_close((uv_handle_t *)&p->in, proc_on_close);
-}
-
-static void proc_on_stdin_written(uv_write_t *w, int status) {
-  struct proc *p = w->data;
-  if (status < 0 && status != UV_ECANCELED)
-    LOG_DEBUG("stdin write ended pid=%d err=%s", (int)p->pid, uv_strerror(status));
-  free(p->stdin_buf);
-  p->stdin_buf = NULL;
-  proc_in_close(p); /* EOF for the child */
-}
-
 /* ---- end ---- */
 static void proc_on_retention_end(uv_timer_t *h) {
   struct proc *p = h->data;
@@ -306,7 +293,7 @@ static void proc_on_exit(pid_t pid, int wstatus, void *arg) {
     left = p->deadline_at > p->exit_ms ? p->deadline_at - p->exit_ms : 1;
   proc_cg_release(p->cg, left);
   p->cg = NULL;
-  proc_in_close(p);
+  proc_input_shutdown(p); /* input calls waiting for bytes fail; no more input */
   proc_remove_script(p);
   for (int i = 0; i < p->nout; i++) {
     struct proc_out *o = &p->out[i];
@@ -354,7 +341,7 @@ void proc_launch_spawn(struct proc *p) {
       .pty = p->has_pty,
       .cols = (unsigned short)p->cols,
       .rows = (unsigned short)p->rows,
-      .has_stdin = p->stdin_len > 0,
+      .has_stdin = p->stdin_len > 0 || p->stdin_open,
       .use_cgroup = proc_cg_fd(p->cg) >= 0,
       .cgroup_fd = proc_cg_fd(p->cg),
       .inflight_pid = &p->inflight.pid,
@@ -401,24 +388,8 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
     proc_out_open(p, 0, r.out_r, PROC_OUT_STDOUT);
     proc_out_open(p, 1, r.err_r, PROC_OUT_STDERR);
   }
-  if (r.in_w >= 0) {
-    if (uv_pipe_init(p->t->loop, &p->in, 0) == 0) {
-      p->in.data = p;
-      p->handles++;
-      p->in_open = 1;
-      if (uv_pipe_open(&p->in, r.in_w) != 0) {
-        close(r.in_w);
-        proc_in_close(p);
-      } else {
-        uv_buf_t b = uv_buf_init((char *)p->stdin_buf, (unsigned)p->stdin_len);
-        p->wreq.data = p;
-        if (uv_write(&p->wreq, (uv_stream_t *)&p->in, &b, 1, proc_on_stdin_written) != 0)
-          proc_in_close(p);
-      }
-    } else {
-      close(r.in_w);
-    }
-  }
+  proc_input_open(p, r.in_w); /* ENOMEM: the one-shot bytes are lost, EOF as before */
+  if (!p->background) proc_fg_link(p);
   if (p->timeout_ms > 0) {
     p->deadline_at = uv_now(p->t->loop) + (uint64_t)p->timeout_ms;
     uv_timer_start(&p->timer, proc_on_timeout, (uint64_t)p->timeout_ms, 0);

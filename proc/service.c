@@ -242,6 +242,7 @@ static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req)
       ok = 0;
     }
   }
+  p->stdin_open = req->stdin_open ? 1 : 0;
   if (ok && req->pty) {
     p->has_pty = 1;
     p->cols = req->pty->cols ? req->pty->cols : PROC_PTY_DEFAULT_COLS;
@@ -479,9 +480,15 @@ static const rpc_method proc_methods[] = {
      proc_unary_cancel},
 };
 
+/* §6's four and §9's input calls (proc/input.c), in one array for the router. */
+static rpc_method proc_all_methods[sizeof proc_methods / sizeof proc_methods[0] + 4];
+
 const rpc_method *proc_service_methods(size_t *n) {
-  *n = sizeof proc_methods / sizeof proc_methods[0];
-  return proc_methods;
+  size_t a = sizeof proc_methods / sizeof proc_methods[0];
+  memcpy(proc_all_methods, proc_methods, sizeof proc_methods);
+  memcpy(proc_all_methods + a, proc_input_methods, sizeof proc_input_methods);
+  *n = a + 4;
+  return proc_all_methods;
 }
 
 static uint64_t proc_env_ms(const char *name, uint64_t def) {

@@ -1,5 +1,6 @@
 /* service — ProcessService (api.md §6): StartProcess, Connect, List,
- * SendSignal, served through agent/rpc.h.
+ * SendSignal, and (api.md §9, proc/input.c) SendInput, StreamInput,
+ * CloseStdin, Update, served through agent/rpc.h.
  *
  *   proc_init(loop)            create the process table in conch.procs; set
  *                              the daemon umask to 022 (children inherit
@@ -11,7 +12,7 @@
  *                              its processes come to the one reaper, as
  *                              under PID 1).  reaper_init() must
  *                              have run (or run before the first spawn).
- *   proc_service_methods(&n)   the four rpc_method entries for the router.
+ *   proc_service_methods(&n)   the eight rpc_method entries for the router.
  *
  * Test hooks (environment, read by proc_init): CONCH_PROC_KEEPALIVE_MS
  * (default 30000; 0 disables) and CONCH_PROC_RETAIN_MS (default 60000) —

@@ -13,11 +13,21 @@ rpc_code proc_validate_start(const Pb__StartProcessRequest *req, char *msg, size
     snprintf(msg, n, "stdin cannot be used with pty");
     return RPC_INVALID_ARGUMENT;
   }
-  if (req->pty && req->pty->cols > PROC_PTY_MAX) {
+  if (req->pty) return proc_validate_pty_size(req->pty, 1, msg, n);
+  return RPC_OK;
+}
+
+rpc_code proc_validate_pty_size(const Pb__PTY *pty, int required, char *msg, size_t n) {
+  if (!pty) {
+    if (!required) return RPC_OK;
+    snprintf(msg, n, "pty size is required");
+    return RPC_INVALID_ARGUMENT;
+  }
+  if (pty->cols > PROC_PTY_MAX) {
     snprintf(msg, n, "invalid pty size: pty cols must not exceed 65535");
     return RPC_INVALID_ARGUMENT;
   }
-  if (req->pty && req->pty->rows > PROC_PTY_MAX) {
+  if (pty->rows > PROC_PTY_MAX) {
     snprintf(msg, n, "invalid pty size: pty rows must not exceed 65535");
     return RPC_INVALID_ARGUMENT;
   }

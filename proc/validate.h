@@ -18,6 +18,10 @@
 /* StartProcess steps 2–4: content+args, pty+stdin, pty size. */
 rpc_code proc_validate_start(const Pb__StartProcessRequest *req, char *msg, size_t n);
 
+/* PTY size (StartProcess step 4, Update): each ≤ 65535; absent → "pty size
+ * is required" when required, else fine. */
+rpc_code proc_validate_pty_size(const Pb__PTY *pty, int required, char *msg, size_t n);
+
 /* Connect/SendSignal selector: pid or tag required. */
 rpc_code proc_validate_selector(const Pb__ProcessSelector *sel, char *msg, size_t n);
 

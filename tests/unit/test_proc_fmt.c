@@ -244,6 +244,24 @@ TEST(validate_selector_signal) {
   ASSERT_EQ(proc_validate_signal(64, msg, sizeof msg), RPC_OK);
 }
 
+TEST(validate_pty_size) {
+  char msg[128];
+  Pb__PTY pty = PB__PTY__INIT;
+  ASSERT_EQ(proc_validate_pty_size(NULL, 0, msg, sizeof msg), RPC_OK);
+  ASSERT_EQ(proc_validate_pty_size(NULL, 1, msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  ASSERT_STR_EQ(msg, "pty size is required");
+  ASSERT_EQ(proc_validate_pty_size(&pty, 1, msg, sizeof msg), RPC_OK); /* 0 → 80×24 later */
+  pty.cols = 65536;
+  pty.rows = 65536;
+  ASSERT_EQ(proc_validate_pty_size(&pty, 1, msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  ASSERT_STR_EQ(msg, "invalid pty size: pty cols must not exceed 65535");
+  pty.cols = 65535;
+  ASSERT_EQ(proc_validate_pty_size(&pty, 1, msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  ASSERT_STR_EQ(msg, "invalid pty size: pty rows must not exceed 65535");
+  pty.rows = 65535;
+  ASSERT_EQ(proc_validate_pty_size(&pty, 1, msg, sizeof msg), RPC_OK);
+}
+
 int main(void) {
   RUN(exit_codes);
   RUN(exit_signals);
@@ -256,5 +274,6 @@ int main(void) {
   RUN(errstr);
   RUN(validate_start_order);
   RUN(validate_selector_signal);
+  RUN(validate_pty_size);
   return test_summary();
 }
