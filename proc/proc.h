@@ -65,6 +65,10 @@
 #define PROC_EXIT_GRACE_MS 100
 #define PROC_EXIT_LINGER_MS 2000
 #define PROC_RETAIN_MS 60000
+/* Ended records kept at most (the oldest goes first): each keeps its whole
+ * config for List, env included, so without a bound a client starting many
+ * short background commands with big environments held 100+ MiB. */
+#define PROC_RETAIN_MAX 256
 #define PROC_KEEPALIVE_MS 30000
 #define PROC_MAX_PROCS 4096   /* live records (any state) */
 #define PROC_MAX_SUBS 256     /* subscribers per process */
@@ -104,6 +108,7 @@ struct proc {
   struct proc_table *t;
   struct proc *next, *prev; /* table list (background only), start order */
   int in_table;
+  int retained; /* ended, kept for Connect/List until its retention ends */
   enum proc_state state;
   int background;
   int has_pty;
@@ -190,6 +195,7 @@ struct proc_table {
   struct proc *head, *tail; /* background records, start order */
   struct proc *fg_head;     /* running foreground records (input RPCs find them by pid) */
   size_t nrecords;          /* every live record */
+  size_t nretained;         /* ended background records still in the table */
   uint64_t keepalive_ms;
   uint64_t retain_ms;
 };

@@ -75,6 +75,10 @@ static void proc_on_close(uv_handle_t *h) {
 void proc_table_unlink(struct proc *p) {
   if (!p->in_table) return;
   struct proc_table *t = p->t;
+  if (p->retained) {
+    p->retained = 0;
+    t->nretained--;
+  }
   if (p->prev) p->prev->next = p->next; else t->head = p->next;
   if (p->next) p->next->prev = p->prev; else t->tail = p->prev;
   p->next = p->prev = NULL;
@@ -228,6 +232,15 @@ static void proc_end(struct proc *p) {
            (unsigned long long)dropped);
   proc_fanout_end(p);
   if (p->background && p->in_table && p->t->retain_ms > 0) {
+    struct proc_table *t = p->t;
+    if (t->nretained >= PROC_RETAIN_MAX) /* the oldest retained record goes early */
+      for (struct proc *q = t->head; q; q = q->next)
+        if (q->retained) {
+          proc_release(q);
+          break;
+        }
+    p->retained = 1;
+    t->nretained++;
     uv_timer_start(&p->timer, proc_on_retention_end, p->t->retain_ms, 0);
   } else {
     proc_release(p);

@@ -342,3 +342,36 @@ def test_signal_reaches_setsid_escapee(server, cl):
     finally:
         c.close()
         kill_pids(pids_with_arg(esc) + pids_with_arg(lead))
+
+
+def test_retained_records_are_bounded():
+    """Ended background records are kept for Connect/List (60 s), but at most
+    256 of them (the oldest goes first): each keeps its config, env included,
+    so 300 short commands with a 64 KiB env each must not all stay."""
+    s = Server(name="test_hostile_proc_retain")
+    try:
+        cl = Client(s.url, s.token)
+        env = {"BIG": "x" * 65536}
+        c = cl.conn(timeout=60)
+        for i in range(300):
+            st, msgs, end = cl.stream(SP, [{"cmd": "true", "background": True, "tag": f"r{i}", "env": env}], conn=c)
+            assert st == 200, (st, msgs)
+        c.close()
+
+        def found(tag, conn):
+            st, msgs, end = cl.stream("/pb.ProcessService/Connect", [{"process": {"tag": tag}}], conn=conn)
+            assert st == 200, (st, msgs)
+            if end == {}:
+                return True
+            assert end["error"]["code"] == "not_found", end
+            return False
+        deadline = time.time() + 30
+        while cl.unary("/pb.ProcessService/List", {})[1].get("processes") and time.time() < deadline:
+            time.sleep(0.2)  # List shows the running ones: wait until all ended
+        c = cl.conn(timeout=60)
+        kept = [i for i in range(300) if found(f"r{i}", c)]
+        c.close()
+        assert kept == list(range(44, 300)), (len(kept), kept[:3])  # 256 kept, the oldest went first
+    finally:
+        rep = sanitizer_report(s.stop())
+        assert rep is None, rep
