@@ -22,7 +22,7 @@ SBINDIR   ?= $(PREFIX)/sbin
 CC        ?= cc
 PROTOC_C  ?= protoc-c
 
-BUILD_DEPS := gcc make pkg-config clang libclang-rt-14-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
+BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
               libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
 TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
               nghttp2-client nghttp2-server iproute2 erofs-utils util-linux rpm e2fsprogs bc \
@@ -111,6 +111,19 @@ build/$(1)/libconch.a: $$($(1)_OBJS)
 -include $$(patsubst %.o,%.d,$$($(1)_OBJS))
 endef
 $(foreach v,dev asan static fuzz tsan,$(eval $(call VARIANT,$(v))))
+
+# clang (libFuzzer) only for the fuzz variant: `make run` does not need it
+FUZZ_DEPS := clang libclang-rt-14-dev
+FUZZ_DEPS_STAMP := build/.fuzzdeps-ok
+$(FUZZ_DEPS_STAMP): | $(DEPS_STAMP)
+	@missing=$$(for p in $(FUZZ_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing fuzzing dependencies: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else echo "missing fuzzing dependencies: $$missing"; exit 1; fi; \
+	fi
+	@touch $@
+$(fuzz_OBJS) build/fuzz/gen/proto/agent.pb-c.c: | $(FUZZ_DEPS_STAMP)
 
 build/dev/conch-init: build/dev/obj/agent/main.o build/dev/libconch.a
 	@$(if $(Q),echo "  LD $@")
