@@ -422,13 +422,15 @@ def test_foreground_pipe_input_and_proto(server, client):
 
 # ---------------------------------------------------------------- backpressure
 def test_stalled_child_stalls_stream_bounded(server, client):
-    """A child that does not read for 2 s: a 4 MiB StreamInput stalls (the
+    """A child that does not read for 2 s: a 16 MiB StreamInput stalls (the
     stream does not finish while the child sleeps), the server's RSS grows
     by a few MiB at most, and every byte arrives once the child reads."""
     pid, t = start_bg(client, {"cmd": "sh", "args": ["-c", "sleep 2; exec sha256sum"], "stdinOpen": True,
                                "tag": "stall"})
     import hashlib
-    data = os.urandom(4 * MiB)
+    # 16 MiB, not 4: 4 MiB of JSON (~5.6 MB) can fit in the two loopback
+    # socket buffers once autotuning grew them, reader or not
+    data = os.urandom(16 * MiB)
     rss0 = status_kib(server.proc.pid, "VmRSS")
     done = {}
 
@@ -450,7 +452,7 @@ def test_stalled_child_stalls_stream_bounded(server, client):
     th.start()
     time.sleep(1.2)
     assert "r" not in done, "the stream finished while the child was not reading"
-    assert done.get("sent", 0) < len(data), "the client could push all 4 MiB (JSON: ~5.6 MB) with no reader"
+    assert done.get("sent", 0) < len(data), "the client could push all 16 MiB (JSON: ~22 MB) with no reader"
     rss1 = status_kib(server.proc.pid, "VmRSS")
     th.join(30)
     st, raw, t1 = done["r"]
