@@ -19,6 +19,16 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("CONCH_INIT_BIN", os.path.join(ROOT, "build", "asan", "conch-init"))
 LOGDIR = os.path.join(ROOT, "build", "test-logs")
 
+# The protobuf classes (tests/run-integration.sh makes them; a suite run
+# alone gets them here).
+try:
+    import agent_pb2  # noqa: F401
+except ImportError:
+    _gen = os.path.join(ROOT, "build", "py")
+    os.makedirs(_gen, exist_ok=True)
+    subprocess.run(["protoc", f"--python_out={_gen}", "-Iproto", "proto/agent.proto"], cwd=ROOT, check=True)
+    sys.path.insert(0, _gen)
+
 
 from conch import free_port  # noqa: E402,F401  (re-exported: tests import it from here)
 

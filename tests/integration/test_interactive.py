@@ -15,8 +15,6 @@ import os
 import queue
 import re
 import struct
-import subprocess
-import sys
 import threading
 import time
 
@@ -27,14 +25,7 @@ from conch import Client, b64, curl, envelope, parse_envelopes, unb64
 from conftest import ROOT, status_kib
 from h2conn import H2Client
 
-try:
-    import agent_pb2 as pb
-except ImportError:  # not run through tests/run-integration.sh
-    gen = os.path.join(ROOT, "build", "py")
-    os.makedirs(gen, exist_ok=True)
-    subprocess.run(["protoc", f"--python_out={gen}", "-Iproto", "proto/agent.proto"], cwd=ROOT, check=True)
-    sys.path.insert(0, gen)
-    import agent_pb2 as pb
+import agent_pb2 as pb  # noqa: E402  (conftest makes it when run alone)
 
 PS = "/pb.ProcessService/"
 MiB = 1024 * 1024
