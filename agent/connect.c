@@ -74,6 +74,11 @@ int rpc_code_http_status(rpc_code c) {
   return (unsigned)c < sizeof code_http / sizeof *code_http ? code_http[c] : 500;
 }
 
+/* Client streaming and bidi: messages go to on_message as they arrive. */
+static int streams_in(const rpc_method *m) {
+  return m->kind == RPC_CLIENT_STREAM || m->kind == RPC_BIDI_STREAM;
+}
+
 /* ---------------------------------------------------------------- small helpers */
 
 typedef struct sbuf {
@@ -657,7 +662,7 @@ static void decode_job_done(uv_work_t *w, int status) {
 
 /* 1: the message went to the pool (or failed the call), 0: decode it here. */
 static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
-  if (!(c->m->flags & RPC_F_POOL_DECODE) || n < RPC_POOL_DECODE_MIN || c->m->kind == RPC_CLIENT_STREAM)
+  if (!(c->m->flags & RPC_F_POOL_DECODE) || n < RPC_POOL_DECODE_MIN || streams_in(c->m))
     return 0;
   struct decode_job *j = calloc(1, sizeof *j);
   uint8_t *copy = j ? malloc(n) : NULL;
@@ -681,7 +686,7 @@ static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) 
 
 static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
   c->had_nul = c->req_nul;
-  if (c->m->kind == RPC_CLIENT_STREAM) {
+  if (streams_in(c->m)) {
     if (c->m->on_message) c->m->on_message(c, m);
     protobuf_c_message_free_unpacked(m, NULL);
     return;
@@ -761,7 +766,7 @@ static void call_pump(rpc_call *c) {
       call_fail(c, RPC_INVALID_ARGUMENT, e);
       return;
     }
-    if (c->m->kind == RPC_CLIENT_STREAM) {
+    if (streams_in(c->m)) {
       if (c->m->on_input_end) c->m->on_input_end(c);
     } else {
       ProtobufCMessage *req = c->req;
@@ -925,6 +930,13 @@ static void media_type(const char *ct, char *out, size_t cap) {
 }
 
 void connect_serve(hx *x, const rpc_method *m) {
+  if (m->kind == RPC_BIDI_STREAM && !x->http2) {
+    /* as connect-go and connect-es answer, before any other check: a client
+     * that expects full duplex would hang on HTTP/1.1, the close frees it */
+    hx_header close = {"connection", "close"};
+    hx_simple(x, 505, "text/plain; charset=utf-8", "505 bidi streams require HTTP/2\n", &close, 1);
+    return;
+  }
   if (strcmp(x->method, "POST") != 0) {
     hx_header allow = {"allow", "POST"};
     hx_simple(x, 405, "text/plain; charset=utf-8", "405 method not allowed\n", &allow, 1);
@@ -1023,5 +1035,5 @@ void connect_serve(hx *x, const rpc_method *m) {
   }
   if (c->timeout_ms > 0 && !(m->flags & RPC_F_OWN_DEADLINE))
     uv_timer_start(&c->deadline, on_deadline, (uint64_t)c->timeout_ms, 0);
-  if (m->kind == RPC_CLIENT_STREAM) start_service(c, NULL, NULL);
+  if (streams_in(m)) start_service(c, NULL, NULL);
 }

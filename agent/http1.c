@@ -387,6 +387,7 @@ static const char *h1_reason(int st) {
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return "Status";
   }
 }
@@ -397,6 +398,10 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   int w = snprintf(s->head, cap, "HTTP/1.1 %d %s\r\n", status, h1_reason(status));
   len = (size_t)w;
   for (size_t i = 0; i < n && len < cap; i++) {
+    if (!strcmp(h[i].name, "connection") && !strcasecmp(h[i].value, "close")) {
+      s->keep_alive = 0; /* the handler asks: written below, once */
+      continue;
+    }
     w = snprintf(s->head + len, cap - len, "%s: %s\r\n", h[i].name, h[i].value);
     len += (size_t)w;
   }
