@@ -10,6 +10,7 @@ import queue
 import socket
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -367,3 +368,51 @@ def test_token_required(server, channel, pkg):
         list(info(channel, pkg)(iter(req), metadata=[("conch-init-token", "bad")], timeout=10))
     assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert ei.value.details() == "agent token is invalid"
+
+
+# ---------------------------------------------------------------- a client that does not read
+
+def test_requests_without_reading_are_bounded(server):
+    """A client writes requests and never reads (its window held at 0): the
+    server stops reading the stream once 4 MiB of answers wait, instead of
+    queueing one ~9 KiB answer per 18-byte request (50 000 of them: ~450 MiB
+    unbounded).  Then a smaller stream read after the fact gets every answer
+    in order, and the server answers /health throughout."""
+    import urllib.request
+    from conftest import status_kib
+    from h2conn import H2Client
+
+    path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+    one = v1.ServerReflectionRequest(file_by_filename="agent.proto").SerializeToString()
+    rss0 = status_kib(server.proc.pid, "VmRSS")
+    c = H2Client("127.0.0.1", server.port, stream_window=0, conn_window=64 * 1024 * 1024, auto_ack=False)
+    try:
+        sid = c.connect_stream(path, [one] * 50000, server.token, end_stream=False)
+        deadline = time.time() + 3
+        while time.time() < deadline:
+            c.pump(0.1)
+        grown = status_kib(server.proc.pid, "VmRSS") - rss0
+        with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
+            assert r.status == 200
+        assert not c.streams[sid].done
+    finally:
+        c.close()
+    assert grown < 64 * 1024, f"RSS grew by {grown} KiB"
+
+    n = 700  # ~6 MiB of answers: past the 4 MiB mark, so input pauses and resumes
+    c = H2Client("127.0.0.1", server.port, stream_window=0, conn_window=64 * 1024 * 1024, auto_ack=False)
+    try:
+        reqs = [v1.ServerReflectionRequest(host=str(i), file_by_filename="agent.proto") for i in range(n)]
+        sid = c.connect_stream(path, [r.SerializeToString() for r in reqs], server.token)
+        c.pump(1)
+        c.conn.increment_flow_control_window(64 * 1024 * 1024, stream_id=sid)
+        c.flush()
+        c.auto_ack = True
+        st = c.wait(sid, timeout=60)[0]
+    finally:
+        c.close()
+    envs = H2Client.envelopes(st.body)
+    assert envs[-1] == (2, b"{}")
+    got = [v1.ServerReflectionResponse.FromString(p) for _, p in envs[:-1]]
+    assert [r.valid_host for r in got] == [str(i) for i in range(n)]
+    assert all(len(r.file_descriptor_response.file_descriptor_proto) == 1 for r in got)
