@@ -416,3 +416,44 @@ def test_requests_without_reading_are_bounded(server):
     got = [v1.ServerReflectionResponse.FromString(p) for _, p in envs[:-1]]
     assert [r.valid_host for r in got] == [str(i) for i in range(n)]
     assert all(len(r.file_descriptor_response.file_descriptor_proto) == 1 for r in got)
+
+
+@pytest.mark.parametrize("pkg", ["v1", "v1alpha"])
+def test_connect_json_full_duplex(server, pkg):
+    """Connect streaming with the JSON codec over HTTP/2: each envelope is
+    answered before the next is sent, then the half-close ends the stream."""
+    import base64
+    from h2conn import H2Client
+
+    c = H2Client("127.0.0.1", server.port)
+    try:
+        sid = c.connect_stream(f"/grpc.reflection.{pkg}.ServerReflection/ServerReflectionInfo", [], server.token,
+                               ctype="application/connect+json", end_stream=False)
+        asks = [{"host": "a", "fileContainingSymbol": "pb.FileService.Stat"},
+                {"fileByFilename": "nope.proto"}, {"listServices": ""}]
+        got = []
+        for i, q in enumerate(asks):
+            c.send(sid, H2Client.envelope(json.dumps(q).encode()))
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                try:
+                    envs = H2Client.envelopes(c.streams[sid].body)
+                except ValueError:  # an envelope still arriving
+                    envs = []
+                if len(envs) == i + 1:
+                    break
+                c.pump(0.1)
+            assert len(envs) == i + 1 and not c.streams[sid].done
+            got.append(json.loads(envs[i][1]))
+        c.end(sid)
+        st = c.wait(sid, timeout=10)[0]
+    finally:
+        c.close()
+    assert c.streams[sid].headers["content-type"] == "application/connect+json"
+    assert H2Client.envelopes(st.body)[-1] == (2, b"{}")
+    assert [g["originalRequest"] for g in got] == asks
+    assert got[0]["validHost"] == "a"
+    [fd] = got[0]["fileDescriptorResponse"]["fileDescriptorProto"]
+    assert descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(fd)).name == "agent.proto"
+    assert got[1]["errorResponse"] == {"errorCode": 5, "errorMessage": "file not found: nope.proto"}
+    assert len(got[2]["listServicesResponse"]["service"]) == 4
