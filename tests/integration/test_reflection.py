@@ -197,6 +197,32 @@ def test_http1_bidi_is_505_and_closes(server):
     assert b"connection: close" in head
 
 
+def test_http1_bidi_505_while_the_body_streams(server):
+    """A client still sending (chunked, as a full-duplex client would) gets
+    the 505 at once; the connection closes once its body is in, not over
+    unread bytes (an RST could destroy the answer)."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(b"POST /grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo HTTP/1.1\r\n"
+              b"Host: x\r\nContent-Type: application/grpc-web+proto\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"7\r\n\0\0\0\0\x02\x3a\0\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        assert chunk, "closed before the answer"
+        head += chunk
+    assert head.lower().startswith(b"http/1.1 505 ") and b"connection: close" in head.lower()
+    time.sleep(0.3)
+    s.sendall(b"7\r\n\0\0\0\0\x02\x3a\0\r\n0\r\n\r\n")  # still accepted: the server reads on
+    rest = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        rest += chunk
+    s.close()
+    assert (head + rest).endswith(b"505 bidi streams require HTTP/2\n")
+
+
 # ---------------------------------------------------------------- grpcio, both packages
 
 @pytest.mark.parametrize("pkg", ["v1", "v1alpha"])
