@@ -35,7 +35,7 @@ struct rpc_call {
   size_t msgs_in;
   ProtobufCMessage *req; /* server streaming: the request until body end */
   int req_nul;
-  int decoding;     /* a pool decode (RPC_F_POOL_DECODE) holds the call */
+  int decoding;     /* a pool decode (pool_decode) holds the call */
   int req_taken;    /* rpc_take_request: the service frees the request */
   int req_takable;  /* inside on_request with a malloc-decoded request */
   int in_paused, in_done, in_end_sent;
@@ -608,14 +608,15 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
   return m;
 }
 
-/* ---- RPC_F_POOL_DECODE: a big request decoded in the thread pool ---- */
+/* ---- a big request message decoded in the thread pool ---- */
 struct decode_job {
   uv_work_t w;
   rpc_call *c;
   const ProtobufCMessageDescriptor *d;
   int json, gzip_in, compressed, nul;
-  uint8_t *bytes; /* a copy: c->in may grow while the pool works */
+  uint8_t *bytes; /* a copy (c->in may grow while the pool works), or c->in itself for a Connect unary body */
   size_t n;
+  int unary;      /* the Connect unary body: the service starts when it is decoded */
   ProtobufCMessage *m;
   rpc_code code;
   char err[700];
@@ -626,20 +627,32 @@ static void decode_job_run(uv_work_t *w) {
   pbmem mem; /* no scratch: the message is plain malloc'd (freed with NULL) */
   j->m = decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
                         j->err, sizeof j->err, &j->nul);
-  free(j->bytes);
-  j->bytes = NULL;
+  if (!j->unary) { /* c->in is the loop's (slab) */
+    free(j->bytes);
+    j->bytes = NULL;
+  }
+}
+
+static void call_drop_input(rpc_call *c) {
+  slab_free(c->in);
+  conch.rx_buffered -= c->in_cap;
+  c->in = NULL;
+  c->in_len = c->in_cap = 0;
 }
 
 static void call_pump(rpc_call *c);
 static void deliver_message(rpc_call *c, ProtobufCMessage *m);
+static void start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocator *a);
 
 static void decode_job_done(uv_work_t *w, int status) {
   struct decode_job *j = (struct decode_job *)w;
   rpc_call *c = j->c;
   c->decoding = 0;
+  if (j->unary) call_drop_input(c);
+  else free(j->bytes);
+  if (!j->unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 0);
   if (c->finished || status != 0) { /* aborted, deadline, shutdown */
     if (j->m) protobuf_c_message_free_unpacked(j->m, NULL);
-    free(j->bytes);
     free(j);
     if (!c->finished) call_fail(c, RPC_CANCELED, "canceled");
     call_maybe_free(c);
@@ -647,6 +660,9 @@ static void decode_job_done(uv_work_t *w, int status) {
   }
   if (!j->m) {
     call_fail(c, j->code, j->err);
+  } else if (j->unary) {
+    c->req_nul = j->nul;
+    start_service(c, j->m, NULL);
   } else {
     c->req_nul = j->nul;
     deliver_message(c, j->m);
@@ -655,27 +671,31 @@ static void decode_job_done(uv_work_t *w, int status) {
   free(j);
 }
 
-/* 1: the message went to the pool (or failed the call), 0: decode it here. */
+/* 1: the message went to the pool (or failed the call), 0: decode it here.
+ * Messages are delivered in order: the pump waits while one decodes. */
 static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
-  if (!(c->m->flags & RPC_F_POOL_DECODE) || n < RPC_POOL_DECODE_MIN || c->m->kind == RPC_CLIENT_STREAM)
-    return 0;
+  if (n < RPC_POOL_DECODE_MIN) return 0;
+  int unary = c->w == W_CONNECT_UNARY;
   struct decode_job *j = calloc(1, sizeof *j);
-  uint8_t *copy = j ? malloc(n) : NULL;
-  if (!copy) {
+  uint8_t *bytes = !j ? NULL : unary ? (uint8_t *)p : malloc(n);
+  if (!bytes) {
     free(j);
     call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return 1;
   }
-  memcpy(copy, p, n);
+  if (!unary) memcpy(bytes, p, n);
   *j = (struct decode_job){.c = c, .d = c->m->input, .json = c->json, .gzip_in = c->gzip_in,
-                           .compressed = compressed, .bytes = copy, .n = n};
+                           .compressed = compressed, .bytes = bytes, .n = n, .unary = unary};
   if (uv_queue_work(conch.loop, &j->w, decode_job_run, decode_job_done) != 0) {
-    free(copy);
+    if (!unary) free(bytes);
     free(j);
     call_fail(c, RPC_INTERNAL, "cannot queue work");
     return 1;
   }
   c->decoding = 1;
+  /* no more input while it decodes (the pump waits anyway): a fast writer
+   * must not fill c->in meanwhile */
+  if (!unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 1);
   return 1;
 }
 
@@ -822,15 +842,13 @@ static void on_body_end(hx *x) {
     call_pump(c);
     return;
   }
+  if (pool_decode(c, c->in, c->in_len, c->gzip_in)) return; /* c->in goes with it */
   /* the one request is freed when the service returns: it is decoded on
    * the stack (a small one needs no malloc) */
   _Alignas(16) uint8_t scratch[1024];
   pbmem mem;
   ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in, scratch, sizeof scratch, &mem);
-  slab_free(c->in);
-  conch.rx_buffered -= c->in_cap;
-  c->in = NULL;
-  c->in_len = c->in_cap = 0;
+  call_drop_input(c);
   if (m) start_service(c, m, &mem.a);
 }
 
