@@ -698,13 +698,8 @@ static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
 
 /* Decimal text of a non-negative number into b (>= 21 bytes). */
 static const char *h2_udec(char *b, size_t cap, uint64_t v) {
-  char *p = b + cap;
-  *--p = 0;
-  do {
-    *--p = (char)('0' + v % 10);
-    v /= 10;
-  } while (v);
-  return p;
+  b[cap - 1] = 0;
+  return text_u64_dec(b + cap - 1, v);
 }
 
 /* The response head is held until the first body bytes or the end, so that

@@ -235,10 +235,7 @@ static void w_uint(wbuf *w, uint64_t u, int neg, int quoted) {
   char b[24];
   int n = (int)sizeof b;
   if (quoted) b[--n] = '"';
-  do {
-    b[--n] = (char)('0' + u % 10);
-    u /= 10;
-  } while (u);
+  n = (int)(text_u64_dec(b + n, u) - b);
   if (neg) b[--n] = '-';
   if (quoted) b[--n] = '"';
   w_mem(w, b + n, sizeof b - (size_t)n);

@@ -222,6 +222,32 @@ size_t text_go_quote(char *out, const char *str, size_t n) {
 
 #undef PUT
 
+/* ---------------------------------------------------------------- small forms */
+
+char *text_u64_dec(char *end, uint64_t v) {
+  do {
+    *--end = (char)('0' + v % 10);
+    v /= 10;
+  } while (v);
+  return end;
+}
+
+static int is_odigit(char c) { return c >= '0' && c <= '7'; }
+
+size_t text_octal_unescape(char *out, const char *s, size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == '\\' && n - i > 3 && s[i + 1] >= '0' && s[i + 1] <= '3' && is_odigit(s[i + 2]) &&
+        is_odigit(s[i + 3])) {
+      out[k++] = (char)((s[i + 1] - '0') << 6 | (s[i + 2] - '0') << 3 | (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out[k++] = s[i];
+    }
+  }
+  return k;
+}
+
 char *text_go_quote_dup(const char *s, size_t n) {
   if (n > (SIZE_MAX - 3) / 4) return NULL;
   size_t len = text_go_quote(NULL, s, n);

@@ -1,6 +1,6 @@
 /* text — the one implementation of the text encodings every module needs:
  * UTF-8 decoding and validation, JSON string literals, Go's %q quoting,
- * base64.  No allocation except text_go_quote_dup; no I/O.
+ * base64, decimal digits, the kernel's octal escapes.  No allocation except text_go_quote_dup; no I/O.
  *
  * UTF-8 follows Go's unicode/utf8 (and RFC 3629): overlongs, surrogates
  * (U+D800–DFFF), anything above U+10FFFF and truncated sequences are
@@ -94,6 +94,20 @@ size_t text_go_quote(char *out, const char *s, size_t n);
 #define TEXT_QUOTE_MAX(n) ((n) * 4 + 2)
 /* The same, malloc'd and NUL-terminated; NULL when out of memory. */
 char *text_go_quote_dup(const char *s, size_t n);
+
+/* ---------------------------------------------------------------- small forms */
+
+/* The decimal digits of v (no sign, no NUL, at most TEXT_U64_DIGITS),
+ * written backwards so that they end just before `end`; returns where they
+ * start.  For callers that build a number in front of something. */
+#define TEXT_U64_DIGITS 20
+char *text_u64_dec(char *end, uint64_t v);
+
+/* The kernel's octal escapes (\NNN, as /proc/self/mountinfo writes a space
+ * as \040) of s[0..n) decoded into out (which may be s: the result is
+ * never longer); a backslash not followed by three octal digits of a byte
+ * stays as it is.  Returns the decoded length; no NUL. */
+size_t text_octal_unescape(char *out, const char *s, size_t n);
 
 /* ---------------------------------------------------------------- base64 */
 

@@ -413,6 +413,41 @@ TEST(b64_decoded_max_is_enough) {
   }
 }
 
+/* ------------------------------------------------------------ small forms */
+
+TEST(u64_dec) {
+  static const struct { uint64_t v; const char *s; } c[] = {
+      {0, "0"}, {9, "9"}, {10, "10"}, {4294967295u, "4294967295"},
+      {UINT64_MAX, "18446744073709551615"}};
+  for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+    char b[TEXT_U64_DIGITS + 2];
+    memset(b, '#', sizeof b);
+    b[sizeof b - 1] = 0;
+    char *p = text_u64_dec(b + sizeof b - 1, c[i].v);
+    ASSERT_STR_EQ(p, c[i].s);
+    ASSERT(p >= b && (p == b || p[-1] == '#'));
+  }
+}
+
+static char ubuf[64];
+static const char *U(const char *s) {
+  ubuf[text_octal_unescape(ubuf, s, strlen(s))] = 0;
+  return ubuf;
+}
+
+TEST(octal_unescape) {
+  ASSERT_STR_EQ(U("/mnt/a\\040b"), "/mnt/a b");
+  ASSERT_STR_EQ(U("\\011\\012\\134\\377"), "\t\n\\\xff");
+  ASSERT_STR_EQ(U("\\400"), "\\400");   /* not a byte */
+  ASSERT_STR_EQ(U("\\08x"), "\\08x");   /* not octal */
+  ASSERT_STR_EQ(U("a\\04"), "a\\04");   /* cut */
+  ASSERT_STR_EQ(U("\\"), "\\");
+  ASSERT_STR_EQ(U(""), "");
+  char in[] = "x\\040y\\040z"; /* in place */
+  in[text_octal_unescape(in, in, strlen(in))] = 0;
+  ASSERT_STR_EQ(in, "x y z");
+}
+
 int main(void) {
   RUN(utf8_valid_edges);
   RUN(utf8_invalid_edges);
@@ -431,6 +466,8 @@ int main(void) {
   RUN(b64_decode_variants);
   RUN(b64_speed_1mib);
   RUN(b64_decoded_max_is_enough);
+  RUN(u64_dec);
+  RUN(octal_unescape);
   free(q);
   return test_summary();
 }
