@@ -190,10 +190,13 @@ static inline void w_ch(wbuf *w, char c) {
 static void w_cstr(wbuf *w, const char *s) { w_mem(w, s, strlen(s)); }
 
 /* A JSON string literal, escaped as text.h says (the one form every JSON
- * writer of conch-init uses): sized first, then written in place. */
+ * writer of conch-init uses), written in place: at once when even the
+ * worst case fits, else sized first (never growing the buffer, or leaving
+ * the caller's, for room the string does not need). */
 static void w_string(wbuf *w, const char *str, size_t n) {
-  size_t k = text_json_string(NULL, str, n);
-  if (w_room(w, k) < 0) return;
+  if (w->oom || n > (w->cap - w->len) / 6 || w->len + TEXT_JSON_MAX(n) >= w->cap) {
+    if (w_room(w, text_json_string(NULL, str, n)) < 0) return;
+  }
   w->len += text_json_string(w->buf + w->len, str, n);
 }
 
