@@ -17,6 +17,7 @@
 #include "proto/json.h"
 #include "proto/pbjson.h"
 #include "proto/pbwire.h"
+#include "proto/text.h"
 
 typedef enum wire { W_CONNECT_UNARY, W_CONNECT_STREAM, W_GRPC, W_GRPC_WEB } wire;
 
@@ -96,39 +97,15 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
 }
 static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
-/* A JSON string of s: escapes per RFC 8259; bytes that are not valid UTF-8
- * (a file name from disk, a cut message) become U+FFFD, so the document
- * stays valid JSON. */
+/* A JSON string of s, escaped as proto/text.h says (invalid UTF-8 — a file
+ * name from disk, a cut message — becomes \ufffd: the document stays
+ * valid JSON). */
 static void sb_json_string(sbuf *b, const char *s) {
-  sb_put(b, "\"", 1);
-  const unsigned char *p = (const unsigned char *)s;
-  while (*p) {
-    char esc[8];
-    if (*p == '"' || *p == '\\') {
-      esc[0] = '\\';
-      esc[1] = (char)*p;
-      sb_put(b, esc, 2);
-      p++;
-    } else if (*p < 0x20) {
-      snprintf(esc, sizeof esc, "\\u%04x", *p);
-      sb_put(b, esc, 6);
-      p++;
-    } else if (*p < 0x80) {
-      sb_put(b, (const char *)p, 1);
-      p++;
-    } else {
-      size_t n = strnlen((const char *)p, 4);
-      size_t l = json_utf8_seq(p, n);
-      if (l) {
-        sb_put(b, (const char *)p, l);
-        p += l;
-      } else {
-        sb_put(b, "\\ufffd", 6); /* as Go's encoding/json writes it */
-        p++;
-      }
-    }
-  }
-  sb_put(b, "\"", 1);
+  size_t n = strlen(s);
+  char *q = malloc(text_json_string(NULL, s, n));
+  if (!q) return;
+  sb_put(b, q, text_json_string(q, s, n));
+  free(q);
 }
 
 /* {"code":"…","message":"…"} */
