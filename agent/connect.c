@@ -8,12 +8,12 @@
 #include <string.h>
 #include <strings.h>
 #include <uv.h>
-#include <zlib.h>
 
 #include "agent/auth.h"
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/slab.h"
+#include "proto/gzip.h"
 #include "proto/json.h"
 #include "proto/pbjson.h"
 #include "proto/pbwire.h"
@@ -475,61 +475,6 @@ const char *rpc_protocol_name(const rpc_call *c) {
 
 /* ---------------------------------------------------------------- input */
 
-static int gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *olen, rpc_code *code,
-                  const char **msg) {
-  z_stream z = {0};
-  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
-    *code = RPC_INTERNAL;
-    *msg = "cannot init decompression";
-    return -1;
-  }
-  size_t cap = n * 4 + 1024, len = 0;
-  if (cap > RPC_MAX_MESSAGE + 1) cap = RPC_MAX_MESSAGE + 1;
-  uint8_t *b = malloc(cap);
-  z.next_in = (Bytef *)in;
-  z.avail_in = (uInt)n;
-  int r = Z_OK;
-  while (b) {
-    z.next_out = b + len;
-    z.avail_out = (uInt)(cap - len);
-    r = inflate(&z, Z_NO_FLUSH);
-    len = cap - z.avail_out;
-    if (r == Z_STREAM_END && z.avail_in > 0) { /* another gzip member follows */
-      if (inflateReset(&z) != Z_OK) break;
-      r = Z_OK;
-      if (z.avail_out) continue;
-    }
-    if (r == Z_STREAM_END) break;
-    if (r != Z_OK && r != Z_BUF_ERROR) break;
-    if (z.avail_out != 0) { /* input exhausted without stream end */
-      r = Z_DATA_ERROR;
-      break;
-    }
-    if (cap > RPC_MAX_MESSAGE) {
-      inflateEnd(&z);
-      free(b);
-      *code = RPC_RESOURCE_EXHAUSTED;
-      *msg = "message is larger than configured max 16777216 bytes";
-      return -1;
-    }
-    size_t nc = cap * 2 > RPC_MAX_MESSAGE + 1 ? RPC_MAX_MESSAGE + 1 : cap * 2;
-    uint8_t *q = realloc(b, nc);
-    if (!q) break;
-    b = q;
-    cap = nc;
-  }
-  inflateEnd(&z);
-  if (!b || r != Z_STREAM_END) {
-    free(b);
-    *code = RPC_INVALID_ARGUMENT;
-    *msg = "invalid gzip data";
-    return -1;
-  }
-  *out = b;
-  *olen = len;
-  return 0;
-}
-
 /* Decode one message into mem (pbmem.h: the scratch buffer first, then
  * malloc, within the decode budget); on error fails the call and returns
  * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
@@ -546,10 +491,14 @@ static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int
       snprintf(err2, err2n, "protocol error: received compressed message without encoding");
       return NULL;
     }
-    const char *msg;
     size_t pl;
-    if (gunzip(p, n, &plain, &pl, code, &msg) != 0) {
-      snprintf(err2, err2n, "%s", msg);
+    gz_result gr = gz_inflate(p, n, RPC_MAX_MESSAGE, &plain, &pl);
+    if (gr != GZ_OK) {
+      *code = gr == GZ_BAD ? RPC_INVALID_ARGUMENT : RPC_RESOURCE_EXHAUSTED;
+      snprintf(err2, err2n, "%s",
+               gr == GZ_BAD ? "invalid gzip data"
+               : gr == GZ_TOO_BIG ? "message is larger than configured max 16777216 bytes"
+                                  : "out of memory");
       return NULL;
     }
     p = plain;
