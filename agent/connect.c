@@ -13,6 +13,7 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/slab.h"
+#include "proto/envelope.h"
 #include "proto/gzip.h"
 #include "proto/json.h"
 #include "proto/pbjson.h"
@@ -193,15 +194,6 @@ static void call_maybe_free(rpc_call *c) {
 
 /* ---------------------------------------------------------------- output */
 
-/* The 5-byte envelope prefix (flags, big-endian length) at h. */
-static void env_prefix(uint8_t *h, uint8_t flags, size_t len) {
-  h[0] = flags;
-  h[1] = (uint8_t)(len >> 24);
-  h[2] = (uint8_t)(len >> 16);
-  h[3] = (uint8_t)(len >> 8);
-  h[4] = (uint8_t)len;
-}
-
 static void start_stream(rpc_call *c, hx *x) {
   if (c->started) return;
   c->started = 1;
@@ -245,12 +237,8 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
     start_stream(c, x);
     char *body = code == RPC_OK ? strdup("{}") : error_json(code, msg, 1);
     size_t bl = body ? strlen(body) : 0;
-    uint8_t *env = malloc(5 + bl);
-    if (env) {
-      env_prefix(env, 0x02, bl);
-      memcpy(env + 5, body, bl);
-      hx_write(x, env, 5 + bl);
-    }
+    uint8_t *env = env_frame(ENV_END_STREAM, body, bl);
+    if (env) hx_write(x, env, 5 + bl);
     free(body);
     hx_end(x, NULL, 0);
     return;
@@ -272,22 +260,9 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
     }
   } else {
     start_stream(c, x);
-    sbuf b = {0};
-    sb_str(&b, "grpc-status: ");
-    sb_str(&b, st);
-    sb_str(&b, "\r\n");
-    if (ntr == 2) {
-      sb_str(&b, "grpc-message: ");
-      sb_str(&b, pm);
-      sb_str(&b, "\r\n");
-    }
-    uint8_t *env = malloc(5 + b.len);
-    if (env) {
-      env_prefix(env, 0x80, b.len);
-      memcpy(env + 5, b.p, b.len);
-      hx_write(x, env, 5 + b.len);
-    }
-    free(b.p);
+    size_t el;
+    uint8_t *env = env_grpc_web_trailer((int)code, ntr == 2 ? pm : NULL, &el);
+    if (env) hx_write(x, env, el);
     hx_end(x, NULL, 0);
   }
   free(pm);
@@ -362,7 +337,7 @@ static int send_at(rpc_call *c, void *owner, uint8_t *buf, size_t off, size_t le
     c->unary_set = 1;
     return 0;
   }
-  env_prefix(buf + off - 5, 0, len);
+  env_put_header(buf + off - 5, 0, len);
   start_stream(c, c->x);
   return hx_write_owned(c->x, owner, buf + off - 5, len + 5);
 }
@@ -401,7 +376,7 @@ int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const
     ref->release(ref);
     return -1;
   }
-  env_prefix(buf + off - 5, 0, len + dlen);
+  env_put_header(buf + off - 5, 0, len + dlen);
   start_stream(c, c->x);
   return hx_write_pair(c->x, buf, off - 5, len + 5, data, dlen, ref);
 }
@@ -668,16 +643,17 @@ static void call_pump(rpc_call *c) {
   size_t off = 0;
   while (!c->finished && !c->in_paused && !c->decoding && c->in_len - off >= 5) {
     const uint8_t *h = c->in + off;
-    uint32_t len = (uint32_t)h[1] << 24 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 8 | h[4];
-    if (len > RPC_MAX_MESSAGE) {
+    uint8_t flags;
+    uint32_t len;
+    env_status es = env_next(h, c->in_len - off, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &len);
+    if (es == ENV_TOO_BIG) {
       char e[128];
       snprintf(e, sizeof e, "message size %u is larger than configured max %u", len, RPC_MAX_MESSAGE);
       call_fail(c, RPC_RESOURCE_EXHAUSTED, e);
       return;
     }
-    if (c->in_len - off < 5 + (size_t)len) break;
-    uint8_t flags = h[0];
-    if (flags & ~0x01u) {
+    if (es == ENV_NEED) break;
+    if (es == ENV_BAD_FLAGS) {
       call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: invalid envelope flags");
       return;
     }
