@@ -2,6 +2,8 @@
 #include "proto/gzip.h"
 
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 #include <zlib.h>
 
 gz_result gz_inflate(const uint8_t *in, size_t n, size_t max, uint8_t **out, size_t *olen) {
@@ -101,4 +103,38 @@ uint8_t *gz_deflate(const uint8_t *a, size_t an, const uint8_t *b, size_t bn, si
   }
   if (out) *olen = len - head;
   return out;
+}
+
+/* "q=0", "q=0.0", "q=0.000": the client refuses it (RFC 9110 §12.4.2) */
+static int q_zero(const char *p, const char *end) {
+  while (p < end && (*p == ' ' || *p == '\t')) p++;
+  if (end - p < 3 || (p[0] != 'q' && p[0] != 'Q') || p[1] != '=') return 0;
+  p += 2;
+  if (*p != '0') return 0;
+  for (p++; p < end && *p != ';'; p++)
+    if (*p != '.' && *p != '0' && *p != ' ' && *p != '\t') return 0;
+  return 1;
+}
+
+int gz_accepted(const char *v) {
+  if (!v) return 0;
+  while (*v) {
+    const char *e = strchr(v, ',');
+    if (!e) e = v + strlen(v);
+    const char *t = v;
+    while (t < e && (*t == ' ' || *t == '\t')) t++;
+    const char *te = t;
+    while (te < e && *te != ';' && *te != ' ' && *te != '\t') te++;
+    if (te - t == 4 && strncasecmp(t, "gzip", 4) == 0) {
+      const char *sc = memchr(te, ';', (size_t)(e - te));
+      int refused = 0;
+      while (sc && !refused) {
+        refused = q_zero(sc + 1, e);
+        sc = memchr(sc + 1, ';', (size_t)(e - sc - 1));
+      }
+      if (!refused) return 1;
+    }
+    v = *e ? e + 1 : e;
+  }
+  return 0;
 }

@@ -27,4 +27,8 @@ gz_result gz_inflate(const uint8_t *in, size_t n, size_t max, uint8_t **out, siz
 uint8_t *gz_deflate(const uint8_t *a, size_t an, const uint8_t *b, size_t bn, size_t head,
                     int level, size_t *olen);
 
+/* 1 when an Accept-Encoding style header value ("deflate, gzip;q=0.5",
+ * "identity,gzip") lists gzip with a q-value above 0 (NULL: 0). */
+int gz_accepted(const char *value);
+
 #endif

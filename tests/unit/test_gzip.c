@@ -1,6 +1,7 @@
 /* test_gzip — proto/gzip.c: deflate/inflate round trips (one and two
  * input parts, empty, incompressible), the output bound (bombs stop at the
- * limit), several gzip members, truncated and corrupt input. */
+ * limit), several gzip members, truncated and corrupt input, parsing of
+ * the accept-encoding headers. */
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -140,6 +141,26 @@ TEST(bad_level) {
   ASSERT(gz_deflate((const uint8_t *)"x", 1, NULL, 0, 0, 42, &zl) == NULL);
 }
 
+TEST(accepted) {
+  ASSERT_EQ(gz_accepted(NULL), 0);
+  ASSERT_EQ(gz_accepted(""), 0);
+  ASSERT_EQ(gz_accepted("gzip"), 1);
+  ASSERT_EQ(gz_accepted("GZip"), 1);
+  ASSERT_EQ(gz_accepted("identity,deflate,gzip"), 1); /* grpcio */
+  ASSERT_EQ(gz_accepted("deflate, gzip, br, zstd"), 1); /* curl --compressed */
+  ASSERT_EQ(gz_accepted("gzip;q=0.5"), 1);
+  ASSERT_EQ(gz_accepted("gzip ; q=1"), 1);
+  ASSERT_EQ(gz_accepted("identity"), 0);
+  ASSERT_EQ(gz_accepted("br, x-gzip"), 0);
+  ASSERT_EQ(gz_accepted("gzipx"), 0);
+  ASSERT_EQ(gz_accepted("gzip;q=0"), 0);
+  ASSERT_EQ(gz_accepted("gzip; q=0.000, br"), 0);
+  ASSERT_EQ(gz_accepted("gzip;q=0.01"), 1);
+  ASSERT_EQ(gz_accepted("gzip;q=0, gzip"), 1);
+  ASSERT_EQ(gz_accepted(",,gzip,"), 1);
+  ASSERT_EQ(gz_accepted("*"), 0); /* a wildcard is not asked for by any RPC client */
+}
+
 int main(void) {
   RUN(round_trip_sizes);
   RUN(round_trip_two_parts);
@@ -149,5 +170,6 @@ int main(void) {
   RUN(members_concatenated);
   RUN(truncated_and_corrupt);
   RUN(bad_level);
+  RUN(accepted);
   return test_summary();
 }
