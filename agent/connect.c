@@ -240,7 +240,7 @@ uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
 
 /* api.md §9: a message of GZ_MIN bytes or more is gzipped when the client
  * accepts gzip.  Deflate at level 6 takes ~0.7 ms per 64 KiB of JSON
- * listing (23 ms for the 2.2 MB answer of a 10 000-entry ListFiles), so a
+ * listing (15-23 ms for the answer of a 10 000-entry ListFiles), so a
  * message of GZ_POOL_MIN bytes or more is deflated in the thread pool.
  * From the first such send on, a stream's sends queue in order behind it
  * (gzq), and the final answer waits until the queue has left. */
@@ -293,7 +293,7 @@ static void gz_write(rpc_call *c, gz_item *it) {
     hx_write_pair(c->x, it->pbuf, it->poff - 5, it->len + 5, it->data, it->dlen, it->ref);
     it->pbuf = NULL;
     it->ref = NULL;
-  } else { /* deflate failed (out of memory): as it is */
+  } else { /* not compressed (small, or out of memory): as it is */
     env_put_header((uint8_t *)it->msg - 5, 0, it->len);
     hx_write_owned(c->x, it->owner, it->msg - 5, it->len + 5);
     it->owner = NULL;
@@ -384,15 +384,21 @@ static void gz_queue(rpc_call *c, gz_item *it, int compress) {
 }
 
 /* A stream message msg[0, len) of the call (5 bytes free in front, held
- * by owner): 1 when taken here (compressed, or queued behind a deflate),
- * 0 when it goes as usual. */
-static int gz_send(rpc_call *c, void *owner, const uint8_t *msg, size_t len) {
+ * by owner): 1 when taken here (compressed, or queued behind a deflate;
+ * *rc is the send's result), 0 when it goes as usual. */
+static int gz_send(rpc_call *c, void *owner, const uint8_t *msg, size_t len, int *rc) {
   int compress = c->gzip_out && len >= GZ_MIN && bufref_owner_readable(owner);
   if (!compress && !c->gzq_head) return 0;
   gz_item *it = calloc(1, sizeof *it);
-  if (!it) return 0; /* as usual, uncompressed (only while nothing is queued) */
+  if (!it) {
+    if (!c->gzq_head) return 0; /* as it is: nothing to keep order with */
+    bufref_owner_free(owner);
+    *rc = -1;
+    return 1;
+  }
   *it = (gz_item){.owner = owner, .msg = msg, .len = len};
   gz_queue(c, it, compress);
+  *rc = 0;
   return 1;
 }
 
@@ -400,12 +406,18 @@ static int gz_send(rpc_call *c, void *owner, const uint8_t *msg, size_t len) {
  * which only the kernel reads (bufref.h), so it is never compressed; it
  * queues only behind a deflate. */
 static int gz_send_pair(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
-                        size_t dlen, bufref *ref) {
+                        size_t dlen, bufref *ref, int *rc) {
   if (!c->gzq_head) return 0;
   gz_item *it = calloc(1, sizeof *it);
-  if (!it) return 0;
+  if (!it) {
+    free(buf);
+    ref->release(ref);
+    *rc = -1;
+    return 1;
+  }
   *it = (gz_item){.pbuf = buf, .poff = off, .len = len, .data = data, .dlen = dlen, .ref = ref};
   gz_queue(c, it, 0);
+  *rc = 0;
   return 1;
 }
 
@@ -449,7 +461,8 @@ static int send_at(rpc_call *c, void *owner, uint8_t *buf, size_t off, size_t le
     c->unary_set = 1;
     return 0;
   }
-  if (gz_send(c, owner, buf + off, len)) return 0;
+  int rc;
+  if (gz_send(c, owner, buf + off, len, &rc)) return rc;
   env_put_header(buf + off - 5, 0, len);
   start_stream(c, c->x);
   return hx_write_owned(c->x, owner, buf + off - 5, len + 5);
@@ -489,7 +502,8 @@ int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const
     ref->release(ref);
     return -1;
   }
-  if (gz_send_pair(c, buf, off, len, data, dlen, ref)) return 0;
+  int rc;
+  if (gz_send_pair(c, buf, off, len, data, dlen, ref, &rc)) return rc;
   env_put_header(buf + off - 5, 0, len + dlen);
   start_stream(c, c->x);
   return hx_write_pair(c->x, buf, off - 5, len + 5, data, dlen, ref);
