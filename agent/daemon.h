@@ -1,8 +1,10 @@
 /* daemon — the one daemon context of conch-init.
  *
  * Everything process-wide lives in the single object `conch`: the loop, the
- * token, the sandbox identity and environment, the log sink, the process
- * table.  No other module keeps mutable globals.  Everything here is touched
+ * token, the sandbox identity and environment, the log sink.  No other
+ * agent/ or init/ module keeps mutable globals; the services (fs/, proc/)
+ * never see this header (agent/rpc.h) and keep their own state (the
+ * process table, cgroups, the reaper).  Everything here is touched
  * only from the loop thread (thread-pool work gets copies).
  */
 #ifndef CONCH_DAEMON_H
@@ -14,16 +16,14 @@
 
 #define CONCH_TOKEN_MAX 4096
 
-struct proc_table;   /* proc/ — ProcessService state */
 struct rpc_method;   /* agent/rpc.h */
-struct reaper;       /* init/reaper.c — the waitpid owner */
 struct initproto;    /* init/initproto.c — the init protocol server */
 struct pid1;         /* init/pid1.c — PID 1 boot state */
 struct server;       /* agent/server.c — the TCP listener(s) */
 struct pool;         /* agent/pool.c — batched thread-pool jobs */
 
 /* A bounded free list of same-sized blocks: the per-request objects (HTTP/2
- * stream, RPC call, file listing, HTTP/1.1 exchange) are reused instead of
+ * stream, RPC call, HTTP/1.1 exchange) are reused instead of
  * going back to malloc, whose large-chunk path (>= 1 KiB, beyond tcache
  * once a hundred are in flight) is costly.  At most DAEMON_CACHE_MAX
  * blocks are kept per list. */
@@ -51,9 +51,6 @@ typedef struct conch_daemon {
    * an init message's pairs are set in O(1) each, not by a linear search */
   size_t *senv_idx;
   size_t senv_idx_cap; /* power of two, > 2 * senv_len */
-
-  /* ProcessService cgroups (proc/cgroup.c); NULL: process groups only */
-  struct proc_cgroups *cgroups;
 
   /* logging (agent/log.c) */
   int log_level;
@@ -88,14 +85,12 @@ typedef struct conch_daemon {
   const struct rpc_method *routes[32];
   size_t nroutes;
 
-  struct proc_table *procs;
-  struct reaper *reaper;
   struct initproto *initproto;
   struct pid1 *pid1;
   struct server *server;
   struct pool *pool;
 
-  conch_cache cache_h2s, cache_call, cache_listing, cache_hx;
+  conch_cache cache_h2s, cache_call, cache_hx;
   conch_cache slab[7]; /* agent/slab.c: free blocks by size class */
 } conch_daemon;
 

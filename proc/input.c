@@ -31,7 +31,6 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
@@ -65,25 +64,6 @@ struct proc_input {
 #define PROC_INPUT_FULL "process input queue full"
 
 static void proc_in_flush(struct proc *p);
-
-/* ---- foreground list ---- */
-void proc_fg_link(struct proc *p) {
-  struct proc_table *t = p->t;
-  if (p->in_fg_list) return;
-  p->fprev = NULL;
-  p->fnext = t->fg_head;
-  if (t->fg_head) t->fg_head->fprev = p;
-  t->fg_head = p;
-  p->in_fg_list = 1;
-}
-
-void proc_fg_unlink(struct proc *p) {
-  if (!p->in_fg_list) return;
-  if (p->fprev) p->fprev->fnext = p->fnext; else p->t->fg_head = p->fnext;
-  if (p->fnext) p->fnext->fprev = p->fprev;
-  p->fnext = p->fprev = NULL;
-  p->in_fg_list = 0;
-}
 
 /* ---- calls ---- */
 static void proc_input_free_if_done(struct proc_input *in) {
@@ -350,7 +330,7 @@ void proc_input_shutdown(struct proc *p) {
 /* ---- lookups and checks ---- */
 /* Running processes only; a foreground one by pid (§9). */
 static struct proc *proc_in_find(const Pb__ProcessSelector *sel) {
-  struct proc_table *t = conch.procs;
+  struct proc_table *t = proc_tab;
   for (struct proc *p = t->tail; p; p = p->prev)
     if (p->state == PROC_RUNNING && (sel->pid != 0 ? p->pid == sel->pid : strcmp(p->tag, sel->tag) == 0))
       return p;
