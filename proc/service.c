@@ -66,6 +66,15 @@ __attribute__((format(printf, 4, 5))) static void proc_set_err(struct proc *p, i
 
 static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req);
 
+/* Pool thread, a start failing after the script was written: remove it
+ * here, before the error reaches the client (not in a later job). */
+static void proc_unlink_script_now(struct proc *p) {
+  if (!p->script) return;
+  unlink(p->script);
+  free(p->script);
+  p->script = NULL;
+}
+
 /* Thread pool: steps 5 (cwd), 6 (script), 7 (cmd), lookup of 8. */
 static void proc_start_work(uv_work_t *w) {
   struct proc *p = w->data;
@@ -119,11 +128,13 @@ static void proc_start_work(uv_work_t *w) {
   if (!p->cmd[0]) {
     proc_set_err(p, 7, RPC_INVALID_ARGUMENT, "%s%s",
                  p->background ? "" : PROC_FG_PREFIX ": ", "command is required");
+    proc_unlink_script_now(p);
     return;
   }
   if (proc_lookup(p->cmd, senv_lookup(p->envp, "PATH"), p->cwd, p->exe, sizeof p->exe, err,
                   sizeof err) != 0) {
     proc_set_err(p, 8, RPC_INVALID_ARGUMENT, "%s: %s", proc_prefix(p), err);
+    proc_unlink_script_now(p);
     return;
   }
   proc_launch_spawn(p);
