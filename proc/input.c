@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "agent/log.h"
+#include "proc/input.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
 #include "proto/agent.pb-c.h"
@@ -323,7 +324,6 @@ int proc_input_open(struct proc *p, int fd) {
 }
 
 void proc_input_shutdown(struct proc *p) {
-  proc_fg_unlink(p);
   if (p->in_open || p->in_head || p->in_wait_head || !p->in_closed) proc_in_drop(p);
 }
 

@@ -178,12 +178,17 @@ struct proc_table {
   size_t nretained;         /* ended background records still in the table */
   uint64_t keepalive_ms;
   uint64_t retain_ms;
+  /* the record's input (input.c, above process.c, which calls it only
+   * through these): opened at launch, shut at the reap and at release */
+  int (*input_open)(struct proc *p, int pipe_fd);
+  void (*input_shutdown)(struct proc *p);
 };
 
 /* ---- process.c: record lifecycle ---- */
 /* The one table (proc_table_init; loop thread only). */
 extern struct proc_table *proc_tab;
-int proc_table_init(uv_loop_t *loop, uint64_t keepalive_ms, uint64_t retain_ms);
+int proc_table_init(uv_loop_t *loop, uint64_t keepalive_ms, uint64_t retain_ms,
+                    int (*input_open)(struct proc *, int), void (*input_shutdown)(struct proc *));
 /* A new record in PREP (the caller checks PROC_MAX_PROCS); NULL when out of memory. */
 struct proc *proc_new(struct proc_table *t);
 /* A background record enters the table at once (its tag is reserved;
@@ -220,14 +225,5 @@ void proc_check_free(struct proc *p);
  * by the input RPCs). */
 void proc_fg_link(struct proc *p);
 void proc_fg_unlink(struct proc *p);
-
-/* ---- input.c: stdin / PTY input (api.md §9) ---- */
-/* At launch: take the input fd (pipe write end, or -1 for a PTY: the master
- * is dup'ed here) and queue the one-shot stdin bytes; 0 or -1 (ENOMEM). */
-int proc_input_open(struct proc *p, int pipe_fd);
-/* The leader was reaped (or the record is going): close the input, fail
- * calls waiting for bytes that will never be written. */
-void proc_input_shutdown(struct proc *p);
-extern const rpc_method proc_input_methods[4];
 
 #endif

@@ -22,13 +22,16 @@ static void proc_check_end(struct proc *p);
 
 struct proc_table *proc_tab;
 
-int proc_table_init(uv_loop_t *loop, uint64_t keepalive_ms, uint64_t retain_ms) {
+int proc_table_init(uv_loop_t *loop, uint64_t keepalive_ms, uint64_t retain_ms,
+                    int (*input_open)(struct proc *, int), void (*input_shutdown)(struct proc *)) {
   if (proc_tab) return 0;
   struct proc_table *t = calloc(1, sizeof *t);
   if (!t) return UV_ENOMEM;
   t->loop = loop;
   t->keepalive_ms = keepalive_ms;
   t->retain_ms = retain_ms;
+  t->input_open = input_open;
+  t->input_shutdown = input_shutdown;
   proc_tab = t;
   return 0;
 }
@@ -130,7 +133,8 @@ void proc_release(struct proc *p) {
   if (p->released) return;
   p->released = 1;
   proc_table_unlink(p);
-  proc_input_shutdown(p);
+  proc_fg_unlink(p);
+  p->t->input_shutdown(p);
   if (!uv_is_closing((uv_handle_t *)&p->timer)) uv_close((uv_handle_t *)&p->timer, proc_on_close);
   if (!uv_is_closing((uv_handle_t *)&p->grace)) uv_close((uv_handle_t *)&p->grace, proc_on_close);
   /* outputs still open are discarding a grandchild's output until EOF */
@@ -346,7 +350,8 @@ static void proc_on_exit(pid_t pid, int wstatus, void *arg) {
     left = p->deadline_at > p->exit_ms ? p->deadline_at - p->exit_ms : 1;
   proc_cg_release(p->cg, left);
   p->cg = NULL;
-  proc_input_shutdown(p); /* input calls waiting for bytes fail; no more input */
+  proc_fg_unlink(p);
+  p->t->input_shutdown(p); /* input calls waiting for bytes fail; no more input */
   proc_remove_script(p);
   for (int i = 0; i < p->nout; i++) {
     struct proc_out *o = &p->out[i];
@@ -437,7 +442,7 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
     proc_out_open(p, 0, r.out_r, PROC_OUT_STDOUT);
     proc_out_open(p, 1, r.err_r, PROC_OUT_STDERR);
   }
-  proc_input_open(p, r.in_w); /* ENOMEM: the one-shot bytes are lost, EOF as before */
+  p->t->input_open(p, r.in_w); /* ENOMEM: the one-shot bytes are lost, EOF as before */
   if (!p->background) proc_fg_link(p);
   if (p->timeout_ms > 0) {
     p->deadline_at = uv_now(p->t->loop) + (uint64_t)p->timeout_ms;

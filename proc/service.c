@@ -17,6 +17,7 @@
 #include "agent/log.h"
 #include "agent/senv.h"
 #include "proc/cgroup.h"
+#include "proc/input.h"
 #include "proc/prep.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
@@ -488,7 +489,8 @@ static uint64_t proc_env_ms(const char *name, uint64_t def) {
 int proc_init(uv_loop_t *loop) {
   if (proc_tab) return 0;
   int e = proc_table_init(loop, proc_env_ms("CONCH_PROC_KEEPALIVE_MS", PROC_KEEPALIVE_MS),
-                          proc_env_ms("CONCH_PROC_RETAIN_MS", PROC_RETAIN_MS));
+                          proc_env_ms("CONCH_PROC_RETAIN_MS", PROC_RETAIN_MS), proc_input_open,
+                          proc_input_shutdown);
   if (e) return e;
 
   umask(022);
