@@ -106,12 +106,12 @@ typedef struct rpc_method {
  * copy it as usual. */
 ProtobufCMessage *rpc_take_request(rpc_call *c);
 
-/* ---- sending: one message form, one bytes form ----
+/* ---- sending: one message form, one bytes form (and its tail variant) ----
  *
- * Both return 0, or -1 when the message could not be queued (larger than
+ * All three return 0, or -1 when the message could not be queued (larger than
  * RPC_MAX_MESSAGE, out of memory, or the call already ended): the call
  * stays the service's, which then ends it with rpc_finish (e.g.
- * RPC_RESOURCE_EXHAUSTED).  Neither ever calls back into the service.
+ * RPC_RESOURCE_EXHAUSTED).  None ever calls back into the service.
  * Unary: exactly one message on success, then rpc_finish(c, RPC_OK, NULL). */
 
 /* Encode msg in the call's codec (on the loop) and queue it. */
@@ -155,7 +155,7 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
  * Short blocking jobs (stat, a directory walk, a big encode, an munmap) on
  * the daemon's batched thread pool (agent/pool.h): run(data) in a pool
  * thread — touching only data — then done(data, canceled) on the loop,
- * exactly once, never from inside rpc_work or rpc_work_cancel.  c is the
+ * exactly once, never from inside rpc_work_submit or rpc_work_cancel.  c is the
  * call the work serves, or NULL for clean-up that outlives its call.
  * Returns a handle, valid until done runs, or NULL when out of memory
  * (nothing will run: the service fails the call itself).
