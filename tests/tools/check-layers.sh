@@ -1,7 +1,7 @@
 #!/bin/sh
 # Layering rules of the services (run by `make unit`); prints each
 # violation and exits 1 if there is any.  Usage: check-layers.sh [OBJDIR]
-#   1. fs/ and proc/ see only agent/rpc.h of the daemon (plus bufref.h, which
+#   1. fs/, proc/ and reflect/ see only agent/rpc.h of the daemon (plus bufref.h, which
 #      it includes, log.h and senv.h): never agent/daemon.h, pool.h, slab.h
 #      or any other agent/ or init/ header.
 #   2. proc/fanout.[ch] only delivers events: it includes no proc/ header
@@ -13,7 +13,7 @@
 OBJDIR=${1:-}
 cd "$(dirname "$0")/../.." || exit 1
 fail=0
-bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(agent\|init\)/' fs/*.[ch] proc/*.[ch] |
+bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(agent\|init\)/' fs/*.[ch] proc/*.[ch] reflect/*.[ch] |
       grep -v '"agent/\(rpc\|bufref\|log\|senv\)\.h"')
 if [ -n "$bad" ]; then
   echo "check-layers: a service reaches past agent/rpc.h:"
