@@ -125,6 +125,7 @@ struct proc {
   int prep_step;    /* 5, 6 or 8 */
   uv_work_t work;
   int work_pending;
+  int pins; /* readers off the loop (a List encode): the record is not freed meanwhile */
   /* the spawn, done at the end of the pool work (see proc_launch_spawn) */
   reaper_inflight inflight;
   proc_spawn_result sr;
@@ -221,6 +222,10 @@ void proc_remove_script(struct proc *p);
 void proc_pause(struct proc *p, int paused);
 /* Free the record if nothing refers to it any more. */
 void proc_check_free(struct proc *p);
+/* A job in the pool reads the record's fixed strings (tag, cmd, args, cwd,
+ * env): it is not freed until unpinned (on the loop). */
+void proc_pin(struct proc *p);
+void proc_unpin(struct proc *p);
 /* Foreground list of the table (running foreground records, found by pid
  * by the input RPCs). */
 void proc_fg_link(struct proc *p);

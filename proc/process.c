@@ -97,8 +97,15 @@ static void proc_free(struct proc *p) {
 
 void proc_check_free(struct proc *p) {
   if (p->released && p->handles == 0 && !p->work_pending && p->fan.nsubs == 0 && !p->in_table &&
-      p->ninputs == 0)
+      p->ninputs == 0 && p->pins == 0)
     proc_free(p);
+}
+
+void proc_pin(struct proc *p) { p->pins++; }
+
+void proc_unpin(struct proc *p) {
+  p->pins--;
+  proc_check_free(p);
 }
 
 static void proc_on_close(uv_handle_t *h) {

@@ -340,6 +340,78 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
 }
 
 /* ---- List ---- */
+
+/* The answer is built on the loop (pointers into the records, O(entries))
+ * and, when it is big (thousands of processes, or 100 000-entry envs:
+ * tens of MB of JSON), encoded in the pool with the records pinned.  The
+ * small answer most calls get is encoded here: a pool round trip costs
+ * more than it does. */
+#define PROC_LIST_POOL_MIN (64u * 1024)
+
+struct proc_list {
+  rpc_call *c; /* NULL once the call was canceled */
+  int json;
+  Pb__ListProcessesResponse resp;
+  Pb__ProcessInfo *infos;
+  Pb__ProcessInfo **iptr;
+  Pb__ProcessConfig *cfgs;
+  Pb__PTY *ptys;
+  Pb__ProcessConfig__EnvEntry *envs;
+  Pb__ProcessConfig__EnvEntry **eptr;
+  char (*stamps)[32];
+  struct proc **pinned;
+  size_t npinned;
+  uint8_t *enc; /* the pool's encoding */
+  size_t enc_len;
+};
+
+static void proc_list_free(struct proc_list *l) {
+  for (size_t i = 0; i < l->npinned; i++) proc_unpin(l->pinned[i]);
+  free(l->pinned);
+  free(l->infos);
+  free(l->iptr);
+  free(l->cfgs);
+  free(l->ptys);
+  free(l->envs);
+  free(l->eptr);
+  free(l->stamps);
+  free(l->enc);
+  free(l);
+}
+
+static void proc_list_answer(rpc_call *c, int sent) {
+  if (sent == 0)
+    rpc_finish(c, RPC_OK, NULL);
+  else /* larger than 16 MiB (thousands of processes with huge configs), or out of memory */
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "process list exceeds maximum message size 16777216 bytes");
+}
+
+static void proc_list_run(void *data) {
+  struct proc_list *l = data;
+  l->enc = rpc_encode(l->json, &l->resp.base, &l->enc_len);
+}
+
+static void proc_list_done(void *data, int canceled) {
+  struct proc_list *l = data;
+  if (l->c) {
+    rpc_set_user(l->c, NULL);
+    uint8_t *enc = l->enc;
+    l->enc = NULL;
+    if (canceled || !enc) {
+      free(enc);
+      rpc_finish(l->c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+      proc_list_answer(l->c, rpc_send_bytes(l->c, enc, enc + RPC_HEADROOM, l->enc_len));
+    }
+  }
+  proc_list_free(l);
+}
+
+static void proc_list_cancel(rpc_call *c, rpc_code why) {
+  struct proc_list *l = rpc_user(c);
+  if (l) l->c = NULL; /* the job runs on; its done frees it */
+}
+
 static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
   struct proc_table *t = proc_tab;
   size_t n = 0, nenv = 0;
@@ -348,42 +420,51 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
       n++;
       nenv += p->nenv;
     }
-  Pb__ListProcessesResponse resp = PB__LIST_PROCESSES_RESPONSE__INIT;
-  Pb__ProcessInfo *infos = calloc(n + 1, sizeof *infos);
-  Pb__ProcessInfo **iptr = calloc(n + 1, sizeof *iptr);
-  Pb__ProcessConfig *cfgs = calloc(n + 1, sizeof *cfgs);
-  Pb__PTY *ptys = calloc(n + 1, sizeof *ptys);
-  Pb__ProcessConfig__EnvEntry *envs = calloc(nenv + 1, sizeof *envs);
-  Pb__ProcessConfig__EnvEntry **eptr = calloc(nenv + 1, sizeof *eptr);
-  char (*stamps)[32] = calloc(n + 1, sizeof *stamps);
-  if (!infos || !iptr || !cfgs || !ptys || !envs || !eptr || !stamps) {
+  struct proc_list *l = calloc(1, sizeof *l);
+  if (!l) {
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
-    goto out;
+    return;
+  }
+  pb__list_processes_response__init(&l->resp);
+  l->c = c;
+  l->json = rpc_is_json(c);
+  l->infos = calloc(n + 1, sizeof *l->infos);
+  l->iptr = calloc(n + 1, sizeof *l->iptr);
+  l->cfgs = calloc(n + 1, sizeof *l->cfgs);
+  l->ptys = calloc(n + 1, sizeof *l->ptys);
+  l->envs = calloc(nenv + 1, sizeof *l->envs);
+  l->eptr = calloc(nenv + 1, sizeof *l->eptr);
+  l->stamps = calloc(n + 1, sizeof *l->stamps);
+  l->pinned = calloc(n + 1, sizeof *l->pinned);
+  if (!l->infos || !l->iptr || !l->cfgs || !l->ptys || !l->envs || !l->eptr || !l->stamps || !l->pinned) {
+    proc_list_free(l);
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
   }
   size_t i = 0, e = 0;
   for (struct proc *p = t->head; p; p = p->next) {
     if (p->state != PROC_RUNNING) continue;
-    Pb__ProcessConfig *cf = &cfgs[i];
+    Pb__ProcessConfig *cf = &l->cfgs[i];
     pb__process_config__init(cf);
     cf->cmd = p->cmd;
     cf->n_args = p->nargs;
     cf->args = p->args;
     cf->cwd = p->cwd;
     cf->n_env = p->nenv;
-    cf->env = &eptr[e];
+    cf->env = &l->eptr[e];
     for (size_t k = 0; k < p->nenv; k++, e++) {
-      pb__process_config__env_entry__init(&envs[e]);
-      envs[e].key = p->env_keys[k];
-      envs[e].value = p->env_vals[k];
-      eptr[e] = &envs[e];
+      pb__process_config__env_entry__init(&l->envs[e]);
+      l->envs[e].key = p->env_keys[k];
+      l->envs[e].value = p->env_vals[k];
+      l->eptr[e] = &l->envs[e];
     }
-    if (p->has_pty) {
-      pb__pty__init(&ptys[i]);
-      ptys[i].cols = p->cols;
-      ptys[i].rows = p->rows;
-      cf->pty = &ptys[i];
+    if (p->has_pty) { /* copied: Update changes them */
+      pb__pty__init(&l->ptys[i]);
+      l->ptys[i].cols = p->cols;
+      l->ptys[i].rows = p->rows;
+      cf->pty = &l->ptys[i];
     }
-    Pb__ProcessInfo *pi = &infos[i];
+    Pb__ProcessInfo *pi = &l->infos[i];
     pb__process_info__init(pi);
     pi->pid = (int32_t)p->pid;
     pi->tag = p->tag;
@@ -391,26 +472,27 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
     pi->running = 1;
     struct tm tm;
     gmtime_r(&p->started_at, &tm);
-    strftime(stamps[i], sizeof stamps[i], "%Y-%m-%dT%H:%M:%SZ", &tm);
-    pi->started_at = stamps[i];
+    strftime(l->stamps[i], sizeof l->stamps[i], "%Y-%m-%dT%H:%M:%SZ", &tm);
+    pi->started_at = l->stamps[i];
     pi->exit_code = -1;
-    iptr[i] = pi;
+    l->iptr[i] = pi;
+    l->pinned[i] = p;
     i++;
   }
-  resp.n_processes = n;
-  resp.processes = iptr;
-  if (rpc_send(c, &resp.base) == 0)
-    rpc_finish(c, RPC_OK, NULL);
-  else /* larger than 16 MiB (thousands of processes with huge configs) */
-    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "process list exceeds maximum message size 16777216 bytes");
-out:
-  free(infos);
-  free(iptr);
-  free(cfgs);
-  free(ptys);
-  free(envs);
-  free(eptr);
-  free(stamps);
+  l->resp.n_processes = n;
+  l->resp.processes = l->iptr;
+  if (protobuf_c_message_get_packed_size(&l->resp.base) < PROC_LIST_POOL_MIN) {
+    proc_list_answer(c, rpc_send(c, &l->resp.base));
+    proc_list_free(l); /* nothing pinned yet */
+    return;
+  }
+  for (l->npinned = 0; l->npinned < n; l->npinned++) proc_pin(l->pinned[l->npinned]);
+  rpc_set_user(c, l);
+  if (!rpc_work_submit(c, proc_list_run, proc_list_done, l)) {
+    rpc_set_user(c, NULL);
+    proc_list_free(l);
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  }
 }
 
 /* ---- SendSignal ---- */
@@ -461,7 +543,7 @@ static const rpc_method proc_methods[] = {
      &pb__process_event__descriptor, 0, proc_connect_on_request, NULL, NULL, proc_on_cancel},
     {"/pb.ProcessService/List", RPC_UNARY, &pb__list_processes_request__descriptor,
      &pb__list_processes_response__descriptor, 0, proc_list_on_request, NULL, NULL,
-     proc_unary_cancel},
+     proc_list_cancel},
     {"/pb.ProcessService/SendSignal", RPC_UNARY, &pb__send_signal_request__descriptor,
      &pb__send_signal_response__descriptor, 0, proc_signal_on_request, NULL, NULL,
      proc_unary_cancel},
