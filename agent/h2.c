@@ -8,7 +8,6 @@
 #include "agent/daemon.h"
 #include "agent/h2check.h"
 #include "agent/log.h"
-#include "agent/router.h"
 #include "agent/slab.h"
 
 typedef struct h2buf {
@@ -57,7 +56,7 @@ typedef struct h2s {
 } h2s;
 
 typedef struct h2c {
-  conn *c;
+  hsink *c;
   nghttp2_session *ng;
   h2s *streams;
   size_t nstreams;
@@ -110,7 +109,7 @@ typedef struct h2c {
  * whatever the number of streams. */
 #define H2_ROOM (1u * 1024 * 1024)
 
-static void h2_deferred(conn *c);
+static void h2_deferred(hsink *c);
 static const hx_ops h2_ops;
 
 enum { H2T_NONE, H2T_HEADER, H2T_IDLE };
@@ -138,7 +137,7 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   st->x.tp = st;
   st->x.ops = &h2_ops;
   st->x.http2 = 1;
-  st->x.conn = sc->c;
+  st->x.sink = sc->c;
   st->x.content_length = -1;
   h2check_init(&st->chk);
   st->next = sc->streams;
@@ -177,7 +176,7 @@ static void h2_timer_apply(h2c *sc) {
   sc->tactivity = 0;
   if (want == sc->tmode && !restart) return;
   sc->tmode = want;
-  conn_timer(sc->c, want == H2T_HEADER ? conch.http_header_ms
+  sink_timer(sc->c, want == H2T_HEADER ? conch.http_header_ms
                     : want == H2T_IDLE ? conch.http_idle_ms
                                        : 0);
 }
@@ -206,7 +205,7 @@ static void h2_stream_free(h2s *st) {
   for (h2buf *b = st->qhead, *n; b; b = n) {
     n = b->next;
     if (b->off)
-      conn_free_later(sc->c, b->owner); /* queued writes may point into it */
+      sink_free_later(sc->c, b->owner); /* queued writes may point into it */
     else
       bufref_owner_free(b->owner);
     h2_buf_free(st, b);
@@ -272,9 +271,9 @@ static void h2_malformed(h2s *st) {
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
   st->sess->undispatched--;
-  conn_turn_request(st->sess->c);
+  sink_turn_request(st->sess->c);
   if (st->chk.content_length >= 0) st->x.content_length = st->chk.content_length;
-  router_dispatch(&st->x);
+  st->sess->c->serve->dispatch(&st->x);
 }
 
 /* ---------------------------------------------------------------- nghttp2 callbacks */
@@ -283,7 +282,7 @@ static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void
   h2c *sc = ud;
   if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
   if (!sc->c->authed && sc->nstreams >= H2_UNAUTH_STREAMS) {
-    conn_unauth_over(sc->c, "too many streams");
+    sink_unauth_over(sc->c, "too many streams");
     return NGHTTP2_ERR_CALLBACK_FAILURE; /* h2_on_read closes */
   }
   h2s *st = h2_stream_new(sc, f->hd.stream_id);
@@ -394,7 +393,7 @@ static int h2_on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *u
   if (sc->await_preface && f->hd.type == NGHTTP2_SETTINGS) { /* the client's preface */
     sc->await_preface = 0;
     h2_timer_touch(sc);
-    conn_defer(sc->c, h2_deferred);
+    sink_defer(sc->c, h2_deferred);
   }
   if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
@@ -477,7 +476,7 @@ static int h2_out_flush(h2c *sc) {
   sc->ohint = sc->olen;
   sc->ob = NULL;
   sc->olen = sc->ocap = 0;
-  return conn_write(sc->c, &b, 1, &owned, 1);
+  return sink_write(sc->c, &b, 1, &owned, 1);
 }
 
 static int h2_out_put(h2c *sc, const uint8_t *p, size_t n) {
@@ -538,7 +537,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
     bufref_owner_free(owned);
     return 0;
   }
-  if (conn_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
+  if (sink_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
     return NGHTTP2_ERR_CALLBACK_FAILURE;
   return 0;
 }
@@ -587,7 +586,7 @@ static void h2_room_wake(h2c *sc) {
 /* ---------------------------------------------------------------- sending */
 
 static void h2_flush_out(h2c *sc) {
-  conn *c = sc->c;
+  hsink *c = sc->c;
   if (sc->dead || c->closing || sc->await_preface) return;
   while (c->outq + sc->olen < H2_CONN_OUTQ_MAX) {
     const uint8_t *p;
@@ -595,27 +594,27 @@ static void h2_flush_out(h2c *sc) {
     if (n < 0) {
       LOG_DEBUG("h2 send error conn=%llu err=%s", (unsigned long long)c->id,
                 nghttp2_strerror((int)n));
-      conn_close(c);
+      sink_close(c);
       return;
     }
     if (n == 0) break;
     if (h2_out_put(sc, p, (size_t)n) != 0) {
-      conn_close(c);
+      sink_close(c);
       return;
     }
     if (sc->olen >= H2_WRITE_CHUNK && h2_out_flush(sc) != 0) {
-      conn_close(c);
+      sink_close(c);
       return;
     }
   }
   if (h2_out_flush(sc) != 0) {
-    conn_close(c);
+    sink_close(c);
     return;
   }
   int pause = c->outq >= H2_READ_OUTQ_MAX;
   if (pause != sc->read_paused) {
     sc->read_paused = pause;
-    conn_read_pause(c, pause);
+    sink_read_pause(c, pause);
   }
   if (sc->whead) h2_room_wake(sc);
   /* drain notifications, outside nghttp2's callbacks */
@@ -628,18 +627,18 @@ static void h2_flush_out(h2c *sc) {
     }
   }
   if (!nghttp2_session_want_read(sc->ng) && !nghttp2_session_want_write(sc->ng) && c->outq == 0)
-    conn_close(c);
+    sink_close(c);
 }
 
 /* Send what there is, then set the connection timer for the new state. */
 static void h2_flush(h2c *sc) {
-  conn *c = sc->c; /* outlives sc: freed only once its handles closed */
+  hsink *c = sc->c; /* outlives sc: freed only once its handles closed */
   h2_flush_out(sc);
   if (!c->closing) h2_timer_apply(sc);
 }
 
 /* Deferred work: held bodies of un-paused streams, then sending. */
-static void h2_deferred(conn *c) {
+static void h2_deferred(hsink *c) {
   h2c *sc = c->p;
   if (!sc) return;
   for (h2s *st = sc->streams, *n; st; st = n) {
@@ -716,7 +715,7 @@ static int h2_submit(h2s *st, int with_body) {
   nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
   /* st->head stays until the stream is freed: its strings are not copied */
   int r = nghttp2_submit_response(sc->ng, st->id, st->head, st->nhead, with_body ? &prd : NULL);
-  conn_defer(sc->c, h2_deferred);
+  sink_defer(sc->c, h2_deferred);
   return r == 0 ? 0 : -1;
 }
 
@@ -747,7 +746,7 @@ static void h2_resume(h2s *st) {
     st->deferred = 0;
     nghttp2_session_resume_data(st->sess->ng, st->id);
   }
-  conn_defer(st->sess->c, h2_deferred);
+  sink_defer(st->sess->c, h2_deferred);
 }
 
 static int h2_write(hx *x, const hx_part *parts, unsigned n) {
@@ -802,7 +801,7 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
 static void h2_pause_body(hx *x, int paused) {
   h2s *st = x->tp;
   st->body_paused = paused;
-  if (!paused) conn_defer(st->sess->c, h2_deferred);
+  if (!paused) sink_defer(st->sess->c, h2_deferred);
 }
 
 static size_t h2_outq(const hx *x) {
@@ -828,7 +827,7 @@ static int h2_room(hx *x, size_t n) {
     else sc->whead = st;
     sc->wtail = st;
   }
-  conn_defer(sc->c, h2_deferred); /* a WINDOW_UPDATE may already be in */
+  sink_defer(sc->c, h2_deferred); /* a WINDOW_UPDATE may already be in */
   return 0;
 }
 
@@ -836,31 +835,31 @@ static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_ou
 
 /* ---------------------------------------------------------------- conn proto */
 
-static void h2_on_read(conn *c, const uint8_t *d, size_t n) {
+static void h2_on_read(hsink *c, const uint8_t *d, size_t n) {
   h2c *sc = c->p;
   ssize_t r = nghttp2_session_mem_recv(sc->ng, d, n);
   if (c->closing) return;
   if (r < 0) {
     LOG_DEBUG("h2 recv error conn=%llu err=%s", (unsigned long long)c->id, nghttp2_strerror((int)r));
     h2_flush(sc); /* GOAWAY, if nghttp2 queued one */
-    conn_close(c);
+    sink_close(c);
     return;
   }
   h2_flush(sc);
 }
 
-static void h2_on_written(conn *c) {
+static void h2_on_written(hsink *c) {
   h2c *sc = c->p;
   if (sc) h2_flush(sc);
 }
 
-static void h2_on_timeout(conn *c) {
+static void h2_on_timeout(hsink *c) {
   h2c *sc = c->p;
   sc->tmode = H2T_NONE; /* fired: nothing armed now */
   if (sc->await_preface) {
     LOG_DEBUG("h2 timeout conn=%llu: no client preface after the upgrade",
               (unsigned long long)c->id);
-    conn_close(c);
+    sink_close(c);
     return;
   }
   if (!sc->undispatched) {
@@ -868,13 +867,13 @@ static void h2_on_timeout(conn *c) {
       if (!st->x.ended) return; /* an exchange is running */
       if (!nghttp2_session_get_stream_local_close(sc->ng, st->id)) {
         sc->tmode = H2T_IDLE;
-        conn_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
+        sink_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
         return;
       }
     }
     if (c->outq) {
       sc->tmode = H2T_IDLE;
-      conn_timer(c, conch.http_idle_ms);
+      sink_timer(c, conch.http_idle_ms);
       return;
     }
   }
@@ -882,10 +881,10 @@ static void h2_on_timeout(conn *c) {
             sc->undispatched);
   nghttp2_session_terminate_session(sc->ng, NGHTTP2_NO_ERROR);
   h2_flush(sc);
-  conn_close(c);
+  sink_close(c);
 }
 
-static void h2_on_close(conn *c) {
+static void h2_on_close(hsink *c) {
   h2c *sc = c->p;
   if (!sc) return;
   sc->dead = 1;
@@ -901,7 +900,7 @@ static void h2_on_close(conn *c) {
   c->p = NULL;
 }
 
-const conn_proto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close};
+const hproto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close};
 
 static long h2_b64url_decode(const char *in, uint8_t *out, size_t cap) {
   unsigned v = 0;
@@ -973,8 +972,9 @@ static void *h2_mem_realloc(void *p, size_t n, void *ud) {
 }
 static const nghttp2_mem h2_mem = {NULL, h2_mem_malloc, h2_mem_free, h2_mem_calloc, h2_mem_realloc};
 
-int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
+int h2_conn_init(hsink *c, hx *up, uint8_t *body, size_t blen) {
   h2c *sc = calloc(1, sizeof *sc);
+  c->proto = &h2_conn_proto;
   nghttp2_session_callbacks *cb = NULL;
   nghttp2_option *opt = NULL;
   if (!sc || nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0) goto fail;
@@ -1002,7 +1002,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_session_set_local_window_size(sc->ng, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW);
   c->p = sc;
   sc->tmode = H2T_HEADER; /* the client's first request within the header time */
-  conn_timer(c, conch.http_header_ms);
+  sink_timer(c, conch.http_header_ms);
   if (up) {
     const char *set = hx_get(up, "http2-settings");
     uint8_t sbuf[512];
@@ -1037,7 +1037,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
     if (!c->closing) h2_stream_body_end(st);
     if (!c->closing) h2_timer_apply(sc);
   }
-  if (!c->closing) conn_defer(c, h2_deferred);
+  if (!c->closing) sink_defer(c, h2_deferred);
   return 0;
 fail:
   if (cb) nghttp2_session_callbacks_del(cb);

@@ -25,7 +25,7 @@
 #include "agent/bufref.h"
 
 typedef struct hx hx;
-struct conn;
+struct hsink;
 
 typedef struct hx_header {
   const char *name; /* lower case */
@@ -72,7 +72,7 @@ typedef struct hx_ops {
 struct hx {
   const hx_ops *ops;
   void *tp; /* transport's per-exchange state */
-  struct conn *conn; /* the connection it arrived on */
+  struct hsink *sink; /* the connection it arrived on */
   /* request, valid until the hx is freed */
   char *method;
   char *path;   /* path without the query string */
