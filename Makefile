@@ -142,7 +142,7 @@ static: build/static/conch-init
 
 # ---------------------------------------------------------------- tests
 UNIT_BINS := $(patsubst tests/unit/%.c,build/asan/tests/%,$(UNIT_SRCS))
-build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h
+build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h tests/unit/memsink.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
@@ -179,7 +179,7 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/bin/%,$(FUZZ_SRCS))
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 20
-build/fuzz/bin/%: tests/fuzz/%.c build/fuzz/libconch.a tests/fuzz/fuzz.h tests/fuzz/fuzz_msgs.h
+build/fuzz/bin/%: tests/fuzz/%.c build/fuzz/libconch.a tests/fuzz/fuzz.h tests/fuzz/fuzz_msgs.h tests/unit/memsink.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)clang $(BASEFLAGS) -Ibuild/fuzz/gen $(fuzz_CFLAGS) -fsanitize=fuzzer $< build/fuzz/libconch.a $(LIBS) -o $@

@@ -53,12 +53,12 @@ typedef struct memsink {
   unsigned writes, reads;
 } memsink;
 
-static void memsink_release(void **v, size_t *n) {
+static inline void memsink_release(void **v, size_t *n) {
   for (size_t i = 0; i < *n; i++) bufref_owner_free(v[i]);
   *n = 0;
 }
 
-static int memsink_push(void ***v, size_t *n, size_t *cap, void *p) {
+static inline int memsink_push(void ***v, size_t *n, size_t *cap, void *p) {
   if (*n == *cap) {
     size_t nc = *cap ? *cap * 2 : 16;
     void **q = realloc(*v, nc * sizeof *q);
@@ -70,7 +70,7 @@ static int memsink_push(void ***v, size_t *n, size_t *cap, void *p) {
   return 0;
 }
 
-static void memsink_append(memsink *m, const void *d, size_t n) {
+static inline void memsink_append(memsink *m, const void *d, size_t n) {
   if (m->out_max && m->out_len + n > m->out_max) { /* keep the head only */
     n = m->out_len < m->out_max ? m->out_max - m->out_len : 0;
   }
@@ -87,7 +87,7 @@ static void memsink_append(memsink *m, const void *d, size_t n) {
   m->out_len += n;
 }
 
-static int memsink_write(hsink *s, const void *pre, size_t prelen, const uv_buf_t *bufs,
+static inline int memsink_write(hsink *s, const void *pre, size_t prelen, const uv_buf_t *bufs,
                          unsigned n, void **owned, unsigned nowned) {
   memsink *m = (memsink *)s;
   if (s->closing || prelen > 64) {
@@ -106,22 +106,22 @@ static int memsink_write(hsink *s, const void *pre, size_t prelen, const uv_buf_
   return 0;
 }
 
-static void memsink_free_later(hsink *s, void *p) {
+static inline void memsink_free_later(hsink *s, void *p) {
   memsink *m = (memsink *)s;
   if (s->outq == 0) bufref_owner_free(p);
   else if (memsink_push(&m->later, &m->nlater, &m->caplater, p)) abort();
 }
 
-static void memsink_read_pause(hsink *s, int paused) {
+static inline void memsink_read_pause(hsink *s, int paused) {
   if (!s->closing) ((memsink *)s)->read_paused = paused;
 }
-static void memsink_timer(hsink *s, uint64_t ms) {
+static inline void memsink_timer(hsink *s, uint64_t ms) {
   if (!s->closing) ((memsink *)s)->timer_ms = ms;
 }
-static void memsink_defer(hsink *s, void (*fn)(hsink *s)) {
+static inline void memsink_defer(hsink *s, void (*fn)(hsink *s)) {
   if (!s->closing) ((memsink *)s)->defer_fn = fn;
 }
-static void memsink_close(hsink *s) {
+static inline void memsink_close(hsink *s) {
   memsink *m = (memsink *)s;
   if (s->closing) return;
   s->closing = 1;
@@ -131,13 +131,13 @@ static void memsink_close(hsink *s) {
   m->defer_fn = NULL;
   m->timer_ms = 0;
 }
-static void memsink_trim(hsink *s) { (void)s; }
+static inline void memsink_trim(hsink *s) { (void)s; }
 
 static const hsink_ops memsink_ops = {memsink_write, memsink_free_later, memsink_read_pause,
                                       memsink_timer, memsink_defer,      memsink_close,
                                       memsink_trim};
 
-static void memsink_init(memsink *m, const hserve *serve) {
+static inline void memsink_init(memsink *m, const hserve *serve) {
   memset(m, 0, sizeof *m);
   m->s.ops = &memsink_ops;
   m->s.serve = serve;
@@ -146,7 +146,7 @@ static void memsink_init(memsink *m, const hserve *serve) {
 }
 
 /* Everything written so far left: owners released, on_written. */
-static void memsink_flush(memsink *m) {
+static inline void memsink_flush(memsink *m) {
   if (!m->s.outq && !m->nowned) return;
   m->s.outq = 0;
   memsink_release(m->owned, &m->nowned);
@@ -154,7 +154,8 @@ static void memsink_flush(memsink *m) {
   if (!m->s.closing && m->s.proto && m->s.proto->on_written) m->s.proto->on_written(&m->s);
 }
 
-static void memsink_feed(memsink *m, const void *d, size_t n) {
+static inline void memsink_feed(memsink *m, const void *d, size_t n) {
+  if (!n) return;
   if (m->in_len + n > m->in_cap) {
     size_t cap = m->in_cap ? m->in_cap : 4096;
     while (cap < m->in_len + n) cap *= 2;
@@ -166,10 +167,10 @@ static void memsink_feed(memsink *m, const void *d, size_t n) {
   memcpy(m->in + m->in_len, d, n);
   m->in_len += n;
 }
-static void memsink_feeds(memsink *m, const char *s) { memsink_feed(m, s, strlen(s)); }
+static inline void memsink_feeds(memsink *m, const char *s) { memsink_feed(m, s, strlen(s)); }
 
 /* Hand held input over while reading is on: 1 if any was. */
-static int memsink_pump(memsink *m) {
+static inline int memsink_pump(memsink *m) {
   int did = 0;
   while (m->in_len && !m->read_paused && !m->s.closing && m->s.proto) {
     size_t n = m->read_chunk && m->read_chunk < m->in_len ? m->read_chunk : m->in_len;
@@ -189,7 +190,7 @@ static int memsink_pump(memsink *m) {
 
 /* The loop, until nothing is left to do (bounded: a core that keeps
  * deferring forever is a bug the caller sees as a nonzero return). */
-static int memsink_run(memsink *m) {
+static inline int memsink_run(memsink *m) {
   for (int i = 0; i < 100000; i++) {
     if (m->s.closing) return 0;
     if (m->defer_fn) {
@@ -208,14 +209,14 @@ static int memsink_run(memsink *m) {
   return -1;
 }
 
-static void memsink_fire_timer(memsink *m) {
+static inline void memsink_fire_timer(memsink *m) {
   if (m->s.closing || !m->timer_ms) return;
   m->timer_ms = 0;
   if (m->s.proto && m->s.proto->on_timeout) m->s.proto->on_timeout(&m->s);
 }
 
 /* Close (if the core did not), release everything. */
-static void memsink_free(memsink *m) {
+static inline void memsink_free(memsink *m) {
   memsink_close(&m->s);
   memsink_release(m->owned, &m->nowned);
   memsink_release(m->later, &m->nlater);
@@ -226,14 +227,14 @@ static void memsink_free(memsink *m) {
 }
 
 /* The output as a string (NUL added past out_len). */
-static const char *memsink_str(memsink *m) {
+static inline const char *memsink_str(memsink *m) {
   memsink_append(m, "", 1);
   m->out_len--;
   return (const char *)m->out;
 }
 
 /* Times needle occurs in the output. */
-static int memsink_count(memsink *m, const char *needle) {
+static inline int memsink_count(memsink *m, const char *needle) {
   int k = 0;
   size_t nl = strlen(needle);
   for (size_t i = 0; nl && i + nl <= m->out_len; i++)
@@ -258,15 +259,15 @@ typedef struct trx {
 static trx tr_x[TR_MAX];
 static int tr_n;
 
-static void tr_reset(void) {
+static inline void tr_reset(void) {
   for (int i = 0; i < tr_n; i++) free(tr_x[i].body);
   memset(tr_x, 0, sizeof tr_x);
   tr_n = 0;
 }
 
-static trx *tr_of(hx *x) { return x->hdata; }
+static inline trx *tr_of(hx *x) { return x->hdata; }
 
-static void tr_on_body(hx *x, const uint8_t *d, size_t n) {
+static inline void tr_on_body(hx *x, const uint8_t *d, size_t n) {
   trx *t = tr_of(x);
   if (t->body_len + n > TR_BODY_MAX) n = TR_BODY_MAX - t->body_len;
   if (!n) return;
@@ -278,7 +279,7 @@ static void tr_on_body(hx *x, const uint8_t *d, size_t n) {
   if (!strcmp(t->path, "/stream")) hx_write_copy(x, d, n);
 }
 
-static void tr_on_body_end(hx *x) {
+static inline void tr_on_body_end(hx *x) {
   trx *t = tr_of(x);
   t->body_ended = 1;
   if (!strcmp(t->path, "/hold")) return;
@@ -300,12 +301,12 @@ static void tr_on_body_end(hx *x) {
   }
 }
 
-static void tr_on_abort(hx *x) { tr_of(x)->aborted = 1; }
-static void tr_on_drain(hx *x) { tr_of(x)->drained++; }
+static inline void tr_on_abort(hx *x) { tr_of(x)->aborted = 1; }
+static inline void tr_on_drain(hx *x) { tr_of(x)->drained++; }
 
 static const hx_handler tr_handler = {tr_on_body, tr_on_body_end, tr_on_abort, tr_on_drain};
 
-static void tr_dispatch(hx *x) {
+static inline void tr_dispatch(hx *x) {
   if (tr_n >= TR_MAX) { /* fuzz drivers: answer without recording */
     hx_simple(x, 503, "text/plain", "full", NULL, 0);
     return;
@@ -329,6 +330,6 @@ static void tr_dispatch(hx *x) {
   hx_simple(x, 404, "text/plain", "nope", NULL, 0);
 }
 
-static void tr_unpause(trx *t) { hx_pause_body(t->x, 0); }
+static inline void tr_unpause(trx *t) { hx_pause_body(t->x, 0); }
 
 #endif
