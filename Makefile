@@ -142,7 +142,7 @@ static: build/static/conch-init
 
 # ---------------------------------------------------------------- tests
 UNIT_BINS := $(patsubst tests/unit/%.c,build/asan/tests/%,$(UNIT_SRCS))
-build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h tests/unit/memsink.h
+build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h tests/unit/memsink.h tests/unit/h2client.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
