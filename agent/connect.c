@@ -13,7 +13,6 @@
 #include "agent/auth.h"
 #include "agent/daemon.h"
 #include "agent/log.h"
-#include "agent/slab.h"
 #include "proto/json.h"
 #include "proto/pbjson.h"
 #include "proto/pbwire.h"
@@ -175,11 +174,11 @@ static const char *ct_for(const rpc_call *c) {
 static void call_closed(uv_handle_t *h) {
   rpc_call *c = h->data;
   if (--c->handles == 0) {
-    slab_free(c->in);
+    free(c->in);
     conch.rx_buffered -= c->in_cap;
     bufref_owner_free(c->unary_owner);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
-    daemon_cache_put(&conch.cache_call, c, sizeof *c);
+    free(c);
   }
 }
 
@@ -798,9 +797,7 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
       call_fail(c, RPC_RESOURCE_EXHAUSTED, "server is busy: too much request data buffered");
       return;
     }
-    /* slab (loop only): with a hundred calls in flight these small bodies
-     * missed glibc's tcache on both malloc and free */
-    uint8_t *q = slab_realloc(c->in, cap);
+    uint8_t *q = realloc(c->in, cap);
     if (!q) {
       call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
       return;
@@ -827,7 +824,7 @@ static void on_body_end(hx *x) {
   _Alignas(16) uint8_t scratch[1024];
   pbmem mem;
   ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in, scratch, sizeof scratch, &mem);
-  slab_free(c->in);
+  free(c->in);
   conch.rx_buffered -= c->in_cap;
   c->in = NULL;
   c->in_len = c->in_cap = 0;
@@ -955,7 +952,7 @@ void connect_serve(hx *x, const rpc_method *m) {
     hx_simple(x, 415, "text/plain; charset=utf-8", "gRPC requires HTTP/2\n", NULL, 0);
     return;
   }
-  rpc_call *c = daemon_cache_get(&conch.cache_call, sizeof *c);
+  rpc_call *c = calloc(1, sizeof *c);
   if (!c) {
     hx_simple(x, 503, "text/plain", "out of memory\n", NULL, 0);
     return;

@@ -25,23 +25,3 @@ void *daemon_alloc_state(size_t size, const char *name) {
   }
   return p;
 }
-
-void *daemon_cache_get(conch_cache *c, size_t size) {
-  void *p = c->head;
-  if (!p) return calloc(1, size);
-  c->head = *(void **)p;
-  c->n--;
-  memset(p, 0, size);
-  return p;
-}
-
-void daemon_cache_put(conch_cache *c, void *p, size_t size) {
-  if (!p) return;
-  if (c->n >= DAEMON_CACHE_MAX || size < sizeof(void *)) {
-    free(p);
-    return;
-  }
-  *(void **)p = c->head;
-  c->head = p;
-  c->n++;
-}

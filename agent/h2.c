@@ -8,7 +8,6 @@
 #include "agent/daemon.h"
 #include "agent/h2check.h"
 #include "agent/log.h"
-#include "agent/slab.h"
 
 typedef struct h2buf {
   struct h2buf *next;
@@ -17,17 +16,7 @@ typedef struct h2buf {
   size_t len, off;
 } h2buf;
 
-#define H2_OUT_HINT_MAX 2048 /* the largest slab class (slab.h) */
-
-#define H2_MEMO_SETS 8 /* a power of two */
-#define H2_MEMO_WAYS 4
-#define H2_MEMO_FIELD 512
-
-typedef struct h2memo {
-  nghttp2_rcbuf *name, *value;
-  h2check_kind kind;
-  int hit; /* used since the CLOCK hand last passed */
-} h2memo;
+#define H2_OUT_HINT_MAX 2048 /* the first buffer grows to the last write's size up to this */
 
 typedef struct h2s {
   hx x; /* first: hx.tp points back here */
@@ -70,24 +59,15 @@ typedef struct h2c {
   int seen_stream;     /* a request has begun on this connection */
   int tmode;           /* what the connection timer is armed for (H2T_*) */
   int tactivity;       /* an exchange ended since: restart the idle time */
-  /* frames from nghttp2 gathered for one write: a slab_buf (slab.h), back
-   * to the slab once the kernel has the bytes.  glibc's malloc took ~1.4 k
-   * instructions for each of these 1-4 KiB buffers (past tcache, into the
-   * unsorted bins) once a burst of answers had freed a few. */
-  slab_buf *ob;
+  /* frames from nghttp2 gathered for one write (malloc'd, freed once the
+   * kernel has the bytes) */
+  uint8_t *ob;
   size_t olen, ocap;
   size_t ohint; /* the last write's size: the next buffer starts that big */
   /* The stream whose header block is being received (header blocks never
    * interleave): one lookup per block instead of one per header field. */
   int32_t hstream_id;
   h2s *hstream;
-  /* h2check_classify's answers for fields seen before, by the field's
-   * HPACK buffers (a reference held on each, so a buffer's address is not
-   * reused while it is here): a field a client sends HPACK-indexed on every
-   * request is checked once per connection.  Four-way sets by address;
-   * a field over H2_MEMO_FIELD bytes is never kept. */
-  h2memo memo[H2_MEMO_SETS][H2_MEMO_WAYS];
-  uint8_t memo_hand[H2_MEMO_SETS];
   /* body bytes the streams queued and nghttp2 has not taken yet, plus
    * what hx_room reserved: with c->outq, the connection's output */
   size_t held;
@@ -130,7 +110,7 @@ static void h2_buf_free(h2s *st, h2buf *b) {
 /* ---------------------------------------------------------------- streams */
 
 static h2s *h2_stream_new(h2c *sc, int32_t id) {
-  h2s *st = daemon_cache_get(&conch.cache_h2s, sizeof *st);
+  h2s *st = calloc(1, sizeof *st);
   if (!st) return NULL;
   st->sess = sc;
   st->id = id;
@@ -210,11 +190,11 @@ static void h2_stream_free(h2s *st) {
       bufref_owner_free(b->owner);
     h2_buf_free(st, b);
   }
-  slab_free(st->trailers);
-  slab_free(st->head);
+  free(st->trailers);
+  free(st->head);
   free(st->pend);
   hx_free_request(&st->x);
-  daemon_cache_put(&conch.cache_h2s, st, sizeof *st);
+  free(st);
   h2_timer_touch(sc);
 }
 
@@ -293,58 +273,6 @@ static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void
   return 0;
 }
 
-/* The field's h2check_classify answer, from the memo when the same HPACK
- * buffers came before: 0, or -1 when the bytes are malformed. */
-static int h2_classify(h2c *sc, nghttp2_rcbuf *nrc, nghttp2_rcbuf *vrc, const uint8_t *name,
-                       size_t nlen, const uint8_t *value, size_t vlen, h2check_kind *k) {
-  uint64_t h = (uint64_t)(uintptr_t)nrc ^ ((uint64_t)(uintptr_t)vrc * 0x9e3779b97f4a7c15ull);
-  h ^= h >> 29;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 32;
-  unsigned set = (unsigned)(h & (H2_MEMO_SETS - 1));
-  h2memo *m = sc->memo[set];
-  for (unsigned i = 0; i < H2_MEMO_WAYS; i++)
-    if (m[i].name == nrc && m[i].value == vrc) {
-      m[i].hit = 1;
-      *k = m[i].kind;
-      return 0;
-    }
-  if (h2check_classify(name, nlen, value, vlen, k) != 0) return -1;
-  if (nlen + vlen > H2_MEMO_FIELD) return 0;
-  /* CLOCK replacement: the hand passes over (and clears) entries used since
-   * it last came by, and takes the first one that was not.  A field sent
-   * as a literal is new on every request and is never used again, so it is
-   * the next victim; the indexed fields every request uses stay. */
-  unsigned w = sc->memo_hand[set];
-  while (m[w].hit) {
-    m[w].hit = 0;
-    w = (w + 1) % H2_MEMO_WAYS;
-  }
-  sc->memo_hand[set] = (uint8_t)((w + 1) % H2_MEMO_WAYS);
-  if (m[w].name) {
-    nghttp2_rcbuf_decref(m[w].name);
-    nghttp2_rcbuf_decref(m[w].value);
-  }
-  nghttp2_rcbuf_incref(nrc);
-  nghttp2_rcbuf_incref(vrc);
-  m[w].name = nrc;
-  m[w].value = vrc;
-  m[w].kind = *k;
-  return 0;
-}
-
-static void h2_memo_clear(h2c *sc) {
-  for (unsigned s = 0; s < H2_MEMO_SETS; s++)
-    for (unsigned i = 0; i < H2_MEMO_WAYS; i++) {
-      h2memo *m = &sc->memo[s][i];
-      if (m->name) {
-        nghttp2_rcbuf_decref(m->name);
-        nghttp2_rcbuf_decref(m->value);
-        m->name = m->value = NULL;
-      }
-    }
-}
-
 static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, nghttp2_rcbuf *nrc,
                         nghttp2_rcbuf *vrc, uint8_t flags, void *ud) {
   (void)flags;
@@ -364,7 +292,7 @@ static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, nghttp2_rcb
     return 0;
   }
   h2check_kind kind;
-  if (h2_classify(sc, nrc, vrc, name, nlen, value, vlen, &kind) != 0 || h2check_apply(&st->chk, &kind) != 0) {
+  if (h2check_classify(name, nlen, value, vlen, &kind) != 0 || h2check_apply(&st->chk, &kind) != 0) {
     h2_malformed(st);
     return 0;
   }
@@ -471,8 +399,8 @@ static ssize_t h2_read_body(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 
 static int h2_out_flush(h2c *sc) {
   if (!sc->olen) return 0;
-  uv_buf_t b = uv_buf_init((char *)sc->ob->data, (unsigned)sc->olen);
-  void *owned = slab_buf_owner(sc->ob);
+  uv_buf_t b = uv_buf_init((char *)sc->ob, (unsigned)sc->olen);
+  void *owned = sc->ob;
   sc->ohint = sc->olen;
   sc->ob = NULL;
   sc->olen = sc->ocap = 0;
@@ -485,14 +413,14 @@ static int h2_out_put(h2c *sc, const uint8_t *p, size_t n) {
      * calls go out together, and regrowing it cost two reallocs a write),
      * a small one small-bin sized */
     size_t cap = sc->ocap ? sc->ocap * 2 : 496;
-    while (!sc->ocap && cap < sc->ohint && sizeof(slab_buf) + cap * 2 <= H2_OUT_HINT_MAX) cap *= 2;
+    while (!sc->ocap && cap < sc->ohint && cap * 2 <= H2_OUT_HINT_MAX) cap *= 2;
     while (cap < sc->olen + n) cap *= 2;
-    slab_buf *q = slab_realloc(sc->ob, sizeof *q + cap);
+    uint8_t *q = realloc(sc->ob, cap);
     if (!q) return -1;
     sc->ob = q;
     sc->ocap = cap;
   }
-  memcpy(sc->ob->data + sc->olen, p, n);
+  memcpy(sc->ob + sc->olen, p, n);
   sc->olen += n;
   return 0;
 }
@@ -670,7 +598,7 @@ static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
     lens[i] = strlen(kv[i]);
     bytes += lens[i] + 1;
   }
-  nghttp2_nv *nv = slab_alloc(bytes); /* loop-only, freed with slab_free */
+  nghttp2_nv *nv = malloc(bytes);
   if (!nv) return NULL;
   uint8_t *p = (uint8_t *)(nv + (n ? n : 1));
   for (size_t i = 0; i < n; i++) {
@@ -789,7 +717,7 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
       kv[2 * i] = tr[i].name;
       kv[2 * i + 1] = tr[i].value;
     }
-    slab_free(st->trailers);
+    free(st->trailers);
     st->trailers = h2_copy_nv(kv, n);
     st->ntrailers = st->trailers ? n : 0;
   }
@@ -893,9 +821,8 @@ static void h2_on_close(hsink *c) {
     h2_abort_stream(st);
     h2_stream_free(st);
   }
-  h2_memo_clear(sc); /* before the session: the buffers use its allocator */
   nghttp2_session_del(sc->ng);
-  slab_free(sc->ob);
+  free(sc->ob);
   free(sc);
   c->p = NULL;
 }
@@ -953,25 +880,6 @@ int h2_settings_valid(const char *v) {
   return 1;
 }
 
-/* nghttp2's allocations go through the loop's size-class cache. */
-static void *h2_mem_malloc(size_t n, void *ud) {
-  (void)ud;
-  return slab_alloc(n);
-}
-static void h2_mem_free(void *p, void *ud) {
-  (void)ud;
-  slab_free(p);
-}
-static void *h2_mem_calloc(size_t nmemb, size_t size, void *ud) {
-  (void)ud;
-  return slab_calloc(nmemb, size);
-}
-static void *h2_mem_realloc(void *p, size_t n, void *ud) {
-  (void)ud;
-  return slab_realloc(p, n);
-}
-static const nghttp2_mem h2_mem = {NULL, h2_mem_malloc, h2_mem_free, h2_mem_calloc, h2_mem_realloc};
-
 int h2_conn_init(hsink *c, hx *up, uint8_t *body, size_t blen) {
   h2c *sc = calloc(1, sizeof *sc);
   c->proto = &h2_conn_proto;
@@ -988,7 +896,7 @@ int h2_conn_init(hsink *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_no_http_messaging(opt, 1); /* agent/h2check.c does the request rules */
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  if (nghttp2_session_server_new3(&sc->ng, cb, sc, opt, (nghttp2_mem *)&h2_mem) != 0) goto fail;
+  if (nghttp2_session_server_new2(&sc->ng, cb, sc, opt) != 0) goto fail;
   nghttp2_session_callbacks_del(cb);
   nghttp2_option_del(opt);
   cb = NULL;

@@ -65,7 +65,7 @@ static void h1_next(hsink *c);
 static void h1_free_x(h1 *s) {
   if (!s->x) return;
   hx_free_request(s->x);
-  daemon_cache_put(&conch.cache_hx, s->x, sizeof *s->x);
+  free(s->x);
   s->x = NULL;
 }
 
@@ -202,7 +202,7 @@ bare:
 static int h1_on_message_begin(http_parser *p) {
   h1 *s = p->data;
   h1_reset_request(s);
-  s->x = daemon_cache_get(&conch.cache_hx, sizeof *s->x);
+  s->x = calloc(1, sizeof *s->x);
   if (!s->x) return -1;
   s->x->content_length = -1;
   s->x->sink = s->c;

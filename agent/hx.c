@@ -51,11 +51,7 @@ int hx_write_pair(hx *x, uint8_t *buf, size_t off, size_t len, const uint8_t *da
   return hx_write_parts(x, p, 2);
 }
 
-int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len) {
-  return hx_write_owned(x, buf, buf + off, len);
-}
-
-int hx_write(hx *x, uint8_t *buf, size_t len) { return hx_write_at(x, buf, 0, len); }
+int hx_write(hx *x, uint8_t *buf, size_t len) { return hx_write_owned(x, buf, buf, len); }
 
 int hx_write_copy(hx *x, const void *data, size_t len) {
   uint8_t *b = malloc(len ? len : 1);

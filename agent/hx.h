@@ -104,8 +104,6 @@ int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_
  * (freed even on error).  Returns 0 or -1 (exchange already gone). */
 int hx_write(hx *x, uint8_t *buf, size_t len);
 int hx_write_copy(hx *x, const void *data, size_t len);
-/* The bytes at buf + off (zero-copy framing: the caller keeps headroom). */
-int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len);
 /* len bytes at data, held by owner (an owner word, bufref.h): released once
  * written, or at once on failure. */
 int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len);

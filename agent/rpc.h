@@ -118,8 +118,8 @@ uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
 int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len);
 /* The same into buf (cap bytes), which is never reallocated or freed here:
  * returns buf when the message fits, else a new malloc'd buffer, or NULL
- * when out of memory.  A service that allocates buf on the loop (a slab
- * block) before handing the work to the pool keeps a small answer's memory
+ * when out of memory.  A service that allocates buf on the loop (as
+ * fs/listing.c does) before handing the work to the pool keeps a small answer's memory
  * within the loop thread (no allocation in the pool, no free across
  * threads). */
 uint8_t *rpc_encode_fixed(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap, size_t *len);

@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/slab.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 
@@ -20,17 +19,16 @@ void fs_list_on_request(rpc_call *c, const ProtobufCMessage *msg) {
     return;
   }
   fs_listing *l = fs_listing_new(c, &pb__list_files_response__descriptor);
-  /* a slab copy (loop only; the walk only reads it): strdup's malloc and
-   * free missed glibc's tcache with a hundred listings in flight */
+  /* a copy: the walk reads it on a pool thread */
   size_t pl = strlen(path);
-  char *root = l ? slab_alloc(pl + 1) : NULL;
+  char *root = l ? malloc(pl + 1) : NULL;
   if (!root) {
     fs_listing_discard(l);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
   memcpy(root, path, pl + 1);
-  fs_listing_own(l, root, slab_free);
+  fs_listing_own(l, root, free);
   fs_walk *w = fs_listing_walk(l);
   w->root = root;
   w->max_depth = req->depth <= 0 ? 1 : req->depth;

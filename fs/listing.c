@@ -1,10 +1,9 @@
 /* fs/listing — run a ListFiles/SearchFiles walk in the thread pool and
  * answer the unary call; see handlers.h.  The answer is encoded in the
- * pool thread too, so the loop only hands the bytes over: into a slab_buf
- * the loop allocated (slab.h), which the pool never reallocates
- * (rpc_encode_fixed: a larger answer goes to a new malloc'd buffer) and
- * which goes back to the slab once written.  With a hundred listings in flight a malloc'd buffer missed
- * glibc's tcache on both ends.
+ * pool thread too, so the loop only hands the bytes over: into a buffer
+ * the loop allocated, which the pool never reallocates (rpc_encode_fixed:
+ * a larger answer goes to a new malloc'd buffer) and which is freed once
+ * written.
  *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
  * (call = NULL, cancel flag for the walk, pool_cancel when not started yet);
@@ -20,12 +19,11 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/pool.h"
-#include "agent/slab.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 
-/* The answer's first buffer: a 512-byte slab block. */
-#define LISTING_BUF (512 - sizeof(slab_buf))
+/* The answer's first buffer (most listings fit). */
+#define LISTING_BUF 512u
 
 struct fs_listing {
   pool_job job; /* first: the job is the listing */
@@ -34,30 +32,30 @@ struct fs_listing {
   atomic_int cancel;
   const ProtobufCMessageDescriptor *resp;
   fs_walk w;
-  slab_buf *eb;     /* the first buffer (LISTING_BUF bytes), until sent */
-  uint8_t *enc;     /* the encoded answer (pool thread): eb->data, a malloc'd */
+  uint8_t *eb;      /* the first buffer (LISTING_BUF bytes, malloc'd), until sent */
+  uint8_t *enc;     /* the encoded answer (pool thread): eb, a malloc'd */
   size_t enc_len;   /* buffer when it did not fit, NULL when out of memory */
   void *owned;
   void (*free_owned)(void *);
 };
 
 static void listing_free(fs_listing *l) {
-  if (l->enc && (!l->eb || l->enc != l->eb->data)) free(l->enc); /* a malloc'd answer */
-  slab_free(l->eb);
+  if (l->enc && l->enc != l->eb) free(l->enc); /* a bigger answer */
+  free(l->eb);
   fs_walk_free(&l->w);
   if (l->free_owned) l->free_owned(l->owned);
-  daemon_cache_put(&conch.cache_listing, l, sizeof *l);
+  free(l);
 }
 
 fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) {
-  fs_listing *l = daemon_cache_get(&conch.cache_listing, sizeof *l);
+  fs_listing *l = calloc(1, sizeof *l);
   if (!l) return NULL;
-  l->eb = slab_alloc(sizeof *l->eb + LISTING_BUF);
+  l->eb = malloc(LISTING_BUF);
   if (!l->eb) {
-    daemon_cache_put(&conch.cache_listing, l, sizeof *l);
+    free(l);
     return NULL;
   }
-  l->enc = l->eb->data;
+  l->enc = l->eb;
   l->call = c;
   l->resp = resp;
   atomic_init(&l->cancel, 0);
@@ -103,12 +101,12 @@ static void listing_encode(fs_listing *l) {
       Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, LISTING_BUF, &l->enc_len);
+      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb, LISTING_BUF, &l->enc_len);
     } else {
       Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb->data, LISTING_BUF, &l->enc_len);
+      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb, LISTING_BUF, &l->enc_len);
     }
   }
   if (!small) {
@@ -146,8 +144,8 @@ static void listing_after(pool_job *j, int canceled) {
   int r;
   if (!l->enc) {
     r = -2;
-  } else if (l->enc == l->eb->data) { /* the slab block goes with the bytes */
-    r = rpc_send_encoded_ref(c, l->enc, l->enc_len, slab_buf_owner(l->eb));
+  } else if (l->enc == l->eb) { /* the first buffer goes with the bytes */
+    r = rpc_send_encoded_ref(c, l->enc, l->enc_len, l->eb);
     l->eb = NULL;
   } else {
     r = rpc_send_encoded(c, l->enc, l->enc_len);
