@@ -27,6 +27,10 @@ typedef struct h2s {
   int dispatched, body_ended, body_end_sent, submitted, deferred, out_ended;
   int body_paused, drain_armed, want_drain, upgraded;
   int malformed; /* reset with PROTOCOL_ERROR: nothing more of it is read */
+  int hdone;     /* its request header block is complete */
+  int admit_wait; /* complete, waiting in the admission FIFO (h2_admit) */
+  int computing; /* counted in sc->computing */
+  struct h2s *anext; /* next in the admission FIFO */
   h2check chk;   /* RFC 9113 request rules (nghttp2's own are off) */
   h2buf *qhead, *qtail;
   size_t outq;
@@ -72,6 +76,11 @@ typedef struct h2c {
    * what hx_room reserved: with c->outq, the connection's output */
   size_t held;
   h2s *whead, *wtail; /* streams waiting for room, first come first served */
+  /* Admission (h2_admit): requests whose answer is being made (dispatched,
+   * request complete, no response yet), and bytes of ended responses held
+   * behind the peer's flow-control windows. */
+  size_t computing, done_held;
+  h2s *ahead, *atail; /* complete requests waiting to be dispatched */
   int read_paused;    /* reading stopped: too much output for the socket */
 } h2c;
 
@@ -88,6 +97,15 @@ typedef struct h2c {
  * within this with them — about one file chunk per connection at a time,
  * whatever the number of streams. */
 #define H2_ROOM (1u * 1024 * 1024)
+/* Admission: a complete request is dispatched only while fewer than
+ * H2_COMPUTING_MAX answers are being made on its connection and less than
+ * H2_DONE_HELD_MAX of finished answers wait for the peer's window; others
+ * wait, in order.  Without it a client that never opens its window can
+ * have 128 unary answers (up to 16 MiB each) made and held at once.  A
+ * streaming call stops counting once it has responded; its output has its
+ * own bound (hx_room, rpc_outq_bytes). */
+#define H2_COMPUTING_MAX 16
+#define H2_DONE_HELD_MAX (4u * 1024 * 1024)
 
 static void h2_deferred(hsink *c);
 static const hx_ops h2_ops;
@@ -147,7 +165,7 @@ static void h2_timer_apply(h2c *sc) {
   } else {
     want = H2T_IDLE;
     for (h2s *st = sc->streams; st; st = st->next)
-      if (!st->x.ended) {
+      if (!st->x.ended && !st->admit_wait) {
         want = H2T_NONE;
         break;
       }
@@ -167,7 +185,18 @@ static void h2_stream_free(h2s *st) {
     sc->hstream = NULL;
     sc->hstream_id = 0;
   }
-  if (!st->dispatched) sc->undispatched--;
+  if (!st->hdone) sc->undispatched--;
+  if (st->computing) sc->computing--;
+  if (st->out_ended) sc->done_held -= st->outq;
+  if (st->admit_wait) { /* out of the admission FIFO */
+    h2s **pp = &sc->ahead, *prev = NULL;
+    while (*pp != st) {
+      prev = *pp;
+      pp = &(*pp)->anext;
+    }
+    *pp = st->anext;
+    if (sc->atail == st) sc->atail = prev;
+  }
   sc->held -= st->outq + st->reserved;
   if (st->room_wait) { /* out of the room FIFO */
     h2s **pp = &sc->whead, *prev = NULL;
@@ -209,11 +238,13 @@ static void h2_abort_stream(h2s *st) {
 /* Hand request body bytes to the handler, or hold them while paused. */
 static void h2_stream_body(h2s *st, const uint8_t *d, size_t n, int count_window) {
   h2c *sc = st->sess;
-  if (st->x.ended || !st->x.h || !st->x.h->on_body) { /* nobody wants it */
+  if (st->dispatched && (st->x.ended || !st->x.h || !st->x.h->on_body)) { /* nobody wants it */
     if (count_window) nghttp2_session_consume(sc->ng, st->id, n);
     return;
   }
-  if (st->body_paused || st->pend_len) {
+  /* held while paused, and while waiting for admission (within the
+   * stream's window: nothing held is consumed) */
+  if (!st->dispatched || st->body_paused || st->pend_len) {
     if (st->pend_len + n > st->pend_cap) {
       size_t cap = st->pend_cap ? st->pend_cap : 16384;
       while (cap < st->pend_len + n) cap *= 2;
@@ -234,10 +265,19 @@ static void h2_stream_body(h2s *st, const uint8_t *d, size_t n, int count_window
   if (count_window && !sc->dead) nghttp2_session_consume(sc->ng, st->id, n);
 }
 
+/* The request is complete and its answer is being made: counted until it
+ * responds (see H2_COMPUTING_MAX). */
+static void h2_compute(h2s *st) {
+  if (st->computing || st->x.responded || st->x.ended) return;
+  st->computing = 1;
+  st->sess->computing++;
+}
+
 static void h2_stream_body_end(h2s *st) {
   st->body_ended = 1;
-  if (st->pend_len || st->body_paused || st->body_end_sent) return;
+  if (!st->dispatched || st->pend_len || st->body_paused || st->body_end_sent) return;
   st->body_end_sent = 1;
+  h2_compute(st);
   if (!st->x.ended && st->x.h && st->x.h->on_body_end) st->x.h->on_body_end(&st->x);
 }
 
@@ -250,10 +290,53 @@ static void h2_malformed(h2s *st) {
 
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
-  st->sess->undispatched--;
   sink_turn_request(st->sess->c);
   if (st->chk.content_length >= 0) st->x.content_length = st->chk.content_length;
   st->sess->c->serve->dispatch(&st->x);
+}
+
+static int h2_can_admit(const h2c *sc) {
+  return sc->computing < H2_COMPUTING_MAX && sc->done_held < H2_DONE_HELD_MAX;
+}
+
+/* The stream's answer is no longer being made (it responded or ended). */
+static void h2_uncompute(h2s *st) {
+  if (!st->computing) return;
+  st->computing = 0;
+  st->sess->computing--;
+  if (st->sess->ahead) sink_defer(st->sess->c, h2_deferred);
+}
+
+/* A request's header block is complete: dispatch it now, or queue it
+ * behind those already waiting (see H2_COMPUTING_MAX). */
+static void h2_headers_done(h2s *st) {
+  h2c *sc = st->sess;
+  st->hdone = 1;
+  sc->undispatched--;
+  if (!sc->ahead && h2_can_admit(sc)) {
+    h2_dispatch(st);
+    return;
+  }
+  st->admit_wait = 1;
+  st->anext = NULL;
+  if (sc->atail) sc->atail->anext = st;
+  else sc->ahead = st;
+  sc->atail = st;
+}
+
+/* Dispatch waiting requests while there is room; their held body and end
+ * are delivered by h2_deferred's loop after this. */
+static void h2_admit(h2c *sc) {
+  while (sc->ahead && h2_can_admit(sc) && !sc->c->closing) {
+    h2s *st = sc->ahead;
+    sc->ahead = st->anext;
+    if (!sc->ahead) sc->atail = NULL;
+    st->admit_wait = 0;
+    h2_dispatch(st);
+    if (sc->c->closing) return;
+    /* counted now: its held body and end are delivered after this loop */
+    if (st->body_ended) h2_compute(st);
+  }
 }
 
 /* ---------------------------------------------------------------- nghttp2 callbacks */
@@ -287,7 +370,7 @@ static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, nghttp2_rcb
   nghttp2_vec nv = nghttp2_rcbuf_get_buf(nrc), vv = nghttp2_rcbuf_get_buf(vrc);
   const uint8_t *name = nv.base, *value = vv.base;
   size_t nlen = nv.len, vlen = vv.len;
-  if (st->dispatched) { /* trailers: checked, otherwise ignored */
+  if (st->hdone) { /* trailers: checked, otherwise ignored */
     if (h2check_trailer_field(name, nlen, value, vlen) != 0) h2_malformed(st);
     return 0;
   }
@@ -329,13 +412,13 @@ static int h2_on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *u
   int end = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
   if (f->hd.type == NGHTTP2_HEADERS) {
     /* a header block needs its pseudo-headers; trailers must end the stream */
-    if (st->dispatched ? !end : h2check_end_headers(&st->chk) != 0) {
+    if (st->hdone ? !end : h2check_end_headers(&st->chk) != 0) {
       h2_malformed(st);
       return 0;
     }
-    if (!st->dispatched) h2_dispatch(st);
+    if (!st->hdone) h2_headers_done(st);
   }
-  if (end && !st->body_ended && st->dispatched) {
+  if (end && !st->body_ended && st->hdone) {
     if (h2check_end_stream(&st->chk) != 0) h2_malformed(st); /* DATA short of content-length */
     else h2_stream_body_end(st);
   }
@@ -450,6 +533,10 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   b->off += length;
   st->outq -= length;
   sc->held -= length;
+  if (st->out_ended) {
+    sc->done_held -= length;
+    if (sc->ahead && sc->done_held < H2_DONE_HELD_MAX) sink_defer(sc->c, h2_deferred);
+  }
   if (b->off == b->len) { /* the last slice: the write frees the buffer */
     st->qhead = b->next;
     if (!st->qhead) st->qtail = NULL;
@@ -569,8 +656,11 @@ static void h2_flush(h2c *sc) {
 static void h2_deferred(hsink *c) {
   h2c *sc = c->p;
   if (!sc) return;
+  if (sc->ahead) h2_admit(sc);
+  if (c->closing) return;
   for (h2s *st = sc->streams, *n; st; st = n) {
     n = st->next;
+    if (!st->dispatched) continue; /* its header block is open, or it waits for admission */
     if (!st->body_paused && st->pend_len) {
       uint8_t *p = st->pend;
       size_t len = st->pend_len, unc = st->pend_unconsumed;
@@ -649,6 +739,7 @@ static int h2_submit(h2s *st, int with_body) {
 
 static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t clen) {
   h2s *st = x->tp;
+  h2_uncompute(st);
   const char *kv[2 * (HX_MAX_HEADERS + 2)];
   char sbuf[24], lbuf[24];
   size_t k = 0;
@@ -706,6 +797,8 @@ static int h2_write(hx *x, const hx_part *parts, unsigned n) {
 static int h2_end(hx *x, const hx_header *tr, size_t n) {
   h2s *st = x->tp;
   st->out_ended = 1;
+  st->sess->done_held += st->outq; /* from now on only the peer's window holds it */
+  h2_uncompute(st);
   h2_timer_touch(st->sess);
   /* the rest of the request body, if any, is not wanted any more */
   if (!st->body_ended) st->body_paused = 0;
@@ -792,7 +885,7 @@ static void h2_on_timeout(hsink *c) {
   }
   if (!sc->undispatched) {
     for (h2s *st = sc->streams; st; st = st->next) {
-      if (!st->x.ended) return; /* an exchange is running */
+      if (!st->x.ended && !st->admit_wait) return; /* an exchange is running */
       if (!nghttp2_session_get_stream_local_close(sc->ng, st->id)) {
         sc->tmode = H2T_IDLE;
         sink_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
@@ -939,7 +1032,7 @@ int h2_conn_init(hsink *c, hx *up, uint8_t *body, size_t blen) {
     }
     st->upgraded = 1;
     sc->await_preface = 1;
-    h2_dispatch(st);
+    h2_headers_done(st); /* the first stream: admitted at once */
     if (blen && !c->closing) h2_stream_body(st, body, blen, 0);
     free(body);
     if (!c->closing) h2_stream_body_end(st);

@@ -8,6 +8,7 @@ inotify events within 100 ms, overflow with a client that does not read
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
 import struct
@@ -767,6 +768,52 @@ def overflow_body(server, w, shm_dir, rss0):
     open(os.path.join(shm_dir, "after"), "w").close()
     ev = fs_events(w, 1)
     assert ev and ev[0][:2] == ("after", "EVENT_TYPE_CREATE")
+
+
+MAX_QUEUED = "/proc/sys/fs/inotify/max_queued_events"
+
+
+@pytest.mark.parametrize("kind", WATCHERS)
+def test_watch_kernel_queue_overflow(server, kind, tmp_path):
+    """The kernel's own queue overflowing (IN_Q_OVERFLOW) becomes one
+    `overflow` event, then events resume.  The inotify instance is made
+    with a 16-event kernel queue (max_queued_events is read when an
+    instance is created), the daemon is stopped while 200 files appear:
+    the kernel drops all but 16 of them, far below the stream's own bound
+    (4096), so the overflow can only be the kernel's."""
+    with open(MAX_QUEUED) as f:
+        saved = f.read().strip()
+    with open(MAX_QUEUED, "w") as f:
+        f.write("16")
+    try:
+        w = open_watch(server, kind, str(tmp_path))
+    finally:
+        with open(MAX_QUEUED, "w") as f:
+            f.write(saved)
+    pid = server.proc.pid
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for i in range(200):
+                (tmp_path / f"f{i:03d}").touch()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        msgs = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any("overflow" in m for m in msgs):
+            msgs += [m for m in w.poll(0.05) if "keepalive" not in m]
+        kinds = [next(iter(m)) for m in msgs]
+        assert kinds.count("overflow") == 1, kinds
+        creates = [m for m in msgs if "filesystem" in m]
+        assert len(creates) <= 16, len(creates)
+        assert all(m["filesystem"]["type"] == "EVENT_TYPE_CREATE" for m in creates)
+        # and events resume
+        (tmp_path / "after").touch()
+        ev = fs_events(w, 1)
+        assert ev and ev[0][:2] == ("after", "EVENT_TYPE_CREATE"), ev
+    finally:
+        w.close()
+    wait_no_inotify(pid)
 
 
 def test_watch_many_streams_no_leak(server, tmp_path):

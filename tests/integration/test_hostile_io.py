@@ -27,6 +27,7 @@ import threading
 import time
 import urllib.request
 
+import h2.settings
 import pytest
 
 from conftest import ROOT, Server, sanitizer_report, status_kib
@@ -466,6 +467,94 @@ def test_h2_downloads_with_window_held_shut(hs, tmp_path, codec):
     envs = H2Client.envelopes(st.body)
     assert envs[-1] == (2, b"{}")
     assert sum(len(pb.FileChunk.FromString(e).content) for _, e in envs[:-1]) == 64 * MiB
+
+
+# ---------------------------------------------------------------- row 3 over HTTP/2
+
+def wide_dir(tmp_path, n=2000):
+    """A directory whose ListFiles answer is about 0.5 MB of JSON."""
+    d = tmp_path / "wide"
+    d.mkdir()
+    for i in range(n):
+        (d / f"file-with-a-longish-name-{i:06d}").touch()
+    return str(d)
+
+
+def h2_window_shut_lists(att, srv, path, nstreams=128):
+    """One HTTP/2 connection, stream window 0: nstreams unary ListFiles sent
+    back to back, answers never let through."""
+    c = H2Client("127.0.0.1", srv.port, stream_window=0, auto_ack=False)
+    att.add("conns")
+    try:
+        body = json.dumps({"path": path}).encode()
+        for _ in range(nstreams):
+            c.connect_unary(FS + "ListFiles", body, srv.token)
+            att.add("sent")
+        while not att.stop.is_set():
+            c.pump(0.1)
+            if c.closed:
+                raise AssertionError("server closed the connection")
+    finally:
+        c.close()
+
+
+def test_h2_unary_answers_with_window_held_shut(hs, tmp_path):
+    """Row 3 over HTTP/2: 128 ListFiles of a 2000-entry directory (~0.5 MB
+    answers) on one connection whose stream window stays 0.  Complete
+    requests are dispatched only while few answers are being made or held
+    behind the window on their connection (the old code made and held all
+    128: ~64 MB)."""
+    wide = wide_dir(tmp_path)
+    # the idle: after the same answers made and read (16 at once: the pool
+    # threads' malloc arenas at their working size)
+    c = H2Client("127.0.0.1", hs.port, conn_window=64 * MiB, stream_window=16 * MiB)
+    try:
+        ids = [c.connect_unary(FS + "ListFiles", json.dumps({"path": wide}).encode(), hs.token)
+               for _ in range(16)]
+        assert all(st.status == 200 for st in c.wait(*ids, timeout=60))
+    finally:
+        c.close()
+    idle = idle_rss(hs, tmp_path)
+    att = Attack(hs, [lambda a: h2_window_shut_lists(a, hs, wide)]).run()
+    att.check()
+    assert att.stats["sent"] == 128 and att.stats["conns"] == 1, att.stats
+    after_attack(hs, idle)
+
+
+def test_h2_waiting_requests_are_all_answered_once_the_window_opens(one, tmp_path):
+    """The requests held back by admission are not lost: 128 ListFiles sent
+    while the stream window is 0 (the bodies arrive while they wait), then
+    the window opens and every one is answered in full."""
+    wide = wide_dir(tmp_path)
+    srv = one
+    c = H2Client("127.0.0.1", srv.port, stream_window=0, conn_window=256 * MiB, auto_ack=False)
+    try:
+        c.wait_settings()
+        body = json.dumps({"path": wide}).encode()
+        ids = []
+        for i in range(128):
+            # the body as two DATA frames, the second after a pause for half
+            # of them: a waiting stream's body arrives in parts
+            ids.append(c.request("POST", FS + "ListFiles",
+                                 headers=c.connect_headers(srv.token, "application/json"),
+                                 body=None, end_stream=False))
+            c.send(ids[-1], body[:5])
+        time.sleep(0.5)
+        for sid in ids:
+            c.send(sid, body[5:], end_stream=True)
+        deadline = time.time() + 2
+        while time.time() < deadline:
+            c.pump(0.1)
+        assert not any(c.streams[s].done for s in ids), "answers went through a shut window"
+        c.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16 * MiB})
+        c.auto_ack = True
+        c.flush()
+        sts = c.wait(*ids, timeout=120)
+    finally:
+        c.close()
+    for st in sts:
+        assert st.status == 200, (st.status, st.body[:200])
+        assert len(json.loads(st.body)["entries"]) == 2000
 
 
 # ---------------------------------------------------------------- row 7

@@ -246,8 +246,34 @@ TEST(unauthenticated_streams) {
   for (int i = 0; i < H2_UNAUTH_STREAMS + 1; i++) h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
   h2t_pump(&t);
   ASSERT(t.m.closed);
-  ASSERT_EQ(tr_n, H2_UNAUTH_STREAMS);
+  ASSERT(tr_n > 0 && tr_n <= H2_UNAUTH_STREAMS); /* the rest waited for admission */
   for (int i = 0; i < tr_n; i++) ASSERT(tr_x[i].aborted);
+  h2t_free(&t);
+}
+
+/* Admission: while 16 answers are being made (H2_COMPUTING_MAX in h2.c)
+ * complete requests wait, in order, and their bodies are held; an answer
+ * made lets the next one in. */
+TEST(admission_fifo) {
+  start(NULL, 0, 1);
+  int32_t ids[20];
+  for (int i = 0; i < 16; i++) ids[i] = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 16);
+  for (int i = 16; i < 20; i++) ids[i] = h2t_request(&t, "POST", "/echo", NULL, (const uint8_t *)"body", 4);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 16);
+  for (int i = 16; i < 20; i++) ASSERT_EQ(h2t_st(&t, ids[i])->status, 0); /* waiting */
+  /* one slot: the first waiting one goes in, answers at once, and so
+   * lets in the next, in order */
+  hx_simple(tr_x[0].x, 200, NULL, "a", NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 20);
+  for (int i = 16; i < 20; i++) ASSERT_STR_EQ(tr_x[i].path, "/echo");
+  h2t_stream *st = h2t_st(&t, ids[16]);
+  ASSERT_EQ(st->body_len, 4); /* the body held while it waited reached the handler */
+  ASSERT_MEM_EQ(st->body, "body", 4);
+  for (int i = 17; i < 20; i++) ASSERT_EQ(h2t_st(&t, ids[i])->status, 200);
   h2t_free(&t);
 }
 
@@ -265,6 +291,7 @@ int main(void) {
   RUN(timers);
   RUN(output_bound_stops_input);
   RUN(unauthenticated_streams);
+  RUN(admission_fifo);
   tr_reset();
   return test_summary();
 }
