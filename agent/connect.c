@@ -16,6 +16,7 @@
 #include "proto/json.h"
 #include "proto/pbjson.h"
 #include "proto/pbwire.h"
+#include "proto/text.h"
 
 typedef enum wire { W_CONNECT_UNARY, W_CONNECT_STREAM, W_GRPC, W_GRPC_WEB } wire;
 
@@ -34,7 +35,7 @@ struct rpc_call {
   size_t msgs_in;
   ProtobufCMessage *req; /* server streaming: the request until body end */
   int req_nul;
-  int decoding;     /* a pool decode (RPC_F_POOL_DECODE) holds the call */
+  int decoding;     /* a pool decode (pool_decode) holds the call */
   int req_taken;    /* rpc_take_request: the service frees the request */
   int req_takable;  /* inside on_request with a malloc-decoded request */
   int in_paused, in_done, in_end_sent;
@@ -95,39 +96,15 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
 }
 static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
-/* A JSON string of s: escapes per RFC 8259; bytes that are not valid UTF-8
- * (a file name from disk, a cut message) become U+FFFD, so the document
- * stays valid JSON. */
+/* A JSON string of s, escaped as proto/text.h says (invalid UTF-8 — a file
+ * name from disk, a cut message — becomes \ufffd: the document stays
+ * valid JSON). */
 static void sb_json_string(sbuf *b, const char *s) {
-  sb_put(b, "\"", 1);
-  const unsigned char *p = (const unsigned char *)s;
-  while (*p) {
-    char esc[8];
-    if (*p == '"' || *p == '\\') {
-      esc[0] = '\\';
-      esc[1] = (char)*p;
-      sb_put(b, esc, 2);
-      p++;
-    } else if (*p < 0x20) {
-      snprintf(esc, sizeof esc, "\\u%04x", *p);
-      sb_put(b, esc, 6);
-      p++;
-    } else if (*p < 0x80) {
-      sb_put(b, (const char *)p, 1);
-      p++;
-    } else {
-      size_t n = strnlen((const char *)p, 4);
-      size_t l = json_utf8_seq(p, n);
-      if (l) {
-        sb_put(b, (const char *)p, l);
-        p += l;
-      } else {
-        sb_put(b, "\\ufffd", 6); /* as Go's encoding/json writes it */
-        p++;
-      }
-    }
-  }
-  sb_put(b, "\"", 1);
+  size_t n = strlen(s);
+  char *q = malloc(text_json_string(NULL, s, n));
+  if (!q) return;
+  sb_put(b, q, text_json_string(q, s, n));
+  free(q);
 }
 
 /* {"code":"…","message":"…"} */
@@ -607,14 +584,15 @@ static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, in
   return m;
 }
 
-/* ---- RPC_F_POOL_DECODE: a big request decoded in the thread pool ---- */
+/* ---- a big request message decoded in the thread pool ---- */
 struct decode_job {
   uv_work_t w;
   rpc_call *c;
   const ProtobufCMessageDescriptor *d;
   int json, gzip_in, compressed, nul;
-  uint8_t *bytes; /* a copy: c->in may grow while the pool works */
+  uint8_t *bytes; /* a copy (c->in may grow while the pool works), or c->in itself for a Connect unary body */
   size_t n;
+  int unary;      /* the Connect unary body: the service starts when it is decoded */
   ProtobufCMessage *m;
   rpc_code code;
   char err[700];
@@ -625,20 +603,32 @@ static void decode_job_run(uv_work_t *w) {
   pbmem mem; /* no scratch: the message is plain malloc'd (freed with NULL) */
   j->m = decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
                         j->err, sizeof j->err, &j->nul);
-  free(j->bytes);
-  j->bytes = NULL;
+  if (!j->unary) { /* c->in is the loop's (slab) */
+    free(j->bytes);
+    j->bytes = NULL;
+  }
+}
+
+static void call_drop_input(rpc_call *c) {
+  free(c->in);
+  conch.rx_buffered -= c->in_cap;
+  c->in = NULL;
+  c->in_len = c->in_cap = 0;
 }
 
 static void call_pump(rpc_call *c);
 static void deliver_message(rpc_call *c, ProtobufCMessage *m);
+static void start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocator *a);
 
 static void decode_job_done(uv_work_t *w, int status) {
   struct decode_job *j = (struct decode_job *)w;
   rpc_call *c = j->c;
   c->decoding = 0;
+  if (j->unary) call_drop_input(c);
+  else free(j->bytes);
+  if (!j->unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 0);
   if (c->finished || status != 0) { /* aborted, deadline, shutdown */
     if (j->m) protobuf_c_message_free_unpacked(j->m, NULL);
-    free(j->bytes);
     free(j);
     if (!c->finished) call_fail(c, RPC_CANCELED, "canceled");
     call_maybe_free(c);
@@ -646,6 +636,9 @@ static void decode_job_done(uv_work_t *w, int status) {
   }
   if (!j->m) {
     call_fail(c, j->code, j->err);
+  } else if (j->unary) {
+    c->req_nul = j->nul;
+    start_service(c, j->m, NULL);
   } else {
     c->req_nul = j->nul;
     deliver_message(c, j->m);
@@ -654,27 +647,31 @@ static void decode_job_done(uv_work_t *w, int status) {
   free(j);
 }
 
-/* 1: the message went to the pool (or failed the call), 0: decode it here. */
+/* 1: the message went to the pool (or failed the call), 0: decode it here.
+ * Messages are delivered in order: the pump waits while one decodes. */
 static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
-  if (!(c->m->flags & RPC_F_POOL_DECODE) || n < RPC_POOL_DECODE_MIN || c->m->kind == RPC_CLIENT_STREAM)
-    return 0;
+  if (n < RPC_POOL_DECODE_MIN) return 0;
+  int unary = c->w == W_CONNECT_UNARY;
   struct decode_job *j = calloc(1, sizeof *j);
-  uint8_t *copy = j ? malloc(n) : NULL;
-  if (!copy) {
+  uint8_t *bytes = !j ? NULL : unary ? (uint8_t *)p : malloc(n);
+  if (!bytes) {
     free(j);
     call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return 1;
   }
-  memcpy(copy, p, n);
+  if (!unary) memcpy(bytes, p, n);
   *j = (struct decode_job){.c = c, .d = c->m->input, .json = c->json, .gzip_in = c->gzip_in,
-                           .compressed = compressed, .bytes = copy, .n = n};
+                           .compressed = compressed, .bytes = bytes, .n = n, .unary = unary};
   if (uv_queue_work(conch.loop, &j->w, decode_job_run, decode_job_done) != 0) {
-    free(copy);
+    if (!unary) free(bytes);
     free(j);
     call_fail(c, RPC_INTERNAL, "cannot queue work");
     return 1;
   }
   c->decoding = 1;
+  /* no more input while it decodes (the pump waits anyway): a fast writer
+   * must not fill c->in meanwhile */
+  if (!unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 1);
   return 1;
 }
 
@@ -819,15 +816,13 @@ static void on_body_end(hx *x) {
     call_pump(c);
     return;
   }
+  if (pool_decode(c, c->in, c->in_len, c->gzip_in)) return; /* c->in goes with it */
   /* the one request is freed when the service returns: it is decoded on
    * the stack (a small one needs no malloc) */
   _Alignas(16) uint8_t scratch[1024];
   pbmem mem;
   ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in, scratch, sizeof scratch, &mem);
-  free(c->in);
-  conch.rx_buffered -= c->in_cap;
-  c->in = NULL;
-  c->in_len = c->in_cap = 0;
+  call_drop_input(c);
   if (m) start_service(c, m, &mem.a);
 }
 

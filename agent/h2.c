@@ -8,6 +8,7 @@
 #include "agent/daemon.h"
 #include "agent/h2check.h"
 #include "agent/log.h"
+#include "proto/text.h"
 
 typedef struct h2buf {
   struct h2buf *next;
@@ -714,13 +715,8 @@ static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
 
 /* Decimal text of a non-negative number into b (>= 21 bytes). */
 static const char *h2_udec(char *b, size_t cap, uint64_t v) {
-  char *p = b + cap;
-  *--p = 0;
-  do {
-    *--p = (char)('0' + v % 10);
-    v /= 10;
-  } while (v);
-  return p;
+  b[cap - 1] = 0;
+  return text_u64_dec(b + cap - 1, v);
 }
 
 /* The response head is held until the first body bytes or the end, so that
@@ -922,27 +918,13 @@ static void h2_on_close(hsink *c) {
 
 const hproto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close};
 
+/* HTTP2-Settings: base64url (proto/text.h's strict decoder); -1 when
+ * absent, not base64 or possibly more than cap bytes (for 512: 84 settings,
+ * where RFC 9113 defines 7). */
 static long h2_b64url_decode(const char *in, uint8_t *out, size_t cap) {
-  unsigned v = 0;
-  int bits = 0;
-  size_t o = 0;
-  for (; *in && *in != '='; in++) {
-    int c = (unsigned char)*in, d;
-    if (c >= 'A' && c <= 'Z') d = c - 'A';
-    else if (c >= 'a' && c <= 'z') d = c - 'a' + 26;
-    else if (c >= '0' && c <= '9') d = c - '0' + 52;
-    else if (c == '-' || c == '+') d = 62;
-    else if (c == '_' || c == '/') d = 63;
-    else return -1;
-    v = (v << 6) | (unsigned)d;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      if (o >= cap) return -1;
-      out[o++] = (uint8_t)(v >> bits);
-    }
-  }
-  return (long)o;
+  size_t n = in ? strlen(in) : 0;
+  if (!in || TEXT_B64_DECODED_MAX(n) > cap) return -1;
+  return text_b64_decode(in, n, out);
 }
 
 /* Whole entries, each value within RFC 9113 §6.5.2's range: nghttp2 takes

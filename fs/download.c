@@ -59,6 +59,7 @@
 #include "agent/pool.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
+#include "proto/wire.h"
 
 /* Bytes mapped per pool job (whole chunks). */
 #define DL_WINDOW (2u * FS_CHUNK_MAX)
@@ -111,16 +112,6 @@ static int dl_alloc(fs_download *d) {
   return d->buf ? 0 : -1;
 }
 
-static size_t dl_varint(uint8_t *out, uint64_t v) {
-  size_t n = 0;
-  do {
-    out[n] = (uint8_t)(v & 0x7f);
-    v >>= 7;
-    if (v) out[n] |= 0x80;
-    n++;
-  } while (v);
-  return n;
-}
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
 static void dl_win_unmap(pool_job *j) {
@@ -319,20 +310,12 @@ static void dl_read_work(uv_work_t *req) {
 /* The FileChunk fields in front of n content bytes at buf + data_off
  * (filepath in the first chunk only); returns where the message starts. */
 static size_t dl_frame(const fs_download *d, unsigned char *buf, size_t n) {
-  size_t off = d->data_off;
-  uint8_t v[10];
-  size_t vl = dl_varint(v, n);
-  off -= vl;
-  memcpy(buf + off, v, vl);
-  buf[--off] = 0x12; /* field 2 (content), length-delimited */
+  size_t off = wire_prepend_len(buf, d->data_off, 2, n); /* content */
   if (d->sent == 0) {
     size_t pl = strlen(d->path);
     off -= pl;
     memcpy(buf + off, d->path, pl);
-    vl = dl_varint(v, pl);
-    off -= vl;
-    memcpy(buf + off, v, vl);
-    buf[--off] = 0x0a; /* field 1 (filepath) */
+    off = wire_prepend_len(buf, off, 1, pl); /* filepath */
   }
   return off;
 }

@@ -1,7 +1,7 @@
 /* fs/glob — Go path.Match port; see glob.h. */
 #include "fs/glob.h"
 
-#include "fs/utf8.h"
+#include "proto/text.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -46,8 +46,8 @@ static int glob_get_esc(const char **c, size_t *cn, uint32_t *r) {
     if (n == 0) return -1;
   }
   size_t w;
-  *r = fs_utf8_rune((const unsigned char *)p, n, &w);
-  if (*r == FS_RUNE_ERROR && w == 1) return -1;
+  *r = text_utf8_rune((const unsigned char *)p, n, &w);
+  if (*r == TEXT_RUNE_ERROR && w == 1) return -1;
   p += w;
   n -= w;
   if (n == 0) return -1;
@@ -69,7 +69,7 @@ static int glob_match_chunk(const char *c, size_t cn, const char *s, size_t sn,
         uint32_t r = 0;
         if (!failed) {
           size_t w;
-          r = fs_utf8_rune((const unsigned char *)s, sn, &w);
+          r = text_utf8_rune((const unsigned char *)s, sn, &w);
           s += w;
           sn -= w;
         }
@@ -106,7 +106,7 @@ static int glob_match_chunk(const char *c, size_t cn, const char *s, size_t sn,
         if (!failed) {
           if (s[0] == '/') failed = 1;
           size_t w;
-          fs_utf8_rune((const unsigned char *)s, sn, &w);
+          text_utf8_rune((const unsigned char *)s, sn, &w);
           s += w;
           sn -= w;
         }

@@ -5,6 +5,7 @@
  * usual era arithmetic (400-year eras of 146097 days, years starting on
  * 1 March so the leap day is last), over the whole time_t range. */
 #include "fs/rfc3339.h"
+#include "proto/text.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -22,17 +23,12 @@ static char *put2(char *p, int v) {
 
 /* Year as Go prints it: at least four digits, '-' before negative years. */
 static char *put_year(char *p, int64_t y) {
-  char tmp[24];
-  uint64_t u = y < 0 ? (uint64_t)0 - (uint64_t)y : (uint64_t)y;
-  int n = 0;
-  do {
-    tmp[n++] = (char)('0' + u % 10);
-    u /= 10;
-  } while (u);
-  while (n < 4) tmp[n++] = '0';
+  char tmp[24], *end = tmp + sizeof tmp;
+  char *d = text_u64_dec(end, y < 0 ? (uint64_t)0 - (uint64_t)y : (uint64_t)y);
+  while (end - d < 4) *--d = '0';
   if (y < 0) *p++ = '-';
-  while (n) *p++ = tmp[--n];
-  return p;
+  memcpy(p, d, (size_t)(end - d));
+  return p + (end - d);
 }
 
 size_t fs_rfc3339(time_t t, char *out, size_t outlen) {

@@ -7,7 +7,7 @@
  * it is reported as a NUL in the path ("filepath contains a NUL byte for
  * search files") after the required-field checks.
  *
- * Pattern errors quote the pattern as Go's %q does (fs/quote.h): for
+ * Pattern errors quote the pattern as Go's %q does (text_go_quote_dup, proto/text.h): for
  * ordinary patterns that is just "<p>".
  */
 #include <stdlib.h>
@@ -15,8 +15,8 @@
 
 #include "fs/glob.h"
 #include "fs/handlers.h"
-#include "fs/quote.h"
 #include "proto/agent.pb-c.h"
+#include "proto/text.h"
 
 typedef struct search_spec {
   char *root;
@@ -81,7 +81,7 @@ fail:
 /* "invalid <kind> pattern "<p>": syntax error in pattern", the pattern
  * quoted like Go's %q. */
 static void search_bad_pattern(rpc_call *c, const char *kind, const char *pat) {
-  char *q = fs_go_quote(pat, strlen(pat));
+  char *q = text_go_quote_dup(pat, strlen(pat));
   rpc_finishf(c, RPC_INVALID_ARGUMENT, "invalid %s pattern %s: syntax error in pattern", kind,
               q ? q : "\"\"");
   free(q);

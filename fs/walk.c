@@ -1,7 +1,8 @@
 /* fs/walk — directory walk for ListFiles/SearchFiles; see walk.h. */
 #include "fs/walk.h"
 
-#include "proto/json.h"
+#include "proto/text.h"
+#include "proto/wire.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -79,50 +80,10 @@ static int chain_push(walk_chain *c, const struct stat *st) {
   return 0;
 }
 
-static size_t varint_len(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
-
-static size_t pb_str_len(const char *s) {
+/* A FileEntry string field (omitted when empty). */
+static size_t pb_str_len(uint32_t field, const char *s) {
   size_t l = strlen(s);
-  return l ? 1 + varint_len(l) + l : 0;
-}
-
-/* Bytes a JSON string body takes beyond its raw length: control
- * characters as \u00XX (+5), '"' and '\\' escaped (+1); non-ASCII is
- * looked at by json_path_lens. */
-static const unsigned char json_extra[256] = {
-    5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
-    ['"'] = 1, ['\\'] = 1};
-
-/* JSON string lengths (quotes included, upper bound) of a path and of its
- * last `namelen` bytes, in one scan. */
-static void json_path_lens(const char *path, size_t namelen, size_t *pathj, size_t *namej) {
-  size_t n = 0, l = strlen(path), cut = l - namelen, atcut = 0;
-  const unsigned char *p = (const unsigned char *)path;
-  for (size_t i = 0; i < l; i++) {
-    if (i == cut) atcut = n;
-    if (p[i] < 0x80) {
-      n += 1u + json_extra[p[i]];
-      continue;
-    }
-    /* valid UTF-8 as is; an invalid byte becomes U+FFFD (3 bytes) */
-    size_t k = json_utf8_seq(p + i, l - i);
-    if (k == 0) {
-      n += 3;
-    } else {
-      n += k;
-      i += k - 1; /* the name starts after a '/', never inside a sequence */
-    }
-  }
-  if (cut == l) atcut = n;
-  *pathj = n + 2;
-  *namej = n - atcut + 2;
+  return l ? wire_len_field_size(field, l) : 0;
 }
 
 size_t fs_entry_wire_size(const fs_entry *e, int json) {
@@ -131,15 +92,15 @@ size_t fs_entry_wire_size(const fs_entry *e, int json) {
     /* {"name":…,"path":…,"type":…,"size":"N","permissions":…,
      *  "modifiedTime":…,"metadata":{},"isDirectory":true},
      * permissions and times hold no character that JSON escapes */
-    size_t pj, nj;
-    json_path_lens(e->path, strlen(e->name), &pj, &nj);
+    size_t pl = strlen(e->path), nl = strlen(e->name);
+    size_t pj = text_json_string(NULL, e->path, pl), nj = text_json_string(NULL, e->path + pl - nl, nl);
     return 120 + nj + pj + strlen(type) + 2 + 22 + strlen(e->perms) + 2 + strlen(e->mtime) + 2;
   }
-  size_t n = pb_str_len(e->name) + pb_str_len(e->path) + pb_str_len(type) +
-             pb_str_len(e->perms) + pb_str_len(e->mtime);
-  if (e->size) n += 1 + varint_len((uint64_t)e->size);
+  size_t n = pb_str_len(1, e->name) + pb_str_len(2, e->path) + pb_str_len(3, type) +
+             pb_str_len(5, e->perms) + pb_str_len(6, e->mtime);
+  if (e->size) n += 1 + wire_varint_len((uint64_t)e->size);
   if (e->is_dir) n += 2;
-  return 1 + varint_len(n) + n;
+  return wire_len_field_size(1, n); /* ListFiles/SearchFilesResponse.entries = 1 */
 }
 
 void fs_entry_fill(fs_entry *e, const struct stat *st) {

@@ -1,5 +1,6 @@
 /* bootutil — passwd fix-up, mountinfo lookup, small-file reads; see bootutil.h. */
 #include "init/bootutil.h"
+#include "proto/text.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,18 +19,14 @@ int boot_mountinfo_has(const char *text, size_t n, const char *mountpoint) {
       while (f < e && text[f] != ' ') f++;
       if (f < e) f++;
     }
+    size_t fe = f;
+    while (fe < e && text[fe] != ' ') fe++;
     char mp[4096];
-    size_t m = 0;
-    while (f < e && text[f] != ' ' && m < sizeof mp - 1) {
-      if (text[f] == '\\' && f + 3 < e && text[f + 1] >= '0' && text[f + 1] <= '3') {
-        mp[m++] = (char)(((text[f + 1] - '0') << 6) | ((text[f + 2] - '0') << 3) | (text[f + 3] - '0'));
-        f += 4;
-      } else {
-        mp[m++] = text[f++];
-      }
+    if (fe > f && fe - f < sizeof mp) {
+      size_t m = text_octal_unescape(mp, text + f, fe - f);
+      mp[m] = 0;
+      if (strcmp(mp, mountpoint) == 0) return 1;
     }
-    mp[m] = 0;
-    if (m && strcmp(mp, mountpoint) == 0) return 1;
     i = e + 1;
   }
   return 0;

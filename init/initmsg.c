@@ -9,6 +9,7 @@
 #include "init/initstr.h"
 #include "proto/json.h"
 #include "proto/pbjson.h"
+#include "proto/text.h"
 
 typedef struct sv {
   const char *s;
@@ -236,7 +237,7 @@ static int restore_timestamp(const json_value *v, int64_t *out) {
 static int restore_entropy(const json_value *v, unsigned char *out, size_t *outlen) {
   if (v->type != JSON_STRING || v->len > (INITMSG_ENTROPY_MAX + 2) / 3 * 4) return -1;
   unsigned char buf[INITMSG_ENTROPY_MAX + 4];
-  long n = pbjson_b64_decode(v->str, v->len, buf);
+  long n = text_b64_decode(v->str, v->len, buf);
   if (n < INITMSG_ENTROPY_MIN || n > INITMSG_ENTROPY_MAX) return -1;
   memcpy(out, buf, (size_t)n);
   *outlen = (size_t)n;

@@ -13,6 +13,7 @@
 
 #include "agent/daemon.h"
 #include "agent/log.h"
+#include "proto/text.h"
 
 #define CG_PID1_MOUNT "/run/conch/cgroup"
 
@@ -69,18 +70,7 @@ static char *cg_read_small(const char *path, size_t *n) {
 }
 
 /* mountinfo's octal escapes (\040 for a space) in place */
-static void cg_unescape(char *s) {
-  char *w = s;
-  for (char *r = s; *r; r++) {
-    if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' && r[3] >= '0' && r[3] <= '7') {
-      *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
-      r += 3;
-    } else {
-      *w++ = *r;
-    }
-  }
-  *w = 0;
-}
+static void cg_unescape(char *s) { s[text_octal_unescape(s, s, strlen(s))] = 0; }
 
 /* The first cgroup2 mount: its mount point and root; 0 or -1. */
 static int cg_find_mount(char *mnt, size_t mn, char *root, size_t rn) {

@@ -7,6 +7,7 @@
 #include "proc/exitfmt.h"
 #include "proc/proc.h"
 #include "proto/agent.pb-c.h"
+#include "proto/wire.h"
 
 static void proc_sub_on_ka(uv_timer_t *h);
 
@@ -137,26 +138,9 @@ int proc_fanout_direct(const struct proc *p) {
  * headroom in front of the bytes, and hand buf over: no copy of the output. */
 void proc_fanout_data_packed(struct proc *p, int kind, uint8_t *buf, size_t n) {
   struct proc_sub *s = p->subs;
-  uint8_t tag = kind == PROC_OUT_STDOUT ? 0x0a : kind == PROC_OUT_STDERR ? 0x12 : 0x1a;
-  size_t off = PROC_HEADROOM;
-  uint8_t v[10];
-  size_t vl = 0;
-  for (uint64_t x = n;; x >>= 7) {
-    v[vl++] = (uint8_t)((x & 0x7f) | (x >> 7 ? 0x80 : 0));
-    if (!(x >> 7)) break;
-  }
-  off -= vl;
-  memcpy(buf + off, v, vl);
-  buf[--off] = tag;
-  size_t inner = PROC_HEADROOM + n - off;
-  vl = 0;
-  for (uint64_t x = inner;; x >>= 7) {
-    v[vl++] = (uint8_t)((x & 0x7f) | (x >> 7 ? 0x80 : 0));
-    if (!(x >> 7)) break;
-  }
-  off -= vl;
-  memcpy(buf + off, v, vl);
-  buf[--off] = 0x12; /* ProcessEvent.data */
+  uint32_t field = kind == PROC_OUT_STDOUT ? 1 : kind == PROC_OUT_STDERR ? 2 : 3;
+  size_t off = wire_prepend_len(buf, PROC_HEADROOM, field, n);
+  off = wire_prepend_len(buf, off, 2, PROC_HEADROOM + n - off); /* ProcessEvent.data */
   s->last_send = uv_now(p->t->loop);
   if (rpc_send_packed(s->call, buf, off, PROC_HEADROOM + n - off) != 0) return;
   if (rpc_outq_bytes(s->call) > RPC_OUTQ_HIGH && !s->drain_armed) {

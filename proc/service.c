@@ -468,7 +468,7 @@ static void proc_unary_cancel(rpc_call *c, rpc_code why) {}
 
 static const rpc_method proc_methods[] = {
     {"/pb.ProcessService/StartProcess", RPC_SERVER_STREAM, &pb__start_process_request__descriptor,
-     &pb__process_event__descriptor, RPC_F_OWN_DEADLINE | RPC_F_POOL_DECODE, proc_start_on_request, NULL, NULL,
+     &pb__process_event__descriptor, RPC_F_OWN_DEADLINE, proc_start_on_request, NULL, NULL,
      proc_on_cancel},
     {"/pb.ProcessService/Connect", RPC_SERVER_STREAM, &pb__connect_process_request__descriptor,
      &pb__process_event__descriptor, 0, proc_connect_on_request, NULL, NULL, proc_on_cancel},

@@ -1,5 +1,6 @@
 /* json.c — strict RFC 8259 parser (see json.h). */
 #include "proto/json.h"
+#include "proto/text.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -82,43 +83,6 @@ static void jp_ws(jp *j) {
   while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
 }
 
-size_t json_utf8_seq(const unsigned char *p, size_t avail) {
-  unsigned c = p[0];
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) {
-    if (avail < 2 || (p[1] & 0xC0) != 0x80) return 0;
-    return 2;
-  }
-  if (c >= 0xE0 && c <= 0xEF) {
-    if (avail < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
-    if (c == 0xE0 && p[1] < 0xA0) return 0;  /* overlong */
-    if (c == 0xED && p[1] >= 0xA0) return 0; /* surrogate */
-    return 3;
-  }
-  if (c >= 0xF0 && c <= 0xF4) {
-    if (avail < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
-      return 0;
-    if (c == 0xF0 && p[1] < 0x90) return 0;  /* overlong */
-    if (c == 0xF4 && p[1] >= 0x90) return 0; /* > U+10FFFF */
-    return 4;
-  }
-  return 0;
-}
-
-int json_utf8_valid(const char *s, size_t n) {
-  const unsigned char *p = (const unsigned char *)s, *end = p + n;
-  while (p < end) {
-    if (*p < 0x80) {
-      p++;
-      continue;
-    }
-    size_t k = json_utf8_seq(p, (size_t)(end - p));
-    if (k == 0) return 0;
-    p += k;
-  }
-  return 1;
-}
-
 static int hex4(const unsigned char *p, unsigned *out) {
   unsigned v = 0;
   for (int i = 0; i < 4; i++) {
@@ -133,48 +97,10 @@ static int hex4(const unsigned char *p, unsigned *out) {
   return 0;
 }
 
-static size_t put_utf8(unsigned char *o, unsigned cp) {
-  if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-  if (cp < 0x800) {
-    o[0] = (unsigned char)(0xC0 | cp >> 6);
-    o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    o[0] = (unsigned char)(0xE0 | cp >> 12);
-    o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-    o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  o[0] = (unsigned char)(0xF0 | cp >> 18);
-  o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
-  o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-  o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-  return 4;
-}
-
-/* Bytes that stand for themselves in a string: printable ASCII but '"' and '\\'. */
-static const unsigned char jp_plain[256] = {[0x20 ... 0x21] = 1, [0x23 ... 0x5b] = 1, [0x5d ... 0x7f] = 1};
-
-const unsigned char *json_plain_run(const unsigned char *s, const unsigned char *end) {
-  const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-  while (end - s >= 8) {
-    uint64_t x, q, b;
-    memcpy(&x, s, 8);
-    q = x ^ (ones * '"');
-    b = x ^ (ones * '\\');
-    /* a byte < 0x20, == '"' or == '\\' (zero after the xor), or >= 0x80 */
-    if ((((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((b - ones) & ~b) | x) & highs) break;
-    s += 8;
-  }
-  while (s < end && jp_plain[*s]) s++;
-  return s;
-}
-
 /* At an opening quote.  Decodes into a NUL-terminated buffer of the document. */
 static char *jp_string(jp *j, size_t *lenp) {
   j->p++; /* '"' */
-  const unsigned char *q = json_plain_run(j->p, j->end);
+  const unsigned char *q = text_plain_run(j->p, j->end);
   if (q < j->end && *q == '"') { /* no escapes, nothing but ASCII: one copy */
     size_t n = (size_t)(q - j->p);
     unsigned char *out = jp_alloc(j, n + 1);
@@ -201,7 +127,7 @@ static char *jp_string(jp *j, size_t *lenp) {
   unsigned char *o = out;
   while (j->p < j->end) {
     /* fast path: a run of plain printable ASCII */
-    const unsigned char *r = json_plain_run(j->p, q);
+    const unsigned char *r = text_plain_run(j->p, q);
     if (r != j->p) {
       memcpy(o, j->p, (size_t)(r - j->p));
       o += r - j->p;
@@ -259,10 +185,10 @@ static char *jp_string(jp *j, size_t *lenp) {
       } else {
         j->p += 6;
       }
-      o += put_utf8(o, cp);
+      o += text_utf8_put(o, cp);
       continue;
     }
-    size_t k = c < 0x80 ? 1 : json_utf8_seq(j->p, (size_t)(j->end - j->p));
+    size_t k = c < 0x80 ? 1 : text_utf8_seq(j->p, (size_t)(j->end - j->p));
     if (k == 0) {
       jp_fail(j, "invalid UTF-8 in string");
       break;

@@ -63,17 +63,6 @@ const json_value *json_get(const json_value *obj, const char *key);
 /* Same with an explicit key length (keys may contain NUL bytes). */
 const json_value *json_get_n(const json_value *obj, const char *key, size_t keylen);
 
-/* Length (1..4) of the valid UTF-8 sequence starting at p (avail > 0 bytes
- * available), or 0 when the bytes there are not valid UTF-8 (overlong,
- * surrogate, > U+10FFFF, truncated, stray continuation byte). */
-size_t json_utf8_seq(const unsigned char *p, size_t avail);
-/* The end of the run of bytes from s on that stand for themselves in a
- * JSON string (printable ASCII and DEL, but '"' and '\\'): the parser's
- * and the encoder's fast path, 8 bytes at a time. */
-const unsigned char *json_plain_run(const unsigned char *s, const unsigned char *end);
-/* 1 when s[0..n) is entirely valid UTF-8. */
-int json_utf8_valid(const char *s, size_t n);
-
 /* Name of a type ("null", "false", "true", "number", "string", "array", "object"). */
 const char *json_type_name(json_type t);
 

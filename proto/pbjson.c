@@ -1,9 +1,10 @@
 /* pbjson.c — proto3 canonical JSON: descriptor helpers, the encoder and the
- * UTF-8 walk of unpacked messages (decoder: pbjson_decode.c; base64:
- * pbjson_b64.c). */
+ * UTF-8 walk of unpacked messages (decoder: pbjson_decode.c; strings, UTF-8
+ * and base64: proto/text.h). */
 #include "proto/pbjson.h"
 #include "proto/pbjson_int.h"
 #include "proto/json.h"
+#include "proto/text.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -188,54 +189,23 @@ static inline void w_ch(wbuf *w, char c) {
 }
 static void w_cstr(wbuf *w, const char *s) { w_mem(w, s, strlen(s)); }
 
-/* A JSON string: '"', '\\' and control characters escaped, everything else
- * (incl. non-ASCII) as is.  Invalid UTF-8 cannot be represented in JSON and
- * is replaced by U+FFFD per invalid byte. */
+/* A JSON string literal, escaped as text.h says (the one form every JSON
+ * writer of conch-init uses), written in place: at once when even the
+ * worst case fits, else sized first (never growing the buffer, or leaving
+ * the caller's, for room the string does not need). */
 static void w_string(wbuf *w, const char *str, size_t n) {
-  static const char hex[] = "0123456789abcdef";
-  const unsigned char *s = (const unsigned char *)str, *end = s + n, *run = s;
-  w_ch(w, '"');
-  while (s < end) {
-    s = json_plain_run(s, end); /* plain ASCII runs */
-    if (s == end) break;
-    unsigned c = *s;
-    if (c >= 0x80) {
-      size_t k = json_utf8_seq(s, (size_t)(end - s));
-      if (k) {
-        s += k;
-        continue;
-      }
-    }
-    w_mem(w, run, (size_t)(s - run));
-    switch (c) {
-    case '"': w_mem(w, "\\\"", 2); break;
-    case '\\': w_mem(w, "\\\\", 2); break;
-    case '\n': w_mem(w, "\\n", 2); break;
-    case '\r': w_mem(w, "\\r", 2); break;
-    case '\t': w_mem(w, "\\t", 2); break;
-    case '\b': w_mem(w, "\\b", 2); break;
-    case '\f': w_mem(w, "\\f", 2); break;
-    default:
-      if (c < 0x20) {
-        char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-        w_mem(w, u, 6);
-      } else {
-        w_mem(w, "\xef\xbf\xbd", 3); /* invalid UTF-8 byte */
-      }
-    }
-    s++;
-    run = s;
+  if (w->oom || n > (w->cap - w->len) / 6 || w->len + TEXT_JSON_MAX(n) >= w->cap) {
+    if (w_room(w, text_json_string(NULL, str, n)) < 0) return;
   }
-  w_mem(w, run, (size_t)(s - run));
-  w_ch(w, '"');
+  w->len += text_json_string(w->buf + w->len, str, n);
 }
 
 static void w_bytes(wbuf *w, const ProtobufCBinaryData *b) {
   w_ch(w, '"');
   if (b->len && b->data) {
-    size_t n = pbjson_b64_encoded_len(b->len);
+    size_t n = text_b64_encoded_len(b->len);
     if (w_room(w, n) < 0) return;
-    pbjson_b64_encode(b->data, b->len, w->buf + w->len);
+    text_b64_encode(b->data, b->len, w->buf + w->len);
     w->len += n;
   }
   w_ch(w, '"');
@@ -268,10 +238,7 @@ static void w_uint(wbuf *w, uint64_t u, int neg, int quoted) {
   char b[24];
   int n = (int)sizeof b;
   if (quoted) b[--n] = '"';
-  do {
-    b[--n] = (char)('0' + u % 10);
-    u /= 10;
-  } while (u);
+  n = (int)(text_u64_dec(b + n, u) - b);
   if (neg) b[--n] = '-';
   if (quoted) b[--n] = '"';
   w_mem(w, b + n, sizeof b - (size_t)n);
@@ -512,7 +479,7 @@ static int chk_value(const ProtobufCFieldDescriptor *f, const void *p, pbj_path 
                      size_t errlen) {
   if (f->type == PROTOBUF_C_TYPE_STRING) {
     const char *s = *(char *const *)p;
-    if (s && !json_utf8_valid(s, strlen(s))) {
+    if (s && !text_utf8_valid(s, strlen(s))) {
       if (err && errlen) snprintf(err, errlen, "invalid UTF-8 in string field \"%s\"", path->s);
       return -1;
     }
@@ -578,7 +545,7 @@ static int chk_msg(const ProtobufCMessage *m, pbj_path *path, char *err, size_t 
               &((const ProtobufCMessageDescriptor *)f->descriptor)->fields[0];
           if (e && kf->type == PROTOBUF_C_TYPE_STRING) {
             const char *k = *(char *const *)PBJ_MEMBER(e, kf);
-            if (k && json_utf8_valid(k, strlen(k))) {
+            if (k && text_utf8_valid(k, strlen(k))) {
               pbj_path_pop(path, mk);
               pbj_path_key(path, k, strlen(k));
             }

@@ -9,8 +9,8 @@
  * (anything else rejected), null = default, strict UTF-8.
  *
  * Implementation: pbjson.c (encoder, UTF-8 walk), pbjson_decode.c (decoder,
- * on top of the strict parser in proto/json.h), pbjson_b64.c (base64 on
- * libb64).  json_name is derived from the field name as protoc does
+ * on top of the strict parser in proto/json.h); strings, UTF-8 and base64
+ * are proto/text.h's.  json_name is derived from the field name as protoc does
  * (protobuf-c descriptors do not carry it; a custom json_name option is
  * therefore not honoured on output).
  */
@@ -21,8 +21,9 @@
 #include <protobuf-c/protobuf-c.h>
 
 /* Encode.  Returns a malloc'd, NUL-terminated buffer (length in *len) or NULL on ENOMEM.
- * One pass into a buffer that grows by doubling.  JSON cannot
- * carry invalid UTF-8: such bytes in string fields come out as U+FFFD (run
+ * One pass into a buffer that grows by doubling.  Strings are written by
+ * text_json_string (proto/text.h): JSON cannot carry invalid UTF-8, so such
+ * bytes in string fields come out as \ufffd, one per byte (run
  * pbjson_check_decoded first where that matters). */
 char *pbjson_encode(const ProtobufCMessage *msg, size_t *len);
 /* The same with `headroom` bytes left free before the JSON (an envelope
@@ -67,14 +68,5 @@ ProtobufCMessage *pbjson_decode_mem(const ProtobufCMessageDescriptor *desc, cons
  * keep both entries, which List would then echo as a JSON object with a
  * repeated key).  0 = ok, -1 = invalid (field named in err). */
 int pbjson_check_decoded(const ProtobufCMessage *msg, char *err, size_t errlen);
-
-/* Strict base64 helpers (also used by tests).  b64 decode accepts standard
- * and URL-safe alphabets, padding optional; returns decoded length or -1. */
-size_t pbjson_b64_encoded_len(size_t n);
-size_t pbjson_b64_encode(const unsigned char *in, size_t n, char *out); /* no NUL */
-long pbjson_b64_decode(const char *in, size_t n, unsigned char *out);     /* out >= n*3/4+3 */
-
-/* UTF-8 validity of a byte string. */
-int pbjson_utf8_valid(const char *s, size_t n);
 
 #endif

@@ -17,6 +17,7 @@
 #include "proto/pbjson.h"
 #include "proto/pbjson_int.h"
 #include "proto/json.h"
+#include "proto/text.h"
 
 #include <float.h>
 #include <math.h>
@@ -299,9 +300,9 @@ static int dec_value(dec *d, const ProtobufCFieldDescriptor *f, json_value *v, v
   case PROTOBUF_C_TYPE_BYTES: {
     if (v->type != JSON_STRING)
       return dec_fail(d, "expected a base64 string, got %s", json_type_name(v->type));
-    unsigned char *buf = dec_alloc(d, v->len / 4 * 3 + 3);
+    unsigned char *buf = dec_alloc(d, TEXT_B64_DECODED_MAX(v->len));
     if (!buf) return dec_oom(d);
-    long n = pbjson_b64_decode(v->str, v->len, buf);
+    long n = text_b64_decode(v->str, v->len, buf);
     if (n < 0) {
       dec_free(d, buf);
       return dec_fail(d, "invalid base64");

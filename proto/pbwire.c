@@ -1,44 +1,32 @@
 /* pbwire — see pbwire.h. */
 #include "proto/pbwire.h"
+#include "proto/wire.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-static int pbwire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
-  uint64_t r = 0;
-  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
-    uint8_t b = *(*p)++;
-    r |= (uint64_t)(b & 0x7f) << shift;
-    if (!(b & 0x80)) {
-      *v = r;
-      return 0;
-    }
-  }
-  return -1;
-}
 
 static int pbwire_scan(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, int depth) {
   const uint8_t *end = p + n;
   if (depth > 64) return 0;
   while (p < end) {
     uint64_t key, len;
-    if (pbwire_varint(&p, end, &key)) return 0;
+    if (wire_varint_get(&p, end, &key)) return 0;
     unsigned wt = (unsigned)(key & 7);
     uint32_t num = (uint32_t)(key >> 3);
     switch (wt) {
-      case 0:
-        if (pbwire_varint(&p, end, &len)) return 0;
+      case WIRE_T_VARINT:
+        if (wire_varint_get(&p, end, &len)) return 0;
         break;
-      case 1:
+      case WIRE_T_I64:
         if ((size_t)(end - p) < 8) return 0;
         p += 8;
         break;
-      case 5:
+      case WIRE_T_I32:
         if ((size_t)(end - p) < 4) return 0;
         p += 4;
         break;
-      case 2: {
-        if (pbwire_varint(&p, end, &len) || len > (uint64_t)(end - p)) return 0;
+      case WIRE_T_LEN: {
+        if (wire_varint_get(&p, end, &len) || len > (uint64_t)(end - p)) return 0;
         const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, num);
         if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)len)) return 1;
         if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&

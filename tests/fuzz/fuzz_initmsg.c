@@ -8,6 +8,7 @@
 #include "agent/daemon.h"
 #include "init/initmsg.h"
 #include "proto/json.h"
+#include "proto/text.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -33,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(m && m->type == JSON_STRING);
     /* the text may carry bytes that are not UTF-8 (quoted from the input):
      * the response then holds U+FFFD; otherwise it is the text itself */
-    if (json_utf8_valid(msg, strlen(msg))) FUZZ_CHECK(m->len == strlen(msg) && memcmp(m->str, msg, m->len) == 0);
+    if (text_utf8_valid(msg, strlen(msg))) FUZZ_CHECK(m->len == strlen(msg) && memcmp(m->str, msg, m->len) == 0);
     json_free(v);
     free(resp);
     free(msg);

@@ -2,15 +2,38 @@
  * unpack, then the UTF-8 and NUL checks), the first byte picking the
  * message type.  Property: a message that passes the checks survives
  * proto → JSON → proto → JSON unchanged (JSON compared, not wire bytes:
- * protobuf-c keeps unknown fields, which JSON rightly drops). */
+ * protobuf-c keeps unknown fields, which JSON rightly drops).  And the
+ * varint reader of proto/wire.h, over the same bytes: a varint it takes is
+ * never shorter than the writer's form of its value, and is exactly that
+ * form when it has no redundant trailing zero groups. */
 #include <string.h>
 
 #include "proto/pbjson.h"
 #include "proto/pbwire.h"
+#include "proto/wire.h"
 #include "fuzz.h"
 #include "fuzz_msgs.h"
 
+static void varints(const uint8_t *p, const uint8_t *end) {
+  while (p < end) {
+    const uint8_t *q = p;
+    uint64_t v;
+    if (wire_varint_get(&q, end, &v) != 0) {
+      FUZZ_CHECK(end - p < WIRE_VARINT_MAX || (p[9] & 0x80)); /* truncated or 11+ bytes */
+      return;
+    }
+    size_t c = (size_t)(q - p), l = wire_varint_len(v);
+    FUZZ_CHECK(c >= 1 && c <= WIRE_VARINT_MAX && l <= c);
+    if (c == 1 || (q[-1] != 0 && (c < WIRE_VARINT_MAX || q[-1] == 1))) {
+      uint8_t b[WIRE_VARINT_MAX];
+      FUZZ_CHECK(wire_varint_put(b, v) == c && memcmp(b, p, c) == 0);
+    }
+    p = q;
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  varints(data, data + size);
   if (size < 1) return 0;
   const ProtobufCMessageDescriptor *d = fuzz_msgs[data[0] % FUZZ_NMSGS];
   ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);

@@ -617,6 +617,44 @@ def test_invalid_utf8_proto(cl, tmp_path):
     assert no_leftovers(tmp_path)
 
 
+def test_json_strings_have_one_form(cl, tmp_path):
+    """Every JSON writer escapes alike (proto/text.h): a byte that is not
+    UTF-8 becomes the escaped \\ufffd, a real U+FFFD stays raw, control
+    characters by name or \\u00xx, nothing HTML-escaped.  Checked on the
+    wire bytes of a ListFiles answer (the message codec) and of an error
+    body that echoes a header (the error writer)."""
+    d = tmp_path / "names"
+    d.mkdir()
+    for name in (b"bad\xff\xc3", b"real\xef\xbf\xbd", b"ctl\n\x01\x7f", b"html<>&\xe2\x80\xa8"):
+        open(os.path.join(os.fsencode(d), name), "wb").close()
+    c = cl.conn()
+    c.request("POST", LIST, body=json.dumps({"path": str(d)}).encode(), headers=cl.headers())
+    r = c.getresponse()
+    raw = r.read()
+    c.close()
+    assert r.status == 200, raw
+    names = sorted(e["name"] for e in json.loads(raw)["entries"])
+    assert names == ["bad\ufffd\ufffd", "ctl\n\x01\x7f", "html<>&\u2028", "real\ufffd"]
+    assert b'"name":"bad\\ufffd\\ufffd"' in raw
+    assert b'"name":"real\xef\xbf\xbd"' in raw
+    assert b'"name":"ctl\\n\\u0001\x7f"' in raw
+    assert b'"name":"html<>&\xe2\x80\xa8"' in raw
+    # the error body: the Connect-Protocol-Version value is echoed
+    c = cl.conn()
+    c.putrequest("POST", LIST, skip_accept_encoding=True)
+    for k, v in cl.headers(version=False).items():
+        c.putheader(k, v)
+    c.putheader("Connect-Protocol-Version", b"\xe9<\"")
+    body = json.dumps({"path": "/"}).encode()
+    c.putheader("Content-Length", str(len(body)))
+    c.endheaders(body)
+    r = c.getresponse()
+    raw = r.read()
+    c.close()
+    assert r.status == 400
+    assert raw == b'{"code":"invalid_argument","message":"Connect-Protocol-Version must be \\"1\\": got \\"\\ufffd<\\"\\""}', raw
+
+
 def test_duplicate_map_key_proto_rejected_like_json(cl):
     """A map key twice is legal protobuf wire data, but List would echo the
     stored env as a JSON object with a repeated key: refused in both codecs

@@ -1,6 +1,7 @@
 /* test_json — the strict JSON parser (proto/json.h). */
 #include "tests/unit/test.h"
 #include "proto/json.h"
+#include "proto/text.h"
 
 #include <stdlib.h>
 
@@ -251,7 +252,7 @@ TEST(random_bytes_properties) {
     ASSERT_EQ(v != NULL, w != NULL);
     if (v) {
       ok++;
-      ASSERT(json_utf8_valid(buf, n));
+      ASSERT(text_utf8_valid(buf, n));
       ASSERT_EQ(v->type, w->type);
     } else {
       bad++;

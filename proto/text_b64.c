@@ -1,15 +1,14 @@
-/* pbjson_b64.c — strict base64 for the JSON codec, on top of libb64.
+/* text_b64.c — strict base64 (see text.h), on top of libb64.
  *
- * libb64 does the bit shuffling; this file adds what JSON needs and libb64
- * lacks: the encoder must not wrap lines (libb64 writes '\n' after every 72
- * characters and at the end), and the decoder must reject anything that is
+ * libb64 does the bit shuffling; this file adds what JSON and HTTP2-Settings
+ * need and libb64 lacks: the encoder must not wrap lines (libb64 writes '\n'
+ * after every 72 characters and at the end), and the decoder must reject anything that is
  * not base64 (libb64 silently skips unknown characters).  So input is
  * validated strictly first, URL-safe characters are mapped to the standard
  * alphabet, and the encoder is fed one 72-character line at a time with a
  * fresh state so the newline lands where the next line overwrites it.
  */
-#include "proto/pbjson.h"
-#include "proto/json.h"
+#include "proto/text.h"
 
 #include <b64/cdecode.h>
 #include <b64/cencode.h>
@@ -19,9 +18,9 @@
 #define B64_LINE_IN 54
 #define B64_LINE_OUT 72
 
-size_t pbjson_b64_encoded_len(size_t n) { return (n + 2) / 3 * 4; }
+size_t text_b64_encoded_len(size_t n) { return (n + 2) / 3 * 4; }
 
-size_t pbjson_b64_encode(const unsigned char *in, size_t n, char *out) {
+size_t text_b64_encode(const unsigned char *in, size_t n, char *out) {
   base64_encodestate st;
   char *o = out;
   /* Whole lines straight into out while at least one more byte follows: the
@@ -54,7 +53,7 @@ static int b64_class(unsigned char c) {
   return -1;
 }
 
-long pbjson_b64_decode(const char *in, size_t n, unsigned char *out) {
+long text_b64_decode(const char *in, size_t n, unsigned char *out) {
   size_t pad = 0;
   if (n >= 1 && in[n - 1] == '=') pad = (n >= 2 && in[n - 2] == '=') ? 2 : 1;
   if (pad && n % 4 != 0) return -1;   /* padded input comes in whole quads */
@@ -95,5 +94,3 @@ long pbjson_b64_decode(const char *in, size_t n, unsigned char *out) {
   if (got != want) return -1;         /* cannot happen after validation */
   return (long)got;
 }
-
-int pbjson_utf8_valid(const char *s, size_t n) { return json_utf8_valid(s, n); }
