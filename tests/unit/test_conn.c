@@ -75,7 +75,7 @@ static void f_on_read(hsink *s, const uint8_t *d, size_t n) {
     case F_TIMER: sink_timer(s, 20); break;
     case F_PAUSE:
       sink_read_pause(s, 1);
-      uv_timer_start(&resume_timer, resume_cb, 150, 0);
+      uv_timer_start(&resume_timer, resume_cb, 400, 0);
       f->mode = F_ECHO;
       break;
     case F_LATER: {
@@ -273,6 +273,7 @@ TEST(timer_then_close) {
   run_until(fd, NULL, 20);
 }
 
+static int c_one_read(void) { return F.reads >= 1; }
 static int c_two_reads(void) { return F.reads >= 2; }
 
 TEST(read_pause) {
@@ -281,7 +282,7 @@ TEST(read_pause) {
   uv_timer_init(conch.loop, &resume_timer);
   int fd = client();
   ASSERT_EQ(send(fd, "first", 5, 0), 5);
-  run_until(fd, NULL, 30);
+  run_until(fd, c_one_read, 2000);
   ASSERT_EQ(F.reads, 1);
   ASSERT_EQ(send(fd, "second", 6, 0), 6);
   run_until(fd, NULL, 60);
