@@ -29,7 +29,8 @@ TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf 
               qemu-system-x86 mmdebstrap cpio kmod busybox-static
 PKG_DEPS   := rpm
 
-SRC_DIRS  := init agent proto fs proc
+SRC_DIRS  := init agent proto fs proc reflect
+REFLECT_PROTOS := proto/agent.proto proto/reflection.proto proto/reflection_v1alpha.proto
 LIB_SRCS  := $(filter-out agent/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 
@@ -85,6 +86,8 @@ test-deps: $(DEPS_STAMP)
 	fi
 	@if [ -f tests/node/package.json ] && [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
 	  cd tests/node && npm install --no-audit --no-fund --loglevel=error; fi
+	@if [ ! -x tests/buf/node_modules/.bin/buf ]; then \
+	  cd tests/buf && npm install --no-audit --no-fund --loglevel=error; fi
 
 # ---------------------------------------------------------------- build
 # One set of rules per variant (dev, asan, static).
@@ -93,14 +96,30 @@ build/$(1)/gen/proto/agent.pb-c.c build/$(1)/gen/proto/agent.pb-c.h: proto/agent
 	@mkdir -p build/$(1)/gen
 	$(PROTOC_C) --c_out=build/$(1)/gen -I. proto/agent.proto
 
-$(1)_OBJS := $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRCS)) build/$(1)/obj/gen/agent.pb-c.o
+build/$(1)/gen/proto/reflection.pb-c.c build/$(1)/gen/proto/reflection.pb-c.h: proto/reflection.proto | $(DEPS_STAMP)
+	@mkdir -p build/$(1)/gen
+	$(PROTOC_C) --c_out=build/$(1)/gen -I. proto/reflection.proto
 
-build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h | $(DEPS_STAMP)
+# The descriptors served by gRPC reflection (reflect/), embedded as a C array.
+build/$(1)/gen/proto/descriptors.c: $(REFLECT_PROTOS) | $(DEPS_STAMP)
+	@mkdir -p build/$(1)/gen/proto
+	$(PROTOC_C) --descriptor_set_out=build/$(1)/gen/proto/descriptors.pb --include_imports -Iproto $(notdir $(REFLECT_PROTOS))
+	$(Q){ echo '/* generated from build/$(1)/gen/proto/descriptors.pb (Makefile) */'; \
+	  echo '#include <stddef.h>'; \
+	  echo 'const unsigned char reflect_descriptor_set[] = {'; \
+	  od -An -v -tx1 build/$(1)/gen/proto/descriptors.pb | sed -e 's/\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+	  echo '};'; \
+	  echo 'const size_t reflect_descriptor_set_len = sizeof reflect_descriptor_set;'; } > $$@.tmp && mv $$@.tmp $$@
+
+$(1)_GEN_OBJS := build/$(1)/obj/gen/agent.pb-c.o build/$(1)/obj/gen/reflection.pb-c.o build/$(1)/obj/gen/descriptors.o
+$(1)_OBJS := $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRCS)) $$($(1)_GEN_OBJS)
+
+build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h build/$(1)/gen/proto/reflection.pb-c.h | $(DEPS_STAMP)
 	@mkdir -p $$(dir $$@)
 	@$(if $(Q),echo "  CC [$(1)] $$<")
 	$(Q)$(or $($(1)_CC),$(CC)) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 
-build/$(1)/obj/gen/agent.pb-c.o: build/$(1)/gen/proto/agent.pb-c.c
+build/$(1)/obj/gen/%.o: build/$(1)/gen/proto/%.c
 	@mkdir -p $$(dir $$@)
 	$(Q)$(or $($(1)_CC),$(CC)) -std=gnu11 -I. -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@
 

@@ -26,6 +26,7 @@ typedef struct h1 {
   int msg_done;     /* request fully received */
   int keep_alive;
   int close_after;  /* close once the response is written */
+  int close_asked;  /* ...and the request body is in: the handler asked (no RST over the answer) */
   int chunked;      /* response uses chunked encoding */
   int parser_paused;
   int body_paused;
@@ -385,6 +386,7 @@ static const char *h1_reason(int st) {
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return "Status";
   }
 }
@@ -395,6 +397,11 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
   int w = snprintf(s->head, cap, "HTTP/1.1 %d %s\r\n", status, h1_reason(status));
   len = (size_t)w;
   for (size_t i = 0; i < n && len < cap; i++) {
+    if (!strcmp(h[i].name, "connection") && !strcasecmp(h[i].value, "close")) {
+      s->keep_alive = 0; /* the handler asks: written below, once */
+      s->close_asked = 1;
+      continue;
+    }
     w = snprintf(s->head + len, cap - len, "%s: %s\r\n", h[i].name, h[i].value);
     len += (size_t)w;
   }
@@ -675,7 +682,10 @@ static void h1_on_read(hsink *c, const uint8_t *d, size_t n) {
 
 static void h1_on_written(hsink *c) {
   h1 *s = c->p;
-  if (s->close_after && c->outq == 0 && (!s->x || s->x->ended)) {
+  /* a body still coming is read and dropped first (h1_next closes at its
+   * end, the idle timer bounds it): closing on unread bytes sends an RST
+   * that can destroy the answer before the client reads it */
+  if (s->close_after && c->outq == 0 && (!s->x || s->x->ended) && !(s->close_asked && !s->msg_done)) {
     sink_close(c);
     return;
   }

@@ -24,6 +24,7 @@
 #include "init/reaper.h"
 #include "proc/cgroup.h"
 #include "proc/service.h"
+#include "reflect/service.h"
 
 static const char usage[] =
     "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
@@ -116,6 +117,9 @@ static void main_register_services(void) {
   size_t n;
   const rpc_method *m = fs_service_methods(&n);
   router_register(m, n);
+  m = reflect_service_methods(&n);
+  if (m) router_register(m, n);
+  else LOG_ERROR("the embedded descriptor set does not load: no gRPC reflection");
   int failed = 0;
 #ifndef CONCH_STATIC /* CONCH_FAULT=proc_init: the test seam for "PID 1 never exits" (tests/ns);
                         not in the release binary, whose environment the kernel command line sets */

@@ -56,7 +56,11 @@ typedef enum rpc_code {
 const char *rpc_code_name(rpc_code code);
 int rpc_code_http_status(rpc_code code);
 
-typedef enum rpc_kind { RPC_UNARY, RPC_SERVER_STREAM, RPC_CLIENT_STREAM } rpc_kind;
+/* RPC_BIDI_STREAM: client-streaming input (on_request(c, NULL), on_message,
+ * on_input_end) and server-streaming output on one call; the service may
+ * send before the client half-closes.  HTTP/2 only: over HTTP/1.1 the call
+ * is answered 505 with Connection: close (as connect-go and connect-es). */
+typedef enum rpc_kind { RPC_UNARY, RPC_SERVER_STREAM, RPC_CLIENT_STREAM, RPC_BIDI_STREAM } rpc_kind;
 
 /* The service handles Connect-Timeout-Ms itself (StartProcess: process
  * lifetime); the layer then never cancels the call for the deadline. */
@@ -79,12 +83,12 @@ typedef struct rpc_method {
   const ProtobufCMessageDescriptor *output;
   unsigned flags;
   /* Unary and server streaming: once, with the decoded request.
-   * Client streaming: once with req == NULL when the call opens.
+   * Client and bidi streaming: once with req == NULL when the call opens.
    * req is freed when the callback returns: copy what you keep. */
   void (*on_request)(rpc_call *c, const ProtobufCMessage *req);
-  /* Client streaming: each decoded message in order (freed on return). */
+  /* Client and bidi streaming: each decoded message in order (freed on return). */
   void (*on_message)(rpc_call *c, const ProtobufCMessage *msg);
-  /* Client streaming: the client half-closed its side. */
+  /* Client and bidi streaming: the client half-closed its side. */
   void (*on_input_end)(rpc_call *c);
   /* The call ended from outside (peer reset or disconnect, deadline, bad
    * input, shutdown); `why` says which.  Never called after rpc_finish(). */

@@ -5,6 +5,8 @@
 #     h2c, against `nghttpd --no-tls` serving the same file to curl in the
 #     same run (the baseline; machines are noisy, so only ratios count);
 #   * unary ListFiles rate with h2load against nghttpd serving a small file;
+#   * ListFiles of 10 000 entries (JSON) with and without gzip (api.md §9):
+#     bytes on the wire and rate;
 #   * idle RSS of conch-init.
 #
 # Usage: tests/bench/files.sh [SIZE_MIB]   (default 1024)
@@ -22,6 +24,7 @@ trap cleanup EXIT
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$W/big"
 echo '{"status":"OK"}' > "$W/small"
 mkdir -p "$W/dir" && for i in $(seq 10); do echo $i > "$W/dir/f$i"; done
+mkdir -p "$W/dir10k" && (cd "$W/dir10k" && seq -f 'file-%05g.txt' 10000 | xargs touch)
 
 port() { /usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 NGP=$(port); CIP=$(port); TOK=benchtoken
@@ -145,4 +148,24 @@ printf '%-38s %10.0f %10s %8s\n' "ListFiles of that file (best round)" "$l1" "" 
 printf '%-38s %10.0f %10s %8s\n' "ListFiles of 10 files (JSON)" "$l10" "" "$(ratio $l10)"
 printf '%-38s %10.0f %10s %8s\n' "ProcessService/List (no disk work)" "$pl" "" "$(ratio $pl)"
 [ "$ok" = "100" ] || echo "WARNING: ListFiles sanity via h2load: $ok/100 answered 2xx"
+
+# ListFiles of 10 000 entries, JSON, with and without Accept-Encoding: gzip.
+# Bytes: what curl received (the body as sent); rate: h2load, 2 clients x 1
+# stream, best of REPS rounds.  The deflate of a big answer runs in the pool.
+echo "{\"path\":\"$W/dir10k\"}" > "$W/list10k.json"
+lbytes() { curl -s -o /dev/null -w '%{size_download}' --http2-prior-knowledge "${H[@]}" -H 'Content-Type: application/json' \
+  -H 'Connect-Protocol-Version: 1' "$@" --data-binary @"$W/list10k.json" http://127.0.0.1:$CIP/pb.FileService/ListFiles; }
+b_id=$(lbytes); b_gz=$(lbytes -H 'Accept-Encoding: gzip')
+[ "$(curl -s --compressed "${H[@]}" -H 'Content-Type: application/json' -H 'Connect-Protocol-Version: 1' \
+  --data-binary @"$W/list10k.json" http://127.0.0.1:$CIP/pb.FileService/ListFiles | grep -o '"name"' | wc -l)" = 10000 ] \
+  || { echo "ListFiles 10k gzip sanity check failed"; exit 1; }
+N10K=${N10K:-200}
+r10k() { h2load -n $N10K -c 2 -m 1 -d "$W/list10k.json" -H 'content-type: application/json' -H 'connect-protocol-version: 1' \
+  -H "conch-init-token: $TOK" "$@" http://127.0.0.1:$CIP/pb.FileService/ListFiles 2>/dev/null | awk '/^finished in/{gsub(",","");print $4}'; }
+rid=0; rgz=0
+for _ in $(seq $REPS); do rid=$(max "$(r10k)" $rid); rgz=$(max "$(r10k -H 'accept-encoding: gzip')" $rgz); done
+printf '%-38s %10s %10s %8s\n' "ListFiles 10 000 entries (JSON)" "bytes" "req/s" "ratio"
+printf '%-38s %10s %10.1f %8s\n' "  identity" "$b_id" "$rid" "1.00"
+printf '%-38s %10s %10.1f %8s\n' "  gzip (bytes and rate / identity)" "$b_gz" "$rgz" \
+  "$(echo "$b_gz / $b_id" | bc -l | awk '{printf "%.3f", $1}')/$(echo "$rgz / $rid" | bc -l | awk '{printf "%.2f", $1}')"
 echo "conch-init RSS: idle ${RSS_IDLE} KiB, after the transfers ${RSS_AFTER} KiB"

@@ -5,7 +5,7 @@
  * "live" counts blocks allocated and not freed while armed.
  *
  * Parsers: JSON, proto3 JSON, protobuf (with the server's checks), the
- * init message, the module load order. */
+ * init message, the module load order, gzip (inflate and deflate). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +13,7 @@
 #include "init/initmsg.h"
 #include "init/modules.h"
 #include "proto/agent.pb-c.h"
+#include "proto/gzip.h"
 #include "proto/json.h"
 #include "proto/pbjson.h"
 #include "proto/pbmem.h"
@@ -123,6 +124,26 @@ static int p_modules(const void *in, size_t n) {
   return modules_plan(in, n, "kernel/x.ko\n", 12, names, 3, &ops) >= 0;
 }
 
+static int p_gunzip(const void *in, size_t n) {
+  uint8_t *o = NULL;
+  size_t ol;
+  gz_result r = gz_inflate(in, n, 1 << 20, &o, &ol);
+  free(o);
+  return r == GZ_OK;
+}
+
+/* deflate, then inflate what it made: both must succeed or fail cleanly */
+static int p_gzip_round(const void *in, size_t n) {
+  size_t zl, ol;
+  uint8_t *z = gz_deflate(in, n / 2, (const uint8_t *)in + n / 2, n - n / 2, 5, 6, &zl);
+  if (!z) return 0;
+  uint8_t *o = NULL;
+  int ok = gz_inflate(z + 5, zl, n, &o, &ol) == GZ_OK && ol == n && memcmp(o, in, n) == 0;
+  free(o);
+  free(z);
+  return ok;
+}
+
 static const char JSON_DOC[] =
     "{\"cmd\":\"python3\",\"args\":[\"-c\",\"print(1)\",\"x\"],\"env\":{\"A\":\"b\",\"C\":\"d\"},"
     "\"cwd\":\"/tmp\",\"pty\":{\"cols\":80,\"rows\":24},\"stdin\":\"aGk=\",\"tag\":\"t\\u00e9\"}";
@@ -173,11 +194,24 @@ TEST(module_order) {
   sweep("modules", p_modules, dep, strlen(dep), 1);
 }
 
+TEST(gzip) {
+  char big[20000];
+  for (size_t i = 0; i < sizeof big; i++) big[i] = (char)('a' + (i * 7 + i / 13) % 26);
+  sweep("gzip round trip", p_gzip_round, big, sizeof big, 1);
+  size_t zl;
+  uint8_t *z = gz_deflate((const uint8_t *)big, sizeof big, NULL, 0, 0, 6, &zl);
+  ASSERT(z != NULL);
+  sweep("gunzip", p_gunzip, z, zl, 1);
+  sweep("gunzip refused", p_gunzip, z, zl - 3, 0);
+  free(z);
+}
+
 int main(void) {
   RUN(json_parser);
   RUN(pbjson_decoder);
   RUN(protobuf_decoder);
   RUN(init_message);
   RUN(module_order);
+  RUN(gzip);
   return test_summary();
 }

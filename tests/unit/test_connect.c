@@ -4,8 +4,9 @@
  * (HTTP status + JSON), Connect streaming (end-of-stream envelope), gRPC
  * (trailers-only / trailers) and gRPC-Web (0x80 trailer frame), the header
  * checks of api.md §3/§4 in order, timeouts and deadlines, input pausing,
- * drain callbacks, and call lifetime on transport abort (ASan checks that
- * nothing is used after free or leaked).
+ * drain callbacks, call lifetime on transport abort (ASan checks that
+ * nothing is used after free or leaked), and response compression (order
+ * through pool deflates, thresholds, headers, abort while deflating).
  *
  * The fake transport records what connect.c answers; fake "services" record
  * what they receive in svc.log ("open;msg(a.txt,5,532);end;" …).
@@ -1838,6 +1839,271 @@ TEST(grpc_web) {
   fake_done();
 }
 
+/* ------------------------------------------------------------ response compression */
+
+/* The service of these tests: on request, the messages of gz_plan in
+ * order (content sizes; a negative size is a rpc_send_packed_ref of that
+ * many bytes, never compressed), then (gz_room) a room check, then OK. */
+static long gz_plan[8];
+static size_t gz_nplan;
+static int gz_room, gz_room_rc;
+static uint8_t gz_fill[200000];
+static size_t gz_outq_seen;
+
+static void gz_on_room(rpc_call *c) {
+  logf_("room;");
+  svc_done(c, RPC_OK, NULL);
+}
+
+static void gz_on_request(rpc_call *c, const ProtobufCMessage *req) {
+  svc.call = c;
+  for (size_t i = 0; i < gz_nplan; i++) {
+    if (gz_plan[i] >= 0) {
+      Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
+      ch.filepath = "g";
+      ch.content.data = gz_fill;
+      ch.content.len = (size_t)gz_plan[i];
+      if (rpc_send(c, &ch.base) != 0) svc.send_fail++;
+    } else { /* header "g" + content by reference */
+      size_t n = (size_t)-gz_plan[i];
+      bb m = chunk("g", gz_fill, n);
+      size_t hl = m.len - n, off = 8;
+      uint8_t *buf = malloc(off + hl);
+      memcpy(buf + off, m.p, hl);
+      tail_ref.released = 0;
+      if (rpc_send_packed_ref(c, buf, off, hl, gz_fill, n, &tail_ref.ref) != 0) svc.send_fail++;
+      bb_free(&m);
+    }
+  }
+  gz_outq_seen = rpc_outq_bytes(c);
+  if (gz_room) {
+    gz_room_rc = rpc_out_room(c, 10, gz_on_room);
+    if (!gz_room_rc) return;
+  }
+  svc_done(c, RPC_OK, NULL);
+}
+
+static const rpc_method m_gz_unary = {"/pb.FileService/ListFiles", RPC_UNARY,
+                                      &pb__list_files_request__descriptor, &pb__file_chunk__descriptor,
+                                      0, gz_on_request, NULL, NULL, svc_on_cancel};
+static const rpc_method m_gz_stream = {"/pb.FileService/GetFileStream", RPC_SERVER_STREAM,
+                                       &pb__list_files_request__descriptor, &pb__file_chunk__descriptor,
+                                       0, gz_on_request, NULL, NULL, svc_on_cancel};
+
+static void gz_set(const long *plan, size_t n) {
+  svc_reset(S_HOLD);
+  memcpy(gz_plan, plan, n * sizeof *plan);
+  gz_nplan = n;
+  gz_room = gz_room_rc = 0;
+  gz_outq_seen = 0;
+  for (size_t i = 0; i < sizeof gz_fill; i++) gz_fill[i] = (uint8_t)("conch-init "[i % 11]);
+}
+
+static bb gunzip_bb(const uint8_t *p, size_t n) {
+  z_stream z;
+  memset(&z, 0, sizeof z);
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) abort();
+  bb o = {0};
+  o.cap = 4 * MIB;
+  o.p = malloc(o.cap);
+  z.next_in = (Bytef *)p;
+  z.avail_in = (uInt)n;
+  z.next_out = o.p;
+  z.avail_out = (uInt)o.cap;
+  int r = inflate(&z, Z_FINISH);
+  o.len = z.total_out;
+  inflateEnd(&z);
+  if (r != Z_STREAM_END) o.len = (size_t)-1;
+  return o;
+}
+
+/* Envelope i is a chunk of content size n (compressed when flags say). */
+static void expect_chunk(const env *e, size_t n, int compressed) {
+  ASSERT_EQ(e->flags, compressed ? 1 : 0);
+  bb m = chunk("g", gz_fill, n);
+  if (compressed) {
+    bb d = gunzip_bb(e->p, e->len);
+    ASSERT_EQ(d.len, m.len);
+    ASSERT_MEM_EQ(d.p, m.p, m.len);
+    ASSERT(e->len < m.len / 4);
+    bb_free(&d);
+  } else {
+    ASSERT_EQ(e->len, m.len);
+    ASSERT_MEM_EQ(e->p, m.p, m.len);
+  }
+  bb_free(&m);
+}
+
+TEST(response_gzip_stream_order) {
+  /* small, loop-deflated, pool-deflated, small, pool, small: in order,
+   * the end after the last, flag 0x01 exactly from 1 KiB on */
+  static const long plan[] = {10, 5000, 150000, 20, 60000, 3};
+  gz_set(plan, 6);
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/g", 0));
+  open_call(&m_gz_stream, "application/connect+proto", "connect-accept-encoding", "br, gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT(gz_outq_seen >= 150000); /* queued behind the pool deflate: counted */
+  ASSERT_EQ(F.nend, 0);           /* the end waits for the deflates */
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+proto\nconnect-content-encoding: gzip\n");
+  env e[16];
+  ASSERT_EQ(envs(e, 16), 7);
+  for (size_t i = 0; i < 6; i++) expect_chunk(&e[i], (size_t)plan[i], plan[i] >= 1024);
+  expect_stream_end("{}");
+  ASSERT_EQ(svc.send_fail, 0);
+
+  /* not accepted: the same messages as they are, no header */
+  gz_set(plan, 6);
+  open_call(&m_gz_stream, "application/connect+proto", "connect-accept-encoding", "identity", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_EQ(F.nend, 1); /* nothing waits */
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/connect+proto\n");
+  ASSERT_EQ(envs(e, 16), 7);
+  for (size_t i = 0; i < 6; i++) expect_chunk(&e[i], (size_t)plan[i], 0);
+  bb_free(&req);
+  fake_done();
+}
+
+TEST(response_gzip_packed_ref_queued) {
+  /* a by-reference message behind a pool deflate: queued in order, never
+   * compressed, its tail released once; rpc_out_room waits for the queue */
+  static const long plan[] = {100000, -3000, 2000};
+  gz_set(plan, 3);
+  gz_room = 1;
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/g", 0));
+  open_call(&m_gz_stream, "application/connect+proto", "connect-accept-encoding", "gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_EQ(gz_room_rc, 0);
+  ASSERT_EQ(tail_ref.released, 0);
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_STR_EQ(svc.log, "room;");
+  ASSERT_EQ(tail_ref.released, 1);
+  env e[8];
+  ASSERT_EQ(envs(e, 8), 4);
+  expect_chunk(&e[0], 100000, 1);
+  expect_chunk(&e[1], 3000, 0);
+  expect_chunk(&e[2], 2000, 1);
+  expect_stream_end("{}");
+  bb_free(&req);
+  fake_done();
+}
+
+TEST(response_gzip_abort_while_deflating) {
+  /* the peer goes while the pool deflates: nothing more is written, the
+   * call and every queued buffer are freed once the job returns (ASan) */
+  static const long plan[] = {10, 150000, -3000, 20};
+  gz_set(plan, 4);
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/g", 0));
+  open_call(&m_gz_stream, "application/connect+proto", "connect-accept-encoding", "gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  size_t before = F.body.len;
+  peer_abort();
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_EQ(F.body.len, before);
+  ASSERT_EQ(F.nend, 0);
+  ASSERT_EQ(tail_ref.released, 1);
+  env e[4];
+  ASSERT_EQ(envs(e, 4), 1);
+  expect_chunk(&e[0], 10, 0);
+  bb_free(&req);
+  fake_done();
+}
+
+TEST(response_gzip_unary) {
+  bb req = lfr("/g", 0);
+  /* big: deflated in the pool, Content-Encoding and the compressed length */
+  static const long big1[] = {150000};
+  gz_set(big1, 1);
+  open_call(&m_gz_unary, "application/proto", "accept-encoding", "deflate, gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_EQ(F.nrespond, 0);
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_EQ(F.status, 200);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/proto\ncontent-encoding: gzip\n");
+  ASSERT_EQ(F.clen, (int64_t)F.body.len);
+  bb m = chunk("g", gz_fill, 150000);
+  bb d = gunzip_bb(F.body.p, F.body.len);
+  ASSERT_EQ(d.len, m.len);
+  ASSERT_MEM_EQ(d.p, m.p, m.len);
+  bb_free(&d);
+  bb_free(&m);
+  /* between 1 and 32 KiB: deflated at once */
+  static const long mid[] = {3000};
+  gz_set(mid, 1);
+  open_call(&m_gz_unary, "application/proto", "accept-encoding", "gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_EQ(F.nend, 1);
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/proto\ncontent-encoding: gzip\n");
+  /* under 1 KiB, or not accepted: as it is */
+  static const long small[] = {100};
+  gz_set(small, 1);
+  open_call(&m_gz_unary, "application/proto", "accept-encoding", "gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/proto\n");
+  gz_set(big1, 1);
+  open_call(&m_gz_unary, "application/proto", "accept-encoding", "gzip;q=0", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/proto\n");
+  ASSERT_EQ(F.clen, (int64_t)F.body.len);
+  /* the peer gone while the answer deflates */
+  gz_set(big1, 1);
+  open_call(&m_gz_unary, "application/proto", "accept-encoding", "gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  peer_abort();
+  uv_run(loop, UV_RUN_DEFAULT);
+  ASSERT_EQ(F.nrespond, 0);
+  /* errors are never compressed */
+  svc_reset(S_ERROR);
+  svc.ecode = RPC_NOT_FOUND;
+  svc.emsg = "path not found: /g";
+  open_call(&m_unary, "application/json", "accept-encoding", "gzip", NULL);
+  feed("{\"path\":\"/g\"}", 13, 100);
+  feed_end();
+  expect_unary(404, "{\"code\":\"not_found\",\"message\":\"path not found: /g\"}");
+  bb_free(&req);
+  fake_done();
+}
+
+TEST(response_gzip_grpc) {
+  static const long plan[] = {5000, 100};
+  bb req = {0};
+  bb_env_msg(&req, 0, lfr("/g", 0));
+  gz_set(plan, 2);
+  open_grpc(&m_gz_stream, "application/grpc", 1, "grpc-accept-encoding", "identity,deflate,gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.hdrs, "content-type: application/grpc\ngrpc-accept-encoding: gzip\ngrpc-encoding: gzip\n");
+  env e[4];
+  ASSERT_EQ(envs(e, 4), 2);
+  expect_chunk(&e[0], 5000, 1);
+  expect_chunk(&e[1], 100, 0);
+  ASSERT_STR_EQ(F.trailers, "grpc-status: 0\n");
+  /* gRPC-Web: the trailer frame is never compressed */
+  gz_set(plan, 2);
+  open_grpc(&m_gz_stream, "application/grpc-web+proto", 0, "grpc-accept-encoding", "gzip", NULL);
+  feed_bb(&req, 0);
+  feed_end();
+  ASSERT_STR_EQ(F.hdrs,
+                "content-type: application/grpc-web+proto\ngrpc-accept-encoding: gzip\ngrpc-encoding: gzip\n");
+  ASSERT_EQ(envs(e, 4), 3);
+  expect_chunk(&e[0], 5000, 1);
+  expect_grpc_web_trailer("grpc-status: 0\r\n");
+  bb_free(&req);
+  fake_done();
+}
+
 /* Found by this suite, fixed since:
  *
  * 1. Error JSON carries the message bytes verbatim: a message that is not
@@ -1958,6 +2224,11 @@ int main(void) {
   RUN(bug_error_json_utf8);
   RUN(bug_gzip_multi_member);
   RUN(bug_rpc_send_oversize_no_cancel);
+  RUN(response_gzip_stream_order);
+  RUN(response_gzip_packed_ref_queued);
+  RUN(response_gzip_abort_while_deflating);
+  RUN(response_gzip_unary);
+  RUN(response_gzip_grpc);
   fake_done();
   uv_loop_close(loop);
   return test_summary();
