@@ -222,22 +222,14 @@ void rpc_end_deferred(rpc_call *c) {
   call_maybe_free(c);
 }
 
-/* In the call's codec at buf + RPC_HEADROOM: into buf (cap bytes) when it
- * fits, else into a new malloc'd buffer; buf is never reallocated or freed
- * (NULL: always a new one). */
-uint8_t *rpc_encode_fixed(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap, size_t *len) {
-  if (json) return (uint8_t *)pbjson_encode_fixed(msg, RPC_HEADROOM, (char *)buf, cap, len);
+uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
+  if (json) return (uint8_t *)pbjson_encode_fixed(msg, RPC_HEADROOM, NULL, 0, len);
   size_t n = protobuf_c_message_get_packed_size(msg);
   *len = n;
-  if (n > RPC_MAX_MESSAGE) /* not worth packing: refused anyway */
-    return buf ? buf : malloc(RPC_HEADROOM);
-  if (!buf || cap < RPC_HEADROOM + n + 1) buf = malloc(RPC_HEADROOM + n + 1);
+  if (n > RPC_MAX_MESSAGE) return malloc(RPC_HEADROOM); /* not worth packing: refused anyway */
+  uint8_t *buf = malloc(RPC_HEADROOM + n + 1);
   if (buf) protobuf_c_message_pack(msg, buf + RPC_HEADROOM);
   return buf;
-}
-
-uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
-  return rpc_encode_fixed(json, msg, NULL, 0, len);
 }
 
 /* ---------------------------------------------------------------- response compression */
@@ -260,7 +252,7 @@ struct gz_item {
   rpc_call *c;
   int done;
   /* the plain message msg[0, len), 5 bytes free in front, held by owner;
-   * or (rpc_send_packed_ref, never compressed) pbuf[poff, poff + len)
+   * or (rpc_send_bytes_tail, never compressed) pbuf[poff, poff + len)
    * followed by data[0, dlen) held by ref */
   void *owner;
   const uint8_t *msg;
@@ -406,7 +398,7 @@ static int gz_send(rpc_call *c, void *owner, const uint8_t *msg, size_t len, int
   return 1;
 }
 
-/* The same for rpc_send_packed_ref: its tail may be mapped file pages,
+/* The same for rpc_send_bytes_tail: its tail may be mapped file pages,
  * which only the kernel reads (bufref.h), so it is never compressed; it
  * queues only behind a deflate. */
 static int gz_send_pair(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
@@ -449,69 +441,67 @@ static int gz_hold_end(rpc_call *c, rpc_code code, const char *msg) {
   return 1;
 }
 
-/* The message at buf + off (off >= 5), len bytes, in the call's codec;
- * owner (bufref.h) holds buf and is released once written or on failure. */
-static int send_at(rpc_call *c, void *owner, uint8_t *buf, size_t off, size_t len) {
-  if (c->finished || !c->hx_live || len > RPC_MAX_MESSAGE) {
+/* The one send path: len bytes at data in the call's codec, RPC_HEADROOM
+ * writable bytes in front (the envelope header goes there); owner (bufref.h)
+ * is released once written or on failure.  A tail (tail_ref) follows the
+ * bytes in the same message (streaming only). */
+int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, const uint8_t *tail,
+                        size_t tail_len, bufref *tail_ref) {
+  if (!data || c->finished || !c->hx_live || len > RPC_MAX_MESSAGE ||
+      tail_len > RPC_MAX_MESSAGE - len || (tail_ref && (c->w == W_CONNECT_UNARY || c->json))) {
     bufref_owner_free(owner);
+    if (tail_ref) tail_ref->release(tail_ref);
     return -1;
   }
   if (c->w == W_CONNECT_UNARY) {
     bufref_owner_free(c->unary_owner);
     c->unary_owner = owner;
-    c->unary_out = buf;
-    c->unary_off = off;
+    c->unary_out = data;
+    c->unary_off = 0;
     c->unary_len = len;
     c->unary_set = 1;
     return 0;
   }
   int rc;
-  if (gz_send(c, owner, buf + off, len, &rc)) return rc;
-  env_put_header(buf + off - 5, 0, len);
+  if (!tail_ref) {
+    if (gz_send(c, owner, data, len, &rc)) return rc;
+    env_put_header(data - RPC_HEADROOM, 0, len);
+    start_stream(c, c->x);
+    return hx_write_owned(c->x, owner, data - RPC_HEADROOM, len + RPC_HEADROOM);
+  }
+  /* hx_write_pair takes a malloc'd head (the message at head + off): a
+   * bufref-held one is copied (the few bytes of framing and field tags in
+   * front of a file window) */
+  uint8_t *head = owner;
+  size_t off = (size_t)(data - head);
+  if (bufref_owner_is_ref(owner)) {
+    head = malloc(len + RPC_HEADROOM);
+    if (head) memcpy(head + RPC_HEADROOM, data, len);
+    off = RPC_HEADROOM;
+    bufref_owner_free(owner);
+    if (!head) {
+      tail_ref->release(tail_ref);
+      return -1;
+    }
+  }
+  if (gz_send_pair(c, head, off, len, tail, tail_len, tail_ref, &rc)) return rc;
+  env_put_header(head + off - RPC_HEADROOM, 0, len + tail_len);
   start_stream(c, c->x);
-  return hx_write_owned(c->x, owner, buf + off - 5, len + 5);
+  return hx_write_pair(c->x, head, off - RPC_HEADROOM, len + RPC_HEADROOM, tail, tail_len, tail_ref);
 }
 
-int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len) {
-  if (!buf) return -1;
-  return send_at(c, buf, buf, RPC_HEADROOM, len);
-}
-
-int rpc_send_encoded_ref(rpc_call *c, uint8_t *buf, size_t len, void *owner) {
-  return send_at(c, owner, buf, RPC_HEADROOM, len);
+int rpc_send_bytes(rpc_call *c, void *owner, uint8_t *data, size_t len) {
+  return rpc_send_bytes_tail(c, owner, data, len, NULL, 0, NULL);
 }
 
 int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
   if (c->finished || !c->hx_live) return -1;
   size_t len;
   uint8_t *buf = rpc_encode(c->json, msg, &len);
-  return rpc_send_encoded(c, buf, len);
+  return rpc_send_bytes(c, buf, buf ? buf + RPC_HEADROOM : NULL, len);
 }
 
-int rpc_is_proto(const rpc_call *c) { return !c->json; }
-
-int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len) {
-  if (c->json || off < RPC_HEADROOM) {
-    free(buf);
-    return -1;
-  }
-  return send_at(c, buf, buf, off, len);
-}
-
-int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
-                        size_t dlen, bufref *ref) {
-  if (c->finished || !c->hx_live || c->json || c->w == W_CONNECT_UNARY || off < RPC_HEADROOM ||
-      len > RPC_MAX_MESSAGE || dlen > RPC_MAX_MESSAGE - len) {
-    free(buf);
-    ref->release(ref);
-    return -1;
-  }
-  int rc;
-  if (gz_send_pair(c, buf, off, len, data, dlen, ref, &rc)) return rc;
-  env_put_header(buf + off - 5, 0, len + dlen);
-  start_stream(c, c->x);
-  return hx_write_pair(c->x, buf, off - 5, len + 5, data, dlen, ref);
-}
+int rpc_is_json(const rpc_call *c) { return c->json != 0; }
 
 void rpc_finish(rpc_call *c, rpc_code code, const char *message) {
   if (c->finished) return;

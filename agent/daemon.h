@@ -1,8 +1,10 @@
 /* daemon — the one daemon context of conch-init.
  *
  * Everything process-wide lives in the single object `conch`: the loop, the
- * token, the sandbox identity and environment, the log sink, the process
- * table.  No other module keeps mutable globals.  Everything here is touched
+ * token, the sandbox identity and environment, the log sink.  No other
+ * agent/ or init/ module keeps mutable globals; the services (fs/, proc/)
+ * never see this header (agent/rpc.h) and keep their own state (the
+ * process table, cgroups, the reaper).  Everything here is touched
  * only from the loop thread (thread-pool work gets copies).
  */
 #ifndef CONCH_DAEMON_H
@@ -14,9 +16,7 @@
 
 #define CONCH_TOKEN_MAX 4096
 
-struct proc_table;   /* proc/ — ProcessService state */
 struct rpc_method;   /* agent/rpc.h */
-struct reaper;       /* init/reaper.c — the waitpid owner */
 struct initproto;    /* init/initproto.c — the init protocol server */
 struct pid1;         /* init/pid1.c — PID 1 boot state */
 struct server;       /* agent/server.c — the TCP listener(s) */
@@ -40,9 +40,6 @@ typedef struct conch_daemon {
    * an init message's pairs are set in O(1) each, not by a linear search */
   size_t *senv_idx;
   size_t senv_idx_cap; /* power of two, > 2 * senv_len */
-
-  /* ProcessService cgroups (proc/cgroup.c); NULL: process groups only */
-  struct proc_cgroups *cgroups;
 
   /* logging (agent/log.c) */
   int log_level;
@@ -77,8 +74,6 @@ typedef struct conch_daemon {
   const struct rpc_method *routes[32];
   size_t nroutes;
 
-  struct proc_table *procs;
-  struct reaper *reaper;
   struct initproto *initproto;
   struct pid1 *pid1;
   struct server *server;

@@ -21,7 +21,7 @@
 #include "fs/service.h"
 #include "init/initproto.h"
 #include "init/pid1.h"
-#include "init/reaper.h"
+#include "proc/reaper.h"
 #include "proc/cgroup.h"
 #include "proc/service.h"
 #include "reflect/service.h"
@@ -115,7 +115,7 @@ static void main_common_setup(void) {
 
 static void main_register_services(void) {
   size_t n;
-  const rpc_method *m = fs_service_methods(&n);
+  const rpc_method *m = fs_service_methods(conch.loop, &n);
   router_register(m, n);
   m = reflect_service_methods(&n);
   if (m) router_register(m, n);

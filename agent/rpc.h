@@ -1,7 +1,11 @@
 /* rpc — the service-facing side of one RPC call.
  *
- * Services (fs/, proc/) see only this header: a call is a typed request (or a
- * stream of them) in, protobuf messages and one final status out.  Which
+ * Services (fs/, proc/) see only this header of agent/ (and log.h, senv.h):
+ * a call is a typed request (or a stream of them) in, protobuf messages and
+ * one final status out; thread-pool work goes through rpc_work_submit, and
+ * what else a service needs (its loop, its state) it gets from its own
+ * init function, never from agent/daemon.h, pool.h or slab.h
+ * (tests/tools/check-layers.sh, run by `make unit`, fails otherwise).  Which
  * HTTP version carries it (HTTP/1.1, h2c) and which RPC protocol frames it
  * (Connect unary/streaming, later gRPC, gRPC-Web) is the protocol layer's
  * business (agent/connect.c, agent/http1.c, agent/h2.c).  Auth, content-type,
@@ -95,12 +99,6 @@ typedef struct rpc_method {
   void (*on_cancel)(rpc_call *c, rpc_code why);
 } rpc_method;
 
-/* Queue one response message (unary: exactly one on success, then
- * rpc_finish(c, RPC_OK, NULL)).  Returns 0, or -1 when the message could
- * not be queued (larger than RPC_MAX_MESSAGE, out of memory, or the call
- * already ended): the call stays the service's, which then ends it with
- * rpc_finish (e.g. RPC_RESOURCE_EXHAUSTED).  Never calls back into the
- * service. */
 /* Inside on_request: take the request instead of copying it (a service
  * that copies a big request in the thread pool).  It is then the caller's,
  * freed with protobuf_c_message_free_unpacked(req, NULL) on any thread.
@@ -108,43 +106,71 @@ typedef struct rpc_method {
  * copy it as usual. */
 ProtobufCMessage *rpc_take_request(rpc_call *c);
 
+/* ---- sending: one message form, one bytes form (and its tail variant) ----
+ *
+ * All three return 0, or -1 when the message could not be queued (larger than
+ * RPC_MAX_MESSAGE, out of memory, or the call already ended): the call
+ * stays the service's, which then ends it with rpc_finish (e.g.
+ * RPC_RESOURCE_EXHAUSTED).  None ever calls back into the service.
+ * Unary: exactly one message on success, then rpc_finish(c, RPC_OK, NULL). */
+
+/* Encode msg in the call's codec (on the loop) and queue it. */
 int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
 
-/* Encoding off the loop.  rpc_encode is a pure function (any thread):
- * msg in the JSON (json != 0) or binary codec, in a malloc'd buffer with
- * RPC_HEADROOM bytes free in front, *len bytes at buf + RPC_HEADROOM; NULL
- * when out of memory.  A service may encode in the thread pool with the
- * codec it read on the loop (!rpc_is_proto(c)), then hand the bytes over
- * on the loop with rpc_send_encoded (takes buf, even NULL; same result as
- * rpc_send, -1 also when *len is over RPC_MAX_MESSAGE). */
-uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
-int rpc_send_encoded(rpc_call *c, uint8_t *buf, size_t len);
-/* The same into buf (cap bytes), which is never reallocated or freed here:
- * returns buf when the message fits, else a new malloc'd buffer, or NULL
- * when out of memory.  A service that allocates buf on the loop (as
- * fs/listing.c does) before handing the work to the pool keeps a small answer's memory
- * within the loop thread (no allocation in the pool, no free across
- * threads). */
-uint8_t *rpc_encode_fixed(int json, const ProtobufCMessage *msg, uint8_t *buf, size_t cap, size_t *len);
-/* rpc_send_encoded for bytes held by an owner word (bufref.h; give a
- * bufref as bufref_owner_plain so that transports may copy the bytes):
- * released once written, or at once on failure. */
-int rpc_send_encoded_ref(rpc_call *c, uint8_t *buf, size_t len, void *owner);
+/* 1 when the call speaks JSON, 0 for the binary codec.  Fixed for the
+ * call's life: read it on the loop, encode with it anywhere. */
+int rpc_is_json(const rpc_call *c);
 
-/* Zero-copy send for producers of large messages (file chunks): when
- * rpc_is_proto(c), a caller may pack the message itself at buf + off, with
- * off >= RPC_HEADROOM bytes free in front for the framing, and hand the
- * malloc'd buf over (it is freed in every case).  Same result as rpc_send. */
+/* Headroom rule (the only one): bytes handed to rpc_send_bytes have
+ * RPC_HEADROOM writable bytes in front of them, inside the owner's memory,
+ * where the layer writes the framing (no copy of the message).  Encoders
+ * here leave it; a service packing a message itself (file chunks, process
+ * output) keeps at least that much free in front. */
 #define RPC_HEADROOM 5
-int rpc_is_proto(const rpc_call *c);
-int rpc_send_packed(rpc_call *c, uint8_t *buf, size_t off, size_t len);
-/* The same for a message whose tail the caller does not own through malloc
- * (a mapped file window): the message is buf[off, off+len) followed by
- * data[0, dlen), and ref->release(ref) runs exactly once, when the tail is
- * written or at once on failure.  The tail only ever reaches the kernel,
- * never a user-space read.  Streaming calls only (-1 for a unary call). */
-int rpc_send_packed_ref(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
-                        size_t dlen, bufref *ref);
+
+/* Encoding off the loop (a pure function, any thread): msg in the JSON
+ * (json != 0) or binary codec into a new malloc'd buffer, *len bytes at
+ * buf + RPC_HEADROOM; NULL when out of memory.  Hand it over with
+ * rpc_send_bytes(c, buf, buf + RPC_HEADROOM, *len). */
+uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
+
+/* Queue len bytes at data — one message already encoded in the call's
+ * codec (rpc_is_json), RPC_HEADROOM free in front — held by owner, an
+ * owner word (bufref.h: a malloc'd pointer, or a bufref).  The owner is
+ * released once the bytes are written, or at once on failure (also for a
+ * NULL data, which just fails: pass rpc_encode's result unchecked). */
+int rpc_send_bytes(rpc_call *c, void *owner, uint8_t *data, size_t len);
+
+/* The same for a message whose tail the service does not own through
+ * malloc (a mapped file window): the message is data[0, len) followed by
+ * tail[0, tail_len), and tail_ref->release(tail_ref) runs exactly once,
+ * when the tail is written or at once on failure.  The tail only ever
+ * reaches the kernel, never a user-space read.  Streaming calls in the
+ * binary codec only (-1 for a unary call, which needs its answer in one
+ * piece, and for JSON, which has no raw bytes). */
+int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, const uint8_t *tail,
+                        size_t tail_len, bufref *tail_ref);
+
+/* ---- thread-pool work ----
+ * Short blocking jobs (stat, a directory walk, a big encode, an munmap) on
+ * the daemon's batched thread pool (agent/pool.h): run(data) in a pool
+ * thread — touching only data — then done(data, canceled) on the loop,
+ * exactly once, never from inside rpc_work_submit or rpc_work_cancel.  c is the
+ * call the work serves, or NULL for clean-up that outlives its call.
+ * Returns a handle, valid until done runs, or NULL when out of memory
+ * (nothing will run: the service fails the call itself).
+ *
+ * Cancellation: the job belongs to the service, not to the call, so a call
+ * that ends does not stop it, and done runs whatever became of c (a
+ * service checks in done whether its call is still live: it has seen
+ * on_cancel).  A service that no longer wants the result calls
+ * rpc_work_cancel(w) — from on_cancel, typically: 0 when no thread had
+ * started run (done(data, 1) follows later, run never runs), -1 when it
+ * runs or ran (done(data, 0) follows as usual). */
+typedef struct rpc_work rpc_work;
+rpc_work *rpc_work_submit(rpc_call *c, void (*run)(void *data), void (*done)(void *data, int canceled),
+                          void *data);
+int rpc_work_cancel(rpc_work *w);
 
 /* End the call: RPC_OK or an error code with its message (NULL = none). */
 void rpc_finish(rpc_call *c, rpc_code code, const char *message);
@@ -187,7 +213,8 @@ int rpc_input_had_nul(const rpc_call *c);
 
 /* Connect-Timeout-Ms / grpc-timeout in ms; 0 = none. */
 int64_t rpc_timeout_ms(const rpc_call *c);
-/* "connect+json", "connect+proto", "grpc+proto", "grpc-web+json", … — for logs. */
+/* "connect+json", "connect+proto", "grpc+proto", "grpc-web+json", … — for
+ * logs only (the codec: rpc_is_json). */
 const char *rpc_protocol_name(const rpc_call *c);
 
 #endif

@@ -22,7 +22,7 @@
  * a window of DL_WINDOW bytes (mmap + MADV_POPULATE_READ, so any disk
  * reading happens there, never on the loop) and each 1 MiB chunk goes out
  * as a small framing buffer followed by the mapped bytes themselves
- * (rpc_send_packed_ref): the page cache is copied once, straight into the
+ * (rpc_send_bytes_tail): the page cache is copied once, straight into the
  * socket.  The window is unmapped (in the pool) when its last chunk is
  * written.  Only
  * the kernel reads mapped bytes.  The size is taken by fstat before each
@@ -54,9 +54,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
-#include "agent/pool.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 #include "proto/wire.h"
@@ -68,7 +66,6 @@
  * producer's own while it sends.  Released on the loop thread only. */
 typedef struct dl_win {
   bufref ref; /* first */
-  pool_job job; /* the unmap, in the pool (tearing down page tables) */
   uint8_t *map;
   size_t len;
   unsigned refs;
@@ -114,13 +111,13 @@ static int dl_alloc(fs_download *d) {
 
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
-static void dl_win_unmap(pool_job *j) {
-  dl_win *w = (dl_win *)((char *)j - offsetof(dl_win, job));
+static void dl_win_unmap(void *data) {
+  dl_win *w = data;
   munmap(w->map, w->len);
 }
 
-static void dl_win_unmapped(pool_job *j, int canceled) {
-  dl_win *w = (dl_win *)((char *)j - offsetof(dl_win, job));
+static void dl_win_unmapped(void *data, int canceled) {
+  dl_win *w = data;
   if (canceled) munmap(w->map, w->len); /* no runner could be started: unmap here */
   free(w);
 }
@@ -130,7 +127,7 @@ static void dl_win_unmapped(pool_job *j, int canceled) {
 static void dl_win_release(bufref *r) {
   dl_win *w = (dl_win *)r;
   if (--w->refs) return;
-  pool_submit(&w->job, dl_win_unmap, dl_win_unmapped);
+  if (!rpc_work_submit(NULL, dl_win_unmap, dl_win_unmapped, w)) dl_win_unmapped(w, 1); /* ENOMEM: here */
 }
 
 static void dl_free(fs_download *d) {
@@ -330,7 +327,7 @@ static int dl_send_window(fs_download *d, dl_win *w) {
     size_t off = dl_frame(d, pb, n);
     w->refs++;
     d->sending = 1;
-    int r = rpc_send_packed_ref(d->call, pb, off, d->data_off - off, w->map + pos, n, &w->ref);
+    int r = rpc_send_bytes_tail(d->call, pb, pb + off, d->data_off - off, w->map + pos, n, &w->ref);
     d->sending = 0;
     if (r != 0 || !d->call) return -1;
     d->sent++;
@@ -342,9 +339,9 @@ static int dl_send_window(fs_download *d, dl_win *w) {
 static int dl_send(fs_download *d, unsigned char *buf, size_t n) {
   int r;
   d->sending = 1;
-  if (rpc_is_proto(d->call)) {
+  if (!rpc_is_json(d->call)) {
     size_t off = dl_frame(d, buf, n);
-    r = rpc_send_packed(d->call, buf, off, d->data_off + n - off);
+    r = rpc_send_bytes(d->call, buf, buf + off, d->data_off + n - off);
   } else {
     Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
     ch.filepath = d->sent == 0 ? d->path : "";
@@ -437,7 +434,7 @@ static void dl_after_read(uv_work_t *req, int status) {
 static int dl_read_more(fs_download *d) {
   if (!d->map_mode && dl_alloc(d) != 0) return -1;
   d->busy = 1;
-  int r = uv_queue_work(conch.loop, &d->req, dl_read_work, dl_after_read);
+  int r = uv_queue_work(fs_loop, &d->req, dl_read_work, dl_after_read);
   if (r != 0) d->busy = 0;
   return r;
 }
@@ -490,7 +487,7 @@ static void dl_after_open(uv_work_t *req, int status) {
     return;
   }
   if (d->pollable) {
-    if (uv_poll_init(conch.loop, &d->poll, d->fd) == 0) {
+    if (uv_poll_init(fs_loop, &d->poll, d->fd) == 0) {
       d->poll_init = 1;
       d->poll.data = d;
     } else {
@@ -516,7 +513,7 @@ void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
     d->path = strdup(req->filepath);
     /* headroom + field 1 (tag, varint, path) + field 2 (tag, 3-byte varint) */
     if (d->path) d->data_off = RPC_HEADROOM + 1 + 10 + strlen(d->path) + 1 + 3;
-    d->map_mode = rpc_is_proto(c); /* decided for good once the file is open */
+    d->map_mode = !rpc_is_json(c); /* decided for good once the file is open */
   }
   if (!d || !d->path) {
     if (d) free(d->path);
@@ -528,7 +525,7 @@ void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
   d->req.data = d;
   d->busy = 1;
   rpc_set_user(c, d);
-  int r = uv_queue_work(conch.loop, &d->req, dl_open_work, dl_after_open);
+  int r = uv_queue_work(fs_loop, &d->req, dl_open_work, dl_after_open);
   if (r != 0) {
     d->busy = 0;
     dl_finish(d, RPC_INTERNAL, "queue file open failed");

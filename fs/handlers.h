@@ -6,9 +6,13 @@
 #define CONCH_FS_HANDLERS_H
 
 #include <stddef.h>
+#include <uv.h>
 
 #include "agent/rpc.h"
 #include "fs/walk.h"
+
+/* The loop the service runs on (fs_service_methods). */
+extern uv_loop_t *fs_loop;
 
 /* Largest accepted FileChunk content, and the GetFileStream chunk size. */
 #define FS_CHUNK_MAX (1024u * 1024u)
@@ -45,9 +49,6 @@ void fs_listing_on_cancel(rpc_call *c, rpc_code why);
  * SearchFiles, see search.c).  0 ok; -1 with the text in err. */
 int fs_check_call_path(rpc_call *c, const char *p, const char *op, char *err, size_t errlen);
 
-/* 1 when the call speaks JSON (the response size bound is estimated for
- * JSON then). */
-int fs_call_is_json(const rpc_call *c);
 
 /* Finish a call with an fs_status (message NULL when out of memory). */
 void fs_finish_status(rpc_call *c, const fs_status *st);

@@ -19,7 +19,6 @@ void fs_list_on_request(rpc_call *c, const ProtobufCMessage *msg) {
     return;
   }
   fs_listing *l = fs_listing_new(c, &pb__list_files_response__descriptor);
-  /* a copy: the walk reads it on a pool thread */
   size_t pl = strlen(path);
   char *root = l ? malloc(pl + 1) : NULL;
   if (!root) {

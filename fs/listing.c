@@ -1,47 +1,37 @@
 /* fs/listing — run a ListFiles/SearchFiles walk in the thread pool and
  * answer the unary call; see handlers.h.  The answer is encoded in the
- * pool thread too, so the loop only hands the bytes over: into a buffer
- * the loop allocated, which the pool never reallocates (rpc_encode_fixed:
- * a larger answer goes to a new malloc'd buffer) and which is freed once
- * written.
+ * pool thread too (rpc_encode), so the loop only hands the bytes over.
  *
  * Lifetime: the job is the call's user pointer.  on_cancel marks it
- * (call = NULL, cancel flag for the walk, pool_cancel when not started yet);
- * the after-work callback then only frees.  rpc_send failing while the
- * call is still ours means the encoded response is too large (JSON is
- * bigger than the protobuf size the walk bounds): resource_exhausted.
+ * (call = NULL, cancel flag for the walk, rpc_work_cancel when not started
+ * yet); the after-work callback then only frees.  rpc_send_bytes failing
+ * while the call is still ours means the encoded response is too large
+ * (JSON is bigger than the protobuf size the walk bounds):
+ * resource_exhausted.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <uv.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
-#include "agent/pool.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 
-/* The answer's first buffer (most listings fit). */
-#define LISTING_BUF 512u
-
 struct fs_listing {
-  pool_job job; /* first: the job is the listing */
+  rpc_work *job;  /* while queued or running */
   rpc_call *call; /* NULL once the call ended from outside */
   int busy;       /* work queued or running */
   atomic_int cancel;
   const ProtobufCMessageDescriptor *resp;
   fs_walk w;
-  uint8_t *eb;      /* the first buffer (LISTING_BUF bytes, malloc'd), until sent */
-  uint8_t *enc;     /* the encoded answer (pool thread): eb, a malloc'd */
-  size_t enc_len;   /* buffer when it did not fit, NULL when out of memory */
+  uint8_t *enc;   /* the encoded answer (pool thread; rpc_encode), NULL when out of memory */
+  size_t enc_len;
   void *owned;
   void (*free_owned)(void *);
 };
 
 static void listing_free(fs_listing *l) {
-  if (l->enc && l->enc != l->eb) free(l->enc); /* a bigger answer */
-  free(l->eb);
+  free(l->enc);
   fs_walk_free(&l->w);
   if (l->free_owned) l->free_owned(l->owned);
   free(l);
@@ -50,17 +40,11 @@ static void listing_free(fs_listing *l) {
 fs_listing *fs_listing_new(rpc_call *c, const ProtobufCMessageDescriptor *resp) {
   fs_listing *l = calloc(1, sizeof *l);
   if (!l) return NULL;
-  l->eb = malloc(LISTING_BUF);
-  if (!l->eb) {
-    free(l);
-    return NULL;
-  }
-  l->enc = l->eb;
   l->call = c;
   l->resp = resp;
   atomic_init(&l->cancel, 0);
   l->w.cancel = &l->cancel;
-  l->w.json = fs_call_is_json(c);
+  l->w.json = rpc_is_json(c);
   l->w.max_bytes = RPC_MAX_MESSAGE;
   l->w.max_visits = FS_WALK_MAX_VISITS;
   return l;
@@ -101,12 +85,12 @@ static void listing_encode(fs_listing *l) {
       Pb__SearchFilesResponse m = PB__SEARCH_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb, LISTING_BUF, &l->enc_len);
+      l->enc = rpc_encode(w->json, &m.base, &l->enc_len);
     } else {
       Pb__ListFilesResponse m = PB__LIST_FILES_RESPONSE__INIT;
       m.n_entries = w->n;
       m.entries = ep;
-      l->enc = rpc_encode_fixed(w->json, &m.base, l->eb, LISTING_BUF, &l->enc_len);
+      l->enc = rpc_encode(w->json, &m.base, &l->enc_len);
     }
   }
   if (!small) {
@@ -115,14 +99,15 @@ static void listing_encode(fs_listing *l) {
   }
 }
 
-static void listing_work(pool_job *j) {
-  fs_listing *l = (fs_listing *)j;
+static void listing_work(void *data) {
+  fs_listing *l = data;
   fs_walk_run(&l->w);
   if (l->w.st.code == RPC_OK) listing_encode(l);
 }
 
-static void listing_after(pool_job *j, int canceled) {
-  fs_listing *l = (fs_listing *)j;
+static void listing_after(void *data, int canceled) {
+  fs_listing *l = data;
+  l->job = NULL;
   if (!l->call) { /* canceled meanwhile */
     listing_free(l);
     return;
@@ -139,17 +124,9 @@ static void listing_after(pool_job *j, int canceled) {
     return;
   }
   LOG_DEBUG("file listing done root=%s entries=%zu", l->w.root, l->w.n);
-  /* busy stays set while sending: an on_cancel run from inside rpc_send
+  /* busy stays set while sending: an on_cancel run from inside the send
    * then only marks the job. */
-  int r;
-  if (!l->enc) {
-    r = -2;
-  } else if (l->enc == l->eb) { /* the first buffer goes with the bytes */
-    r = rpc_send_encoded_ref(c, l->enc, l->enc_len, l->eb);
-    l->eb = NULL;
-  } else {
-    r = rpc_send_encoded(c, l->enc, l->enc_len);
-  }
+  int r = l->enc ? rpc_send_bytes(c, l->enc, l->enc + RPC_HEADROOM, l->enc_len) : -2;
   l->enc = NULL; /* taken */
   l->busy = 0;
   if (!l->call) { /* on_cancel ran inside rpc_send */
@@ -175,7 +152,13 @@ void fs_listing_discard(fs_listing *l) {
 void fs_listing_start(fs_listing *l) {
   l->busy = 1;
   rpc_set_user(l->call, l);
-  pool_submit(&l->job, listing_work, listing_after);
+  l->job = rpc_work_submit(l->call, listing_work, listing_after, l);
+  if (!l->job) {
+    l->busy = 0;
+    rpc_set_user(l->call, NULL);
+    rpc_finish(l->call, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    listing_free(l);
+  }
 }
 
 void fs_listing_on_cancel(rpc_call *c, rpc_code why) {
@@ -184,7 +167,7 @@ void fs_listing_on_cancel(rpc_call *c, rpc_code why) {
   l->call = NULL;
   atomic_store(&l->cancel, 1);
   if (l->busy) {
-    pool_cancel(&l->job); /* fails harmlessly once running */
+    if (l->job) rpc_work_cancel(l->job); /* fails harmlessly once running */
     return;                        /* the after-work callback frees */
   }
   listing_free(l);

@@ -23,7 +23,6 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
 #include "fs/handlers.h"
 #include "fs/path.h"
 #include "fs/tree.h"
@@ -217,7 +216,7 @@ static void op_start(rpc_call *c, int kind, const char *path, const char *dst) {
   o->req.data = o;
   atomic_init(&o->cancel, 0);
   rpc_set_user(c, o);
-  if (uv_queue_work(conch.loop, &o->req, op_work, op_after) != 0) {
+  if (uv_queue_work(fs_loop, &o->req, op_work, op_after) != 0) {
     rpc_set_user(c, NULL);
     op_free(o);
     rpc_finish(c, RPC_INTERNAL, "queue file operation failed");

@@ -86,7 +86,10 @@ static const rpc_method fs_methods[] = {
     },
 };
 
-const rpc_method *fs_service_methods(size_t *n) {
+uv_loop_t *fs_loop;
+
+const rpc_method *fs_service_methods(uv_loop_t *loop, size_t *n) {
+  fs_loop = loop;
   *n = sizeof fs_methods / sizeof *fs_methods;
   return fs_methods;
 }
@@ -98,11 +101,6 @@ int fs_check_call_path(rpc_call *c, const char *p, const char *op, char *err, si
     return -1;
   }
   return fs_path_check(p, strlen(p), op, err, errlen);
-}
-
-int fs_call_is_json(const rpc_call *c) {
-  const char *p = rpc_protocol_name(c);
-  return p && strstr(p, "json") != NULL;
 }
 
 void fs_finish_status(rpc_call *c, const fs_status *st) {

@@ -31,7 +31,6 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
 #include "fs/handlers.h"
 #include "fs/path.h"
@@ -266,7 +265,7 @@ static int up_queue(fs_upload *u, up_op op) {
   u->op = op;
   u->busy = 1;
   u->req.data = u;
-  int r = uv_queue_work(conch.loop, &u->req, up_work, up_after);
+  int r = uv_queue_work(fs_loop, &u->req, up_work, up_after);
   if (r != 0) u->busy = 0;
   return r;
 }

@@ -53,9 +53,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
-#include "agent/pool.h"
 #include "fs/handlers.h"
 #include "fs/path.h"
 #include "proto/agent.pb-c.h"
@@ -105,7 +103,6 @@ typedef struct wd_slot {
 } wd_slot;
 
 typedef struct fs_watch {
-  pool_job job; /* first */
   rpc_call *call; /* NULL once the call ended */
   char *root;
   size_t rootlen;
@@ -392,8 +389,8 @@ nomem:
   return -1;
 }
 
-static void watch_setup_work(pool_job *j) {
-  fs_watch *w = (fs_watch *)j;
+static void watch_setup_work(void *data) {
+  fs_watch *w = data;
   struct stat sb;
   if (stat(w->root, &sb) != 0) {
     int e = errno;
@@ -508,8 +505,8 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
   free(rel);
 }
 
-static void watch_items_work(pool_job *j) {
-  fs_watch *w = (fs_watch *)j;
+static void watch_items_work(void *data) {
+  fs_watch *w = data;
   w->scan_left = WD_SCAN_MAX;
   wd_item *it = w->job_first;
   for (size_t i = 0; i < w->job_n; i++) {
@@ -545,14 +542,19 @@ static void watch_free(fs_watch *w) {
   free(w);
 }
 
-static void watch_close_work(pool_job *j) {
-  fs_watch *w = (fs_watch *)j;
+/* A pool job for w (one at a time, w->busy); out of memory: done(w, 1) at once. */
+static void watch_submit(fs_watch *w, void (*run)(void *), void (*done)(void *, int)) {
+  if (!rpc_work_submit(w->call, run, done, w)) done(w, 1);
+}
+
+static void watch_close_work(void *data) {
+  fs_watch *w = data;
   if (w->fd >= 0) close(w->fd); /* drops every watch; may wait for RCU */
   w->fd = -1;
 }
 
-static void watch_closed(pool_job *j, int canceled) {
-  fs_watch *w = (fs_watch *)j;
+static void watch_closed(void *data, int canceled) {
+  fs_watch *w = data;
   if (w->fd >= 0) close(w->fd); /* the job could not run */
   watch_free(w);
 }
@@ -562,7 +564,7 @@ static void watch_closed(pool_job *j, int canceled) {
 static void watch_maybe_free(fs_watch *w) {
   if (!w->closing || w->busy || w->handles) return;
   w->busy = 1;
-  pool_submit(&w->job, watch_close_work, watch_closed);
+  watch_submit(w, watch_close_work, watch_closed);
 }
 
 static void watch_on_handle_closed(uv_handle_t *h) {
@@ -598,7 +600,7 @@ static int watch_send_msg(fs_watch *w, Pb__WatchDirEvent *ev) {
     if (w->call) watch_finish(w, RPC_RESOURCE_EXHAUSTED, "out of memory sending watch event");
     return -1;
   }
-  w->last_send = uv_now(conch.loop);
+  w->last_send = uv_now(fs_loop);
   return w->call ? 0 : -1;
 }
 
@@ -727,8 +729,8 @@ static void watch_on_poll(uv_poll_t *h, int status, int events) {
   watch_pump(w);
 }
 
-static void watch_items_done(pool_job *j, int canceled) {
-  fs_watch *w = (fs_watch *)j;
+static void watch_items_done(void *data, int canceled) {
+  fs_watch *w = data;
   w->busy = 0;
   if (w->closing) {
     watch_maybe_free(w);
@@ -761,7 +763,7 @@ static void watch_pump(fs_watch *w) {
     w->job_n++;
   }
   w->busy = 1;
-  pool_submit(&w->job, watch_items_work, watch_items_done);
+  watch_submit(w, watch_items_work, watch_items_done);
 }
 
 static void watch_on_drain(rpc_call *c) {
@@ -821,7 +823,7 @@ static void watch_send(fs_watch *w) {
 static void watch_on_ka(uv_timer_t *t) {
   fs_watch *w = t->data;
   if (!w->call || w->closing) return;
-  uint64_t now = uv_now(conch.loop);
+  uint64_t now = uv_now(fs_loop);
   if (rpc_outq_bytes(w->call) > 0 || w->head) w->last_send = now; /* still traffic */
   uint64_t idle = now - w->last_send;
   if (idle >= w->ka_ms) {
@@ -835,8 +837,8 @@ static void watch_on_ka(uv_timer_t *t) {
   uv_timer_start(&w->ka, watch_on_ka, w->ka_ms - idle, 0);
 }
 
-static void watch_setup_done(pool_job *j, int canceled) {
-  fs_watch *w = (fs_watch *)j;
+static void watch_setup_done(void *data, int canceled) {
+  fs_watch *w = data;
   w->busy = 0;
   if (w->closing) {
     watch_maybe_free(w);
@@ -851,7 +853,7 @@ static void watch_setup_done(pool_job *j, int canceled) {
     free(msg);
     return;
   }
-  if (uv_poll_init(conch.loop, &w->poll, w->fd) != 0) {
+  if (uv_poll_init(fs_loop, &w->poll, w->fd) != 0) {
     watch_finish(w, RPC_INTERNAL, "watch directory: cannot poll inotify");
     return;
   }
@@ -898,13 +900,13 @@ void fs_watch_on_request(rpc_call *c, const ProtobufCMessage *msg) {
   w->call = c;
   w->ka_ms = watch_ka_ms();
   atomic_init(&w->cancel, 0);
-  uv_timer_init(conch.loop, &w->ka);
+  uv_timer_init(fs_loop, &w->ka);
   w->ka.data = w;
   w->handles = 1;
-  w->last_send = uv_now(conch.loop);
+  w->last_send = uv_now(fs_loop);
   rpc_set_user(c, w);
   w->busy = 1;
-  pool_submit(&w->job, watch_setup_work, watch_setup_done);
+  watch_submit(w, watch_setup_work, watch_setup_done);
 }
 
 void fs_watch_on_cancel(rpc_call *c, rpc_code why) {

@@ -13,7 +13,7 @@
 
 #include "agent/log.h"
 #include "agent/senv.h"
-#include "init/reaper.h"
+#include "proc/reaper.h"
 
 int entrypoint_usable(const char *path) {
   struct stat st;

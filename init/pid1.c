@@ -13,7 +13,7 @@
 #include "init/boot.h"
 #include "init/entrypoint.h"
 #include "init/initproto.h"
-#include "init/reaper.h"
+#include "proc/reaper.h"
 #include "agent/server.h"
 #include "proc/cgroup.h"
 #include "proc/service.h"

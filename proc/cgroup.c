@@ -11,7 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
 #include "proto/text.h"
 
@@ -41,7 +40,10 @@ struct proc_cgroups {
   struct proc_cg *all;
 };
 
-int proc_cg_enabled(void) { return conch.cgroups != NULL; }
+/* The hierarchy, once proc_cg_init found one (loop thread only). */
+static struct proc_cgroups *cg_state;
+
+int proc_cg_enabled(void) { return cg_state != NULL; }
 
 /* ---- finding the hierarchy ---- */
 
@@ -150,7 +152,7 @@ static int cg_make_base(struct proc_cgroups *g) {
 }
 
 int proc_cg_init(uv_loop_t *loop, int pid1) {
-  if (conch.cgroups) return 0;
+  if (cg_state) return 0;
   struct proc_cgroups *g = calloc(1, sizeof *g);
   if (!g) return -1;
   g->loop = loop;
@@ -216,7 +218,7 @@ int proc_cg_init(uv_loop_t *loop, int pid1) {
     goto fail;
   }
   snprintf(g->base_path, sizeof g->base_path, "%s/%s", strcmp(own, "/") == 0 ? "" : own, g->base_name);
-  conch.cgroups = g;
+  cg_state = g;
   LOG_INFO("process cgroups: %s (%s; cgroup.kill %s)", g->base_path, how,
            faccessat(g->base_fd, "cgroup.kill", W_OK, 0) == 0 ? "available" : "missing: cgroup.procs walked");
   return 0;
@@ -229,7 +231,7 @@ fail:
 /* ---- one command's cgroup ---- */
 
 struct proc_cg *proc_cg_new(void) {
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   if (!g) return NULL;
   struct proc_cg *cg = calloc(1, sizeof *cg);
   if (!cg) return NULL;
@@ -242,7 +244,7 @@ struct proc_cg *proc_cg_new(void) {
 }
 
 int proc_cg_create(struct proc_cg *cg) {
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   if (mkdirat(g->base_fd, cg->name, 0755) != 0 && errno != EEXIST) return -errno;
   cg->created = 1;
   cg->fd = openat(g->base_fd, cg->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -252,7 +254,7 @@ int proc_cg_create(struct proc_cg *cg) {
 int proc_cg_fd(const struct proc_cg *cg) { return cg ? cg->fd : -1; }
 
 const char *proc_cg_name(const struct proc_cg *cg) {
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   snprintf(g->name_buf, sizeof g->name_buf, "%s/%s", g->base_path, cg->name);
   return g->name_buf;
 }
@@ -323,7 +325,7 @@ static void cg_on_close(uv_handle_t *h) {
 
 /* The directory is gone (or given up on): drop everything. */
 static void cg_finish(struct proc_cg *cg) {
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   if (cg->fd >= 0) close(cg->fd);
   cg->fd = -1;
   if (cg->prev) cg->prev->next = cg->next; else g->all = cg->next;
@@ -342,7 +344,7 @@ static void cg_finish(struct proc_cg *cg) {
 
 /* rmdir; 1 when the directory is gone (or cannot ever go), 0 while busy. */
 static int cg_try_remove(struct proc_cg *cg) {
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   if (!cg->created || unlinkat(g->base_fd, cg->name, AT_REMOVEDIR) == 0 || errno == ENOENT) return 1;
   if (errno == EBUSY) return 0; /* still populated (or sub-cgroups of the command's own) */
   LOG_WARN("cannot remove cgroup %s: %s", proc_cg_name(cg), strerror(errno));
@@ -366,7 +368,7 @@ static void cg_on_deadline(uv_timer_t *t) {
 
 /* Still populated: watch cgroup.events ("populated 0" when it empties). */
 static void cg_linger(struct proc_cg *cg) {
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   char path[128];
   snprintf(path, sizeof path, "/proc/self/fd/%d/%s/cgroup.events", g->base_fd, cg->name);
   if (uv_fs_event_init(g->loop, &cg->ev) == 0) {
@@ -383,7 +385,7 @@ static void cg_linger(struct proc_cg *cg) {
 
 static void cg_rm_run(uv_work_t *w) {
   struct proc_cg *cg = w->data;
-  cg->rm_err = unlinkat(conch.cgroups->base_fd, cg->name, AT_REMOVEDIR) == 0 ? 0 : errno;
+  cg->rm_err = unlinkat(cg_state->base_fd, cg->name, AT_REMOVEDIR) == 0 ? 0 : errno;
 }
 
 static void cg_rm_done(uv_work_t *w, int status) {
@@ -400,7 +402,7 @@ static void cg_rm_done(uv_work_t *w, int status) {
 
 void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
   if (!cg || cg->released) return;
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   cg->released = 1;
   if (!cg->created) {
     cg->removed = 1;
@@ -417,7 +419,7 @@ void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
 }
 
 void proc_cg_shutdown(void) {
-  struct proc_cgroups *g = conch.cgroups;
+  struct proc_cgroups *g = cg_state;
   if (!g) return;
   /* leftovers live on (as without cgroups), in the daemon's own cgroup:
    * nothing of ours stays behind in the hierarchy */

@@ -31,8 +31,8 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
+#include "proc/input.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
 #include "proto/agent.pb-c.h"
@@ -65,25 +65,6 @@ struct proc_input {
 #define PROC_INPUT_FULL "process input queue full"
 
 static void proc_in_flush(struct proc *p);
-
-/* ---- foreground list ---- */
-void proc_fg_link(struct proc *p) {
-  struct proc_table *t = p->t;
-  if (p->in_fg_list) return;
-  p->fprev = NULL;
-  p->fnext = t->fg_head;
-  if (t->fg_head) t->fg_head->fprev = p;
-  t->fg_head = p;
-  p->in_fg_list = 1;
-}
-
-void proc_fg_unlink(struct proc *p) {
-  if (!p->in_fg_list) return;
-  if (p->fprev) p->fprev->fnext = p->fnext; else p->t->fg_head = p->fnext;
-  if (p->fnext) p->fnext->fprev = p->fprev;
-  p->fnext = p->fprev = NULL;
-  p->in_fg_list = 0;
-}
 
 /* ---- calls ---- */
 static void proc_input_free_if_done(struct proc_input *in) {
@@ -343,14 +324,13 @@ int proc_input_open(struct proc *p, int fd) {
 }
 
 void proc_input_shutdown(struct proc *p) {
-  proc_fg_unlink(p);
   if (p->in_open || p->in_head || p->in_wait_head || !p->in_closed) proc_in_drop(p);
 }
 
 /* ---- lookups and checks ---- */
 /* Running processes only; a foreground one by pid (§9). */
 static struct proc *proc_in_find(const Pb__ProcessSelector *sel) {
-  struct proc_table *t = conch.procs;
+  struct proc_table *t = proc_tab;
   for (struct proc *p = t->tail; p; p = p->prev)
     if (p->state == PROC_RUNNING && (sel->pid != 0 ? p->pid == sel->pid : strcmp(p->tag, sel->tag) == 0))
       return p;

@@ -1,5 +1,8 @@
-/* proc — ProcessService internals: the process table, process records and
- * their subscribers (streams).  Public face for the daemon: proc/service.h.
+/* proc — ProcessService internals: the process table and process records.
+ * Public face for the daemon: proc/service.h.  process.c is the one owner
+ * of a record's life (create, table membership, state changes, exit, end,
+ * retention, removal); fanout.c (fanout.h) only delivers events to the
+ * record's subscribers, input.c feeds its stdin, service.c answers RPCs.
  *
  * A record (struct proc) lives from a validated StartProcess until it has
  * ended, left the table and closed all its handles:
@@ -16,14 +19,10 @@
  * event.  EOF = read() 0, or EIO on a PTY master.  rpc_send() serialises the message at once, so the buffer is
  * reused.
  *
- * Subscribers (struct proc_sub): the foreground starter is lossless — when
- * rpc_outq_bytes() > RPC_OUTQ_HIGH both outputs stop reading (the child
- * blocks on a full pipe) until rpc_on_drain() resumes them.  Background
- * subscribers are lossy: an event for a subscriber whose call already holds
- * PROC_SUB_QUEUE_BYTES unsent bytes is dropped for it and counted; the
- * process itself never waits for anyone.  Start/end/keepalive events are
- * never dropped.  Every subscriber gets a keepalive after keepalive_ms of
- * silence.
+ * Subscribers (fanout.h): the foreground starter is lossless — when its
+ * queue passes RPC_OUTQ_HIGH both outputs stop reading (the child blocks on
+ * a full pipe) until it drains (the fanout's flow callback, proc_pause).
+ * Background subscribers are lossy; the process never waits for them.
  *
  * End: the end event is sent once the main process was reaped AND every
  * output is done: at EOF, or "quiet" — after the exit, a check every
@@ -54,14 +53,10 @@
 #include <uv.h>
 
 #include "agent/rpc.h"
-#include "init/reaper.h"
+#include "proc/fanout.h"
+#include "proc/reaper.h"
 #include "proc/spawn.h"
 
-#define PROC_READ_MAX (32u * 1024)
-#define PROC_PTY_READ_MAX (16u * 1024)
-/* Room in front of output read for in-place framing (envelope + event tags). */
-#define PROC_HEADROOM 16
-#define PROC_SUB_QUEUE_BYTES (64u * PROC_READ_MAX) /* ≈ the reference's 64 events */
 #define PROC_EXIT_GRACE_MS 100
 #define PROC_EXIT_LINGER_MS 2000
 #define PROC_RETAIN_MS 60000
@@ -71,24 +66,11 @@
 #define PROC_RETAIN_MAX 256
 #define PROC_KEEPALIVE_MS 30000
 #define PROC_MAX_PROCS 4096   /* live records (any state) */
-#define PROC_MAX_SUBS 256     /* subscribers per process */
 #define PROC_INPUT_MAX (1024u * 1024) /* pending input per process; also the largest input message */
 
 enum proc_state { PROC_PREP, PROC_RUNNING, PROC_EXITED, PROC_ENDED };
-enum proc_out_kind { PROC_OUT_STDOUT, PROC_OUT_STDERR, PROC_OUT_PTY };
 
 struct proc;
-
-struct proc_sub {
-  rpc_call *call;
-  struct proc *p;
-  struct proc_sub *next, *prev; /* in p->subs */
-  uv_timer_t ka;
-  uint64_t last_send; /* uv_now of the last message */
-  uint64_t dropped;
-  int lossless;       /* foreground starter: flow control instead of drops */
-  int drain_armed;
-};
 
 struct proc_out {
   uv_poll_t h;
@@ -180,9 +162,7 @@ struct proc {
   struct proc *fnext, *fprev; /* table foreground list (running foreground processes) */
   int in_fg_list;
 
-  struct proc_sub *subs;
-  size_t nsubs;
-  uint64_t dropped_total;
+  struct proc_fanout fan; /* its subscribers */
   int paused;
 
   int handles;  /* uv handles not yet closed */
@@ -198,18 +178,38 @@ struct proc_table {
   size_t nretained;         /* ended background records still in the table */
   uint64_t keepalive_ms;
   uint64_t retain_ms;
+  /* the record's input (input.c, above process.c, which calls it only
+   * through these): opened at launch, shut at the reap and at release */
+  int (*input_open)(struct proc *p, int pipe_fd);
+  void (*input_shutdown)(struct proc *p);
 };
 
 /* ---- process.c: record lifecycle ---- */
+/* The one table (proc_table_init; loop thread only). */
+extern struct proc_table *proc_tab;
+int proc_table_init(uv_loop_t *loop, uint64_t keepalive_ms, uint64_t retain_ms,
+                    int (*input_open)(struct proc *, int), void (*input_shutdown)(struct proc *));
+/* A new record in PREP (the caller checks PROC_MAX_PROCS); NULL when out of memory. */
 struct proc *proc_new(struct proc_table *t);
+/* A background record enters the table at once (its tag is reserved;
+ * List/Connect skip PREP records). */
+void proc_table_add(struct proc *p);
+/* The record of a subscriber. */
+struct proc *proc_of_sub(const struct proc_sub *s);
 /* Thread pool, after the prep steps: spawn (spawn_rc, sr, spawn_err).  The
  * execve of a big environment runs while this thread waits, not the loop. */
 void proc_launch_spawn(struct proc *p);
 /* Loop, after the pool work: own the child (reaper_inflight_claim) and
  * start reading it; 0, or -1 with err (the record is then unusable for
- * events and the caller releases it).  Also when nothing was spawned
- * (spawn_rc 1): the in-flight slot is given up. */
+ * events and the caller fails it with proc_start_fail).  Also when nothing
+ * was spawned (spawn_rc 1): the in-flight slot is given up. */
 int proc_launch_finish(struct proc *p, char *err, size_t errn);
+/* The start failed (PREP): every subscriber fails with code/msg, the
+ * script goes, the record is released. */
+void proc_start_fail(struct proc *p, rpc_code code, const char *msg);
+/* The foreground starter's call ended (client gone, why): PREP → the start
+ * is aborted when the pool work returns; RUNNING → the tree is killed. */
+void proc_starter_gone(struct proc *p, rpc_code why);
 /* Send sig to the process group while the leader is unreaped (0 / -errno). */
 int proc_signal(struct proc *p, int sig);
 /* The service no longer needs the record (foreground end, PREP failure,
@@ -219,42 +219,11 @@ void proc_release(struct proc *p);
 void proc_remove_script(struct proc *p);
 /* Flow control for lossless subscribers. */
 void proc_pause(struct proc *p, int paused);
-/* Remove from the table list. */
-void proc_table_unlink(struct proc *p);
 /* Free the record if nothing refers to it any more. */
 void proc_check_free(struct proc *p);
-
-/* ---- input.c: stdin / PTY input (api.md §9) ---- */
-/* At launch: take the input fd (pipe write end, or -1 for a PTY: the master
- * is dup'ed here) and queue the one-shot stdin bytes; 0 or -1 (ENOMEM). */
-int proc_input_open(struct proc *p, int pipe_fd);
-/* The leader was reaped (or the record is going): close the input, fail
- * calls waiting for bytes that will never be written. */
-void proc_input_shutdown(struct proc *p);
-/* Foreground list of the table. */
+/* Foreground list of the table (running foreground records, found by pid
+ * by the input RPCs). */
 void proc_fg_link(struct proc *p);
 void proc_fg_unlink(struct proc *p);
-extern const rpc_method proc_input_methods[4];
-
-/* ---- fanout.c: subscribers ---- */
-struct proc_sub *proc_sub_add(struct proc *p, rpc_call *c, int lossless);
-/* Detach and free (the call itself is left alone: it is ending). */
-void proc_sub_remove(struct proc_sub *s);
-/* The one subscriber is the lossless foreground starter speaking proto:
- * output can be framed in place (proc_fanout_data_packed takes a malloc'd
- * buffer holding n bytes at PROC_HEADROOM). */
-int proc_fanout_direct(const struct proc *p);
-void proc_fanout_data_packed(struct proc *p, int kind, uint8_t *buf, size_t n);
-/* Send helpers; data may drop (lossy) or pause the outputs (lossless). */
-void proc_sub_send_start(struct proc_sub *s);
-void proc_fanout_data(struct proc *p, int kind, const char *buf, size_t n);
-/* End event to all subscribers, each call finished with RPC_OK. */
-void proc_fanout_end(struct proc *p);
-/* End event to one subscriber, then finish it. */
-void proc_sub_send_end(struct proc_sub *s);
-/* Connect to an ended process: start + end, then finish (no subscriber). */
-void proc_send_final(rpc_call *c, struct proc *p);
-/* Finish with an error and remove. */
-void proc_sub_fail(struct proc_sub *s, rpc_code code, const char *msg);
 
 #endif

@@ -1,5 +1,8 @@
-/* process — the lifecycle of one process record; see proc.h. */
+/* process — the lifecycle of process records, the one owner of it: the
+ * table, creation, state changes, exit, end, retention and removal; see
+ * proc.h.  Events go out through the record's fanout (fanout.h). */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -8,7 +11,7 @@
 #include <unistd.h>
 
 #include "agent/log.h"
-#include "init/reaper.h"
+#include "proc/reaper.h"
 #include "proc/cgroup.h"
 #include "proc/exitfmt.h"
 #include "proc/proc.h"
@@ -17,10 +20,42 @@
 static void proc_on_close(uv_handle_t *h);
 static void proc_check_end(struct proc *p);
 
+struct proc_table *proc_tab;
+
+int proc_table_init(uv_loop_t *loop, uint64_t keepalive_ms, uint64_t retain_ms,
+                    int (*input_open)(struct proc *, int), void (*input_shutdown)(struct proc *)) {
+  if (proc_tab) return 0;
+  struct proc_table *t = calloc(1, sizeof *t);
+  if (!t) return UV_ENOMEM;
+  t->loop = loop;
+  t->keepalive_ms = keepalive_ms;
+  t->retain_ms = retain_ms;
+  t->input_open = input_open;
+  t->input_shutdown = input_shutdown;
+  proc_tab = t;
+  return 0;
+}
+
+struct proc *proc_of_sub(const struct proc_sub *s) {
+  return (struct proc *)((char *)s->f - offsetof(struct proc, fan));
+}
+
+/* The fanout's callbacks: flow control of the lossless subscriber, and a
+ * subscriber gone (the record may be free to go). */
+static void proc_on_flow(struct proc_fanout *f, int paused) {
+  struct proc *p = (struct proc *)((char *)f - offsetof(struct proc, fan));
+  if (paused || p->paused) proc_pause(p, paused);
+}
+
+static void proc_on_sub_left(struct proc_fanout *f) {
+  proc_check_free((struct proc *)((char *)f - offsetof(struct proc, fan)));
+}
+
 struct proc *proc_new(struct proc_table *t) {
   struct proc *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->t = t;
+  proc_fanout_init(&p->fan, t->loop, t->keepalive_ms, proc_on_flow, proc_on_sub_left);
   p->state = PROC_PREP;
   p->pid = 0;
   p->spawn_rc = 1; /* nothing spawned yet */
@@ -61,7 +96,7 @@ static void proc_free(struct proc *p) {
 }
 
 void proc_check_free(struct proc *p) {
-  if (p->released && p->handles == 0 && !p->work_pending && p->nsubs == 0 && !p->in_table &&
+  if (p->released && p->handles == 0 && !p->work_pending && p->fan.nsubs == 0 && !p->in_table &&
       p->ninputs == 0)
     proc_free(p);
 }
@@ -72,7 +107,16 @@ static void proc_on_close(uv_handle_t *h) {
   proc_check_free(p);
 }
 
-void proc_table_unlink(struct proc *p) {
+void proc_table_add(struct proc *p) {
+  struct proc_table *t = p->t;
+  if (p->in_table) return;
+  p->prev = t->tail;
+  if (t->tail) t->tail->next = p; else t->head = p;
+  t->tail = p;
+  p->in_table = 1;
+}
+
+static void proc_table_unlink(struct proc *p) {
   if (!p->in_table) return;
   struct proc_table *t = p->t;
   if (p->retained) {
@@ -89,7 +133,8 @@ void proc_release(struct proc *p) {
   if (p->released) return;
   p->released = 1;
   proc_table_unlink(p);
-  proc_input_shutdown(p);
+  proc_fg_unlink(p);
+  p->t->input_shutdown(p);
   if (!uv_is_closing((uv_handle_t *)&p->timer)) uv_close((uv_handle_t *)&p->timer, proc_on_close);
   if (!uv_is_closing((uv_handle_t *)&p->grace)) uv_close((uv_handle_t *)&p->grace, proc_on_close);
   /* outputs still open are discarding a grandchild's output until EOF */
@@ -169,15 +214,15 @@ static void proc_on_readable(uv_poll_t *h, int status, int events) {
   struct proc *p = o->p;
   size_t cap = p->has_pty ? PROC_PTY_READ_MAX : PROC_READ_MAX;
   for (int i = 0; i < PROC_READS_PER_WAKE && o->open; i++) {
-    uint8_t *direct = !o->done && proc_fanout_direct(p) ? malloc(PROC_HEADROOM + cap) : NULL;
+    uint8_t *direct = !o->done && proc_fanout_direct(&p->fan) ? malloc(PROC_HEADROOM + cap) : NULL;
     ssize_t n = read(o->fd, direct ? (char *)direct + PROC_HEADROOM : p->buf, cap);
     if (direct && n <= 0) free(direct);
     if (n > 0) {
       if (p->state == PROC_EXITED) o->read_since_exit += (uint64_t)n;
       if (direct)
-        proc_fanout_data_packed(p, o->kind, direct, (size_t)n);
+        proc_fanout_data_packed(&p->fan, o->kind, direct, (size_t)n);
       else if (!o->done)
-        proc_fanout_data(p, o->kind, p->buf, (size_t)n);
+        proc_fanout_data(&p->fan, o->kind, p->buf, (size_t)n);
       if (!o->reading) return; /* paused by flow control */
       continue;
     }
@@ -223,14 +268,13 @@ static void proc_on_retention_end(uv_timer_t *h) {
 static void proc_end(struct proc *p) {
   p->state = PROC_ENDED;
   uv_timer_stop(&p->grace);
-  uint64_t dropped = p->dropped_total;
-  for (struct proc_sub *s = p->subs; s; s = s->next) dropped += s->dropped;
+  uint64_t dropped = proc_fanout_dropped(&p->fan);
   proc_exit_info ei;
   proc_exit_describe(p->wstatus, &ei);
   LOG_INFO("process ended pid=%d tag=%s background=%d exit_code=%d error=\"%s\" dropped_events=%llu",
            (int)p->pid, p->tag ? p->tag : "", p->background, (int)ei.exit_code, ei.error,
            (unsigned long long)dropped);
-  proc_fanout_end(p);
+  proc_fanout_end(&p->fan, (int)p->pid, p->wstatus);
   if (p->background && p->in_table && p->t->retain_ms > 0) {
     struct proc_table *t = p->t;
     if (t->nretained >= PROC_RETAIN_MAX) /* the oldest retained record goes early */
@@ -306,7 +350,8 @@ static void proc_on_exit(pid_t pid, int wstatus, void *arg) {
     left = p->deadline_at > p->exit_ms ? p->deadline_at - p->exit_ms : 1;
   proc_cg_release(p->cg, left);
   p->cg = NULL;
-  proc_input_shutdown(p); /* input calls waiting for bytes fail; no more input */
+  proc_fg_unlink(p);
+  p->t->input_shutdown(p); /* input calls waiting for bytes fail; no more input */
   proc_remove_script(p);
   for (int i = 0; i < p->nout; i++) {
     struct proc_out *o = &p->out[i];
@@ -326,11 +371,7 @@ static void proc_on_timeout(uv_timer_t *h) {
   LOG_INFO("process timed out pid=%d timeout_ms=%lld kill=%d", (int)p->pid, (long long)p->timeout_ms, r);
   if (!p->background) {
     /* foreground: no end event, the stream ends with deadline_exceeded */
-    struct proc_sub *s = p->subs, *next;
-    for (; s; s = next) {
-      next = s->next;
-      proc_sub_fail(s, RPC_DEADLINE_EXCEEDED, "process execution timed out: context deadline exceeded");
-    }
+    proc_fanout_fail(&p->fan, RPC_DEADLINE_EXCEEDED, "process execution timed out: context deadline exceeded");
   }
 }
 
@@ -401,7 +442,7 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
     proc_out_open(p, 0, r.out_r, PROC_OUT_STDOUT);
     proc_out_open(p, 1, r.err_r, PROC_OUT_STDERR);
   }
-  proc_input_open(p, r.in_w); /* ENOMEM: the one-shot bytes are lost, EOF as before */
+  p->t->input_open(p, r.in_w); /* ENOMEM: the one-shot bytes are lost, EOF as before */
   if (!p->background) proc_fg_link(p);
   if (p->timeout_ms > 0) {
     p->deadline_at = uv_now(p->t->loop) + (uint64_t)p->timeout_ms;
@@ -409,4 +450,39 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
   }
   if (gone == 1) proc_on_exit(r.pid, st, p); /* it exited before we could watch it */
   return 0;
+}
+
+void proc_start_fail(struct proc *p, rpc_code code, const char *msg) {
+  proc_remove_script(p);
+  proc_fanout_fail(&p->fan, code, msg);
+  proc_release(p);
+}
+
+void proc_starter_gone(struct proc *p, rpc_code why) {
+  if (p->state == PROC_PREP) {
+    p->aborted = 1;
+  } else if (p->state == PROC_RUNNING) {
+    int r = proc_signal(p, SIGKILL);
+    LOG_INFO("foreground client gone, killing process group pid=%d why=%s kill=%d", (int)p->pid,
+             rpc_code_name(why), r);
+  }
+}
+
+/* ---- foreground list ---- */
+void proc_fg_link(struct proc *p) {
+  struct proc_table *t = p->t;
+  if (p->in_fg_list) return;
+  p->fprev = NULL;
+  p->fnext = t->fg_head;
+  if (t->fg_head) t->fg_head->fprev = p;
+  t->fg_head = p;
+  p->in_fg_list = 1;
+}
+
+void proc_fg_unlink(struct proc *p) {
+  if (!p->in_fg_list) return;
+  if (p->fprev) p->fprev->fnext = p->fnext; else p->t->fg_head = p->fnext;
+  if (p->fnext) p->fnext->fprev = p->fprev;
+  p->fnext = p->fprev = NULL;
+  p->in_fg_list = 0;
 }

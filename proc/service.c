@@ -14,10 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/senv.h"
 #include "proc/cgroup.h"
+#include "proc/input.h"
 #include "proc/prep.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
@@ -66,6 +66,15 @@ __attribute__((format(printf, 4, 5))) static void proc_set_err(struct proc *p, i
 }
 
 static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req);
+
+/* Pool thread, a start failing after the script was written: remove it
+ * here, before the error reaches the client (not in a later job). */
+static void proc_unlink_script_now(struct proc *p) {
+  if (!p->script) return;
+  unlink(p->script);
+  free(p->script);
+  p->script = NULL;
+}
 
 /* Thread pool: steps 5 (cwd), 6 (script), 7 (cmd), lookup of 8. */
 static void proc_start_work(uv_work_t *w) {
@@ -120,24 +129,16 @@ static void proc_start_work(uv_work_t *w) {
   if (!p->cmd[0]) {
     proc_set_err(p, 7, RPC_INVALID_ARGUMENT, "%s%s",
                  p->background ? "" : PROC_FG_PREFIX ": ", "command is required");
+    proc_unlink_script_now(p);
     return;
   }
   if (proc_lookup(p->cmd, senv_lookup(p->envp, "PATH"), p->cwd, p->exe, sizeof p->exe, err,
                   sizeof err) != 0) {
     proc_set_err(p, 8, RPC_INVALID_ARGUMENT, "%s: %s", proc_prefix(p), err);
+    proc_unlink_script_now(p);
     return;
   }
   proc_launch_spawn(p);
-}
-
-static void proc_start_fail(struct proc *p, rpc_code code, const char *msg) {
-  proc_remove_script(p);
-  struct proc_sub *s = p->subs, *next;
-  for (; s; s = next) {
-    next = s->next;
-    proc_sub_fail(s, code, msg);
-  }
-  proc_release(p);
 }
 
 static void proc_start_done(uv_work_t *w, int status) {
@@ -175,7 +176,7 @@ static void proc_start_done(uv_work_t *w, int status) {
   }
   LOG_INFO("process started pid=%d cmd=%s background=%d tag=%s pty=%d timeout_ms=%lld", (int)p->pid,
            p->cmd, p->background, p->tag, p->has_pty, (long long)p->timeout_ms);
-  if (p->subs) proc_sub_send_start(p->subs);
+  if (p->fan.subs) proc_sub_send_start(p->fan.subs, (int)p->pid);
 }
 
 static char *proc_strdup_ok(const char *s, int *ok) {
@@ -252,7 +253,7 @@ static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req)
 }
 
 static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
-  struct proc_table *t = conch.procs;
+  struct proc_table *t = proc_tab;
   const Pb__StartProcessRequest *req = (const Pb__StartProcessRequest *)m;
   char msg[512];
   rpc_code code = proc_validate_start(req, msg, sizeof msg);
@@ -295,17 +296,12 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
     p->req = (Pb__StartProcessRequest *)rpc_take_request(c);
     if (!p->req && proc_copy_request(p, req) != 0) ok = 0;
   }
-  if (!ok || !p->base_env || !proc_sub_add(p, c, !p->background)) {
+  if (!ok || !p->base_env || !proc_sub_add(&p->fan, c, !p->background)) {
     proc_release(p);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  if (p->background) { /* reserve the tag; List/Connect skip PREP records */
-    p->prev = t->tail;
-    if (t->tail) t->tail->next = p; else t->head = p;
-    t->tail = p;
-    p->in_table = 1;
-  }
+  if (p->background) proc_table_add(p); /* reserve the tag */
   p->work.data = p;
   p->work_pending = 1;
   reaper_inflight_add(&p->inflight); /* before the pool can clone */
@@ -326,26 +322,26 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
     rpc_finish(c, code, msg);
     return;
   }
-  struct proc *p = proc_find(conch.procs, req->process, 0);
+  struct proc *p = proc_find(proc_tab, req->process, 0);
   if (!p) {
     proc_finish_not_found(c, req->process);
     return;
   }
   if (p->state == PROC_ENDED) {
-    proc_send_final(c, p);
+    proc_send_final(c, (int)p->pid, p->wstatus);
     return;
   }
-  struct proc_sub *s = proc_sub_add(p, c, 0);
+  struct proc_sub *s = proc_sub_add(&p->fan, c, 0);
   if (!s) {
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "too many subscribers");
     return;
   }
-  proc_sub_send_start(s);
+  proc_sub_send_start(s, (int)p->pid);
 }
 
 /* ---- List ---- */
 static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
-  struct proc_table *t = conch.procs;
+  struct proc_table *t = proc_tab;
   size_t n = 0, nenv = 0;
   for (struct proc *p = t->head; p; p = p->next)
     if (p->state == PROC_RUNNING) {
@@ -427,7 +423,7 @@ static void proc_signal_on_request(rpc_call *c, const ProtobufCMessage *m) {
     rpc_finish(c, code, msg);
     return;
   }
-  struct proc *p = proc_find(conch.procs, req->process, 1);
+  struct proc *p = proc_find(proc_tab, req->process, 1);
   if (!p) {
     proc_finish_not_found(c, req->process);
     return;
@@ -451,16 +447,7 @@ static void proc_signal_on_request(rpc_call *c, const ProtobufCMessage *m) {
 static void proc_on_cancel(rpc_call *c, rpc_code why) {
   struct proc_sub *s = rpc_user(c);
   if (!s) return;
-  struct proc *p = s->p;
-  if (s->lossless) { /* foreground: the client went away */
-    if (p->state == PROC_PREP) {
-      p->aborted = 1;
-    } else if (p->state == PROC_RUNNING) {
-      int r = proc_signal(p, SIGKILL);
-      LOG_INFO("foreground client gone, killing process group pid=%d why=%s kill=%d", (int)p->pid,
-               rpc_code_name(why), r);
-    }
-  }
+  if (s->lossless) proc_starter_gone(proc_of_sub(s), why); /* foreground: the client went away */
   proc_sub_remove(s);
 }
 
@@ -500,13 +487,11 @@ static uint64_t proc_env_ms(const char *name, uint64_t def) {
 }
 
 int proc_init(uv_loop_t *loop) {
-  if (conch.procs) return 0;
-  struct proc_table *t = calloc(1, sizeof *t);
-  if (!t) return UV_ENOMEM;
-  t->loop = loop;
-  t->keepalive_ms = proc_env_ms("CONCH_PROC_KEEPALIVE_MS", PROC_KEEPALIVE_MS);
-  t->retain_ms = proc_env_ms("CONCH_PROC_RETAIN_MS", PROC_RETAIN_MS);
-  conch.procs = t;
+  if (proc_tab) return 0;
+  int e = proc_table_init(loop, proc_env_ms("CONCH_PROC_KEEPALIVE_MS", PROC_KEEPALIVE_MS),
+                          proc_env_ms("CONCH_PROC_RETAIN_MS", PROC_RETAIN_MS), proc_input_open,
+                          proc_input_shutdown);
+  if (e) return e;
 
   umask(022);
   /* Standalone (not PID 1): become the reaper of our descendants' orphans,

@@ -2,7 +2,7 @@
  * SendSignal, and (api.md §9, proc/input.c) SendInput, StreamInput,
  * CloseStdin, Update, served through agent/rpc.h.
  *
- *   proc_init(loop)            create the process table in conch.procs; set
+ *   proc_init(loop)            create the process table (proc_tab); set
  *                              the daemon umask to 022 (children inherit
  *                              it), ignore SIGPIPE if it is still SIG_DFL
  *                              (stdin pipes to exited children), and make

@@ -23,7 +23,7 @@
  * (test_proc_spawn checks this); on success the caller must reaper_watch()
  * the pid before returning to the loop.  Called in the thread pool
  * (inflight_pid, ProcessService), the reaper owns every wait: see
- * reaper_inflight in init/reaper.h.
+ * reaper_inflight in proc/reaper.h.
  * The umask is inherited: proc_init() sets the daemon's to 022.
  *
  * Returned descriptors are O_CLOEXEC|O_NONBLOCK, owned by the caller.

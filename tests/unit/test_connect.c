@@ -268,7 +268,7 @@ static void expect_unary(int status, const char *json) {
 enum { S_REPLY, S_HOLD, S_REPLY2, S_EMPTY, S_ERROR, S_REPLY_ERROR, S_PACKED, S_PACKED_REF,
        S_PAUSE_OPEN, S_PAUSE_FIRST, S_HOLD_END, S_SEND_HUGE };
 
-/* A bufref that counts its releases (rpc_send_packed_ref's tail). */
+/* A bufref that counts its releases (rpc_send_bytes_tail's tail). */
 typedef struct {
   bufref ref;
   int released;
@@ -341,11 +341,22 @@ static void svc_on_request(rpc_call *c, const ProtobufCMessage *req) {
       svc_done(c, svc.ecode, svc.emsg);
       break;
     case S_PACKED: {
+      if (rpc_is_json(c)) { /* pre-encoded in the call's codec: JSON */
+        Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
+        ch.filepath = r->path;
+        ch.content.data = (uint8_t *)"hi";
+        ch.content.len = 2;
+        size_t n;
+        uint8_t *e = rpc_encode(1, &ch.base, &n);
+        svc.packed_rc = rpc_send_bytes(c, e, e ? e + RPC_HEADROOM : NULL, n);
+        svc_done(c, RPC_OK, NULL);
+        break;
+      }
       bb m = chunk(r->path, "hi", 2);
       size_t off = 8;
       uint8_t *buf = malloc(off + m.len);
       memcpy(buf + off, m.p, m.len);
-      svc.packed_rc = rpc_send_packed(c, buf, off, m.len);
+      svc.packed_rc = rpc_send_bytes(c, buf, buf + off, m.len);
       bb_free(&m);
       svc_done(c, RPC_OK, NULL);
       break;
@@ -357,7 +368,7 @@ static void svc_on_request(rpc_call *c, const ProtobufCMessage *req) {
       uint8_t *buf = malloc(off + m.len - 2);
       memcpy(buf + off, m.p, m.len - 2);
       tail_ref.released = 0;
-      svc.packed_rc = rpc_send_packed_ref(c, buf, off, m.len - 2, tail, 2, &tail_ref.ref);
+      svc.packed_rc = rpc_send_bytes_tail(c, buf, buf + off, m.len - 2, tail, 2, &tail_ref.ref);
       bb_free(&m);
       svc_done(c, RPC_OK, NULL);
       break;
@@ -800,13 +811,14 @@ TEST(unary_json_ok) {
   ASSERT_STR_EQ((char *)F.body.p, "{}");
   ASSERT_EQ(F.clen, 2);
 
-  /* a JSON call cannot take pre-packed protobuf */
+  /* bytes pre-encoded in the call's codec (rpc_is_json): sent as they are */
   svc_reset(S_PACKED);
   open_call(&m_unary, "application/json", NULL);
-  feed("{}", 2, 10);
+  j = "{\"path\":\"/etc\"}";
+  feed(j, strlen(j), 10);
   feed_end();
-  ASSERT_EQ(svc.packed_rc, -1);
-  ASSERT_STR_EQ((char *)F.body.p, "{}");
+  ASSERT_EQ(svc.packed_rc, 0);
+  ASSERT_STR_EQ((char *)F.body.p, "{\"filepath\":\"/etc\",\"content\":\"aGk=\"}");
   fake_done();
 }
 
@@ -1300,7 +1312,7 @@ TEST(stream_output_proto_and_json) {
   ASSERT_MEM_EQ(F.body.p, want.p, want.len);
   bb_free(&want);
 
-  /* JSON calls cannot take packed bytes: refused, released once */
+  /* a tail is raw bytes: JSON calls cannot take one (refused, released once) */
   bb jreq = {0};
   bb_env_str(&jreq, 0, "{\"path\":\"/o\"}");
   svc_reset(S_PACKED_REF);
@@ -1842,7 +1854,7 @@ TEST(grpc_web) {
 /* ------------------------------------------------------------ response compression */
 
 /* The service of these tests: on request, the messages of gz_plan in
- * order (content sizes; a negative size is a rpc_send_packed_ref of that
+ * order (content sizes; a negative size is a rpc_send_bytes_tail of that
  * many bytes, never compressed), then (gz_room) a room check, then OK. */
 static long gz_plan[8];
 static size_t gz_nplan;
@@ -1871,7 +1883,7 @@ static void gz_on_request(rpc_call *c, const ProtobufCMessage *req) {
       uint8_t *buf = malloc(off + hl);
       memcpy(buf + off, m.p, hl);
       tail_ref.released = 0;
-      if (rpc_send_packed_ref(c, buf, off, hl, gz_fill, n, &tail_ref.ref) != 0) svc.send_fail++;
+      if (rpc_send_bytes_tail(c, buf, buf + off, hl, gz_fill, n, &tail_ref.ref) != 0) svc.send_fail++;
       bb_free(&m);
     }
   }
@@ -2161,27 +2173,24 @@ TEST(bug_rpc_send_oversize_no_cancel) {
   fake_done();
 }
 
-/* rpc_encode_fixed: the caller's buffer when the message fits (both
- * codecs), else a new malloc'd one; the caller's is never freed (ASan). */
-TEST(encode_fixed) {
-  uint8_t buf[128];
-  Pb__GetFileRequest g = PB__GET_FILE_REQUEST__INIT;
-  g.filepath = "/srv/a";
-  size_t n = 0;
-  for (int json = 0; json <= 1; json++) {
-    uint8_t *r = rpc_encode_fixed(json, &g.base, buf, sizeof buf, &n);
-    ASSERT(r == buf);
-    ASSERT(n > 0 && n < 64);
-  }
+/* rpc_encode: both codecs leave RPC_HEADROOM free in front of the
+ * message (rpc_send_bytes writes the framing there); a NULL data fails the
+ * send and still releases the owner (ASan: no leak). */
+TEST(encode_headroom) {
   char longp[400];
   memset(longp, 'b', sizeof longp - 1);
   longp[sizeof longp - 1] = 0;
+  Pb__GetFileRequest g = PB__GET_FILE_REQUEST__INIT;
   g.filepath = longp;
   for (int json = 0; json <= 1; json++) {
-    uint8_t *r = rpc_encode_fixed(json, &g.base, buf, sizeof buf, &n);
-    ASSERT(r != NULL && r != buf);
+    size_t n = 0;
+    uint8_t *r = rpc_encode(json, &g.base, &n);
+    ASSERT(r != NULL);
     ASSERT(n >= sizeof longp - 1);
+    ASSERT(memchr(r, 'b', RPC_HEADROOM) == NULL);
     ASSERT(memchr(r + RPC_HEADROOM, 'b', n) != NULL);
+    if (json) ASSERT(r[RPC_HEADROOM] == '{');
+    else ASSERT(r[RPC_HEADROOM] == 0x0a);
     free(r);
   }
 }
@@ -2191,7 +2200,7 @@ int main(void) {
   conch.loop = loop;
   daemon_set_token(TOKEN, strlen(TOKEN));
   RUN(code_table);
-  RUN(encode_fixed);
+  RUN(encode_headroom);
   RUN(method_and_content_type);
   RUN(protocol_version);
   RUN(auth);

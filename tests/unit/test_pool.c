@@ -1,7 +1,8 @@
 /* test_pool — agent/pool on a real libuv loop: every job's work runs once
  * off the loop thread and its done callback once on it; jobs canceled while
  * staged or queued never run; a long job does not hold back a short one
- * submitted after it; a burst costs far fewer runners than jobs. */
+ * submitted after it; a burst costs far fewer runners than jobs; the same
+ * through rpc_work_submit / rpc_work_cancel. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "agent/daemon.h"
 #include "agent/pool.h"
+#include "agent/rpc.h"
 #include "test.h"
 
 typedef struct tjob {
@@ -252,6 +254,61 @@ TEST(submit_from_prepare_phase) {
   ASSERT(ms < 500);
 }
 
+/* rpc_work_submit / rpc_work_cancel (agent/rpc.h), the services' face of
+ * the pool: run off the loop, done once on it with the caller's data; a job
+ * taken back before it started gets done(data, 1) later, never run. */
+typedef struct wjob {
+  atomic_int ran;
+  int done_calls, canceled, off_loop;
+  atomic_int *gate;
+} wjob;
+
+static void wj_run(void *data) {
+  wjob *w = data;
+  atomic_fetch_add(&w->ran, 1);
+  w->off_loop = !pthread_equal(pthread_self(), loop_thread);
+  if (w->gate)
+    while (!atomic_load(w->gate)) usleep(1000);
+}
+
+static void wj_done(void *data, int canceled) {
+  wjob *w = data;
+  w->done_calls++;
+  w->canceled = canceled;
+  ndone++;
+  if (ndone >= want_done) uv_stop(conch.loop);
+}
+
+TEST(rpc_work_run_and_cancel) {
+  atomic_int gate = 0;
+  wjob blockers[16], a, b;
+  memset(blockers, 0, sizeof blockers);
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  ndone = 0;
+  for (int i = 0; i < 16; i++) {
+    blockers[i].gate = &gate;
+    ASSERT(rpc_work_submit(NULL, wj_run, wj_done, &blockers[i]) != NULL);
+  }
+  rpc_work *wa = rpc_work_submit(NULL, wj_run, wj_done, &a);
+  ASSERT(wa != NULL);
+  ASSERT_EQ(rpc_work_cancel(wa), 0); /* not started: taken back */
+  ASSERT_EQ(a.done_calls, 0);        /* done comes later, from the loop */
+  run_until(1, 2000);
+  ASSERT_EQ(a.done_calls, 1);
+  ASSERT_EQ(a.canceled, 1);
+  ASSERT_EQ(atomic_load(&a.ran), 0);
+  atomic_store(&gate, 1);
+  ASSERT(rpc_work_submit(NULL, wj_run, wj_done, &b) != NULL);
+  run_until(18, 10000);
+  ASSERT_EQ(ndone, 18);
+  ASSERT_EQ(b.done_calls, 1);
+  ASSERT_EQ(b.canceled, 0);
+  ASSERT_EQ(atomic_load(&b.ran), 1);
+  ASSERT_EQ(b.off_loop, 1);
+  for (int i = 0; i < 16; i++) ASSERT_EQ(blockers[i].done_calls, 1);
+}
+
 int main(void) {
   setenv("UV_THREADPOOL_SIZE", "2", 1);
   conch.loop = uv_default_loop();
@@ -267,5 +324,6 @@ int main(void) {
   RUN(burst_wakes_loop_in_groups);
   RUN(runners_take_turns);
   RUN(submit_from_prepare_phase);
+  RUN(rpc_work_run_and_cancel);
   return test_summary();
 }

@@ -1,4 +1,4 @@
-/* test_reaper — the one reaper on a real libuv loop: statuses reach the
+/* test_proc_reaper — the one reaper on a real libuv loop: statuses reach the
  * registered owner (many children, so the pid table rehashes), unwatched
  * children and orphans (this process is made a child subreaper) are reaped
  * and counted, and an orphan storm leaves no zombie behind while watched
@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "init/reaper.h"
+#include "proc/reaper.h"
 #include "test.h"
 
 #define NCHILD 300

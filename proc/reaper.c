@@ -1,6 +1,6 @@
 /* reaper — the one waitpid() owner; see reaper.h.
  *
- * State: conch.reaper (the daemon context), allocated on first use.  Owners live in an open-addressing hash table keyed by pid
+ * State: module-static (one reaper per process).  Owners live in an open-addressing hash table keyed by pid
  * (linear probing, backward-shift deletion, so no tombstones), grown by
  * doubling with a full rehash when it is half full, up to REAPER_MAX_WATCH
  * entries (then reaper_watch() fails with -ENOMEM).
@@ -8,7 +8,7 @@
  * A status is dispatched after its entry is removed, so a callback may call
  * reaper_watch()/reaper_unwatch() freely.
  */
-#include "init/reaper.h"
+#include "proc/reaper.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -17,7 +17,6 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "agent/daemon.h"
 #include "agent/log.h"
 
 #define REAPER_MIN_CAP 64u
@@ -39,13 +38,7 @@ struct reaper {
   reaper_inflight *inflight; /* spawns under way in the thread pool */
 };
 
-/* The module's state lives in the daemon context (conch.reaper), allocated
- * on first use; `reaper` names it here. */
-static struct reaper *reaper_self(void) {
-  if (!conch.reaper) conch.reaper = daemon_alloc_state(sizeof *conch.reaper, "reaper");
-  return conch.reaper;
-}
-#define reaper (*reaper_self())
+static struct reaper reaper;
 
 static size_t reaper_hash(pid_t pid, size_t cap) {
   uint32_t h = (uint32_t)pid * 2654435761u; /* Knuth multiplicative */

@@ -1,0 +1,91 @@
+/* fanout — delivers one process's events to its subscribers (the streams
+ * of StartProcess and Connect): start, output, keepalive and end events,
+ * drops for lossy subscribers, flow control for the lossless one.
+ *
+ * It knows nothing of the process record (proc/proc.h, process.c owns
+ * that): what an event says (pid, exit status) comes in as arguments, and
+ * what the record must do about its subscribers goes back through the two
+ * callbacks given at init — flow(f, 1/0): stop/resume reading the outputs
+ * (the lossless subscriber's queue passed RPC_OUTQ_HIGH / drained, or it
+ * left); left(f): a subscriber left (the record may be free to go).
+ *
+ * Subscribers: the foreground starter is lossless — flow(f, 1) when its
+ * call's queue passes RPC_OUTQ_HIGH, flow(f, 0) once rpc_on_drain fires.
+ * The others are lossy: an output event for a subscriber whose call
+ * already holds PROC_SUB_QUEUE_BYTES unsent bytes is dropped for it and
+ * counted; nobody waits for them.  Start/end/keepalive events are never
+ * dropped.  Every subscriber gets a keepalive after keepalive_ms of
+ * silence (0: never).  Loop thread only.
+ */
+#ifndef CONCH_PROC_FANOUT_H
+#define CONCH_PROC_FANOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "agent/rpc.h"
+
+#define PROC_READ_MAX (32u * 1024)
+#define PROC_PTY_READ_MAX (16u * 1024)
+/* Room in front of output read for in-place framing (envelope + event tags). */
+#define PROC_HEADROOM 16
+#define PROC_SUB_QUEUE_BYTES (64u * PROC_READ_MAX) /* ≈ the reference's 64 events */
+#define PROC_MAX_SUBS 256 /* subscribers per process */
+
+enum proc_out_kind { PROC_OUT_STDOUT, PROC_OUT_STDERR, PROC_OUT_PTY };
+
+struct proc_fanout;
+
+struct proc_sub {
+  rpc_call *call;
+  struct proc_fanout *f;
+  struct proc_sub *next, *prev; /* in f->subs */
+  uv_timer_t ka;
+  uint64_t last_send; /* uv_now of the last message */
+  uint64_t dropped;
+  int lossless;       /* foreground starter: flow control instead of drops */
+  int drain_armed;
+};
+
+struct proc_fanout {
+  uv_loop_t *loop;
+  uint64_t keepalive_ms;
+  struct proc_sub *subs;
+  size_t nsubs;
+  uint64_t dropped_total; /* of subscribers gone */
+  void (*flow)(struct proc_fanout *f, int paused);
+  void (*left)(struct proc_fanout *f);
+};
+
+void proc_fanout_init(struct proc_fanout *f, uv_loop_t *loop, uint64_t keepalive_ms,
+                      void (*flow)(struct proc_fanout *, int), void (*left)(struct proc_fanout *));
+/* A subscriber for call c (its rpc_user), or NULL (PROC_MAX_SUBS, ENOMEM). */
+struct proc_sub *proc_sub_add(struct proc_fanout *f, rpc_call *c, int lossless);
+/* Detach and free (the call itself is left alone: it is ending); then
+ * flow(f, 0) if it was the lossless one, and left(f). */
+void proc_sub_remove(struct proc_sub *s);
+/* Finish s's call with an error and remove it. */
+void proc_sub_fail(struct proc_sub *s, rpc_code code, const char *msg);
+/* The same for every subscriber. */
+void proc_fanout_fail(struct proc_fanout *f, rpc_code code, const char *msg);
+
+/* The start event to s (a new subscriber of a running process). */
+void proc_sub_send_start(struct proc_sub *s, int pid);
+/* An output event (enum proc_out_kind) to every subscriber. */
+void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n);
+/* 1 when the one subscriber is the lossless starter speaking the binary
+ * codec: output can be framed in place by proc_fanout_data_packed, which
+ * takes a malloc'd buf holding n bytes at PROC_HEADROOM. */
+int proc_fanout_direct(const struct proc_fanout *f);
+void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n);
+/* The end event (wait status wstatus) to every subscriber, each call then
+ * finished with RPC_OK and removed. */
+void proc_fanout_end(struct proc_fanout *f, int pid, int wstatus);
+/* Connect to an ended process: start + end on c, then finish it (no
+ * subscriber). */
+void proc_send_final(rpc_call *c, int pid, int wstatus);
+/* Events dropped so far, for every subscriber past and present. */
+uint64_t proc_fanout_dropped(const struct proc_fanout *f);
+
+#endif
