@@ -161,7 +161,7 @@ static: build/static/conch-init
 
 # ---------------------------------------------------------------- tests
 UNIT_BINS := $(patsubst tests/unit/%.c,build/asan/tests/%,$(UNIT_SRCS))
-build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h
+build/asan/tests/%: tests/unit/%.c build/asan/libconch.a tests/unit/test.h tests/unit/memsink.h tests/unit/h2client.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) $(BASEFLAGS) -Ibuild/asan/gen $(asan_CFLAGS) $< build/asan/libconch.a $(LIBS) -o $@
@@ -173,7 +173,7 @@ build/dev/tests/failmalloc: tests/unit/failmalloc.c build/dev/libconch.a tests/u
 	$(Q)$(CC) $(BASEFLAGS) -Ibuild/dev/gen $(dev_CFLAGS) $< build/dev/libconch.a $(LIBS) -o $@
 
 unit: $(UNIT_BINS) build/dev/tests/failmalloc
-	@fail=0; tests/tools/check-layers.sh build/asan/obj || fail=1; \
+	@fail=0; tests/tools/check-layers.sh build/asan/obj || fail=1; echo "== include cycles"; /usr/bin/python3 tests/tools/include-cycles.py agent || fail=1; \
 	for t in $^; do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 integration: asan test-deps
@@ -198,7 +198,7 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/bin/%,$(FUZZ_SRCS))
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 20
-build/fuzz/bin/%: tests/fuzz/%.c build/fuzz/libconch.a tests/fuzz/fuzz.h tests/fuzz/fuzz_msgs.h
+build/fuzz/bin/%: tests/fuzz/%.c build/fuzz/libconch.a tests/fuzz/fuzz.h tests/fuzz/fuzz_msgs.h tests/unit/memsink.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD $@")
 	$(Q)clang $(BASEFLAGS) -Ibuild/fuzz/gen $(fuzz_CFLAGS) -fsanitize=fuzzer $< build/fuzz/libconch.a $(LIBS) -o $@

@@ -7,11 +7,31 @@
 
 #include "agent/bufref.h"
 #include "agent/daemon.h"
-#include "agent/h2.h"
-#include "agent/http1.h"
 #include "agent/log.h"
 
 static const char h2_preface[24] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/* The sink (first: a conn is its sink) and the socket behind it. */
+typedef struct conn {
+  hsink s;
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_timer_t defer; /* conn_defer(): run proto work on the next loop turn */
+  uv_prepare_t flush; /* submits the corked batch before the loop blocks */
+  struct wreq *batch; /* writes gathered during this loop turn */
+  struct wreq *spare; /* a finished write request kept for the next batch */
+  char *rbuf;         /* the read buffer (CONN_READ_BUF), reused */
+  void **later;       /* buffers to free once every queued write is done */
+  size_t nlater, caplater;
+  void (*defer_fn)(hsink *s);
+  uint8_t sniff[24];
+  size_t sniff_len;
+  int read_paused;
+  int turn_paused;   /* read its share of this loop turn: resumed by the prepare */
+  int write_failed; /* closed from the loop, never inside a caller's stack */
+  int handles_open;
+  int counted; /* in conch.nconns */
+} conn;
 
 #define CONN_BATCH_BUFS 64
 #define CONN_BATCH_PRE 1024
@@ -34,8 +54,8 @@ static void conn_free_later_run(conn *c) {
   c->nlater = 0;
 }
 
-void conn_free_later(conn *c, void *p) {
-  if (c->outq == 0) {
+static void conn_free_later(conn *c, void *p) {
+  if (c->s.outq == 0) {
     bufref_owner_free(p);
     return;
   }
@@ -85,11 +105,11 @@ static void conn_free_cb(uv_handle_t *h) {
   }
 }
 
-void conn_close(conn *c) {
-  if (c->closing) return;
-  c->closing = 1;
-  if (c->proto && c->proto->on_close) c->proto->on_close(c);
-  c->proto = NULL;
+static void conn_close(conn *c) {
+  if (c->s.closing) return;
+  c->s.closing = 1;
+  if (c->s.proto && c->s.proto->on_close) c->s.proto->on_close(&c->s);
+  c->s.proto = NULL;
   conn_batch_free(c);
   uv_close((uv_handle_t *)&c->flush, conn_free_cb);
   uv_close((uv_handle_t *)&c->timer, conn_free_cb);
@@ -99,13 +119,13 @@ void conn_close(conn *c) {
 
 static void conn_on_defer(uv_timer_t *t) {
   conn *c = t->data;
-  void (*fn)(conn *) = c->defer_fn;
+  void (*fn)(hsink *) = c->defer_fn;
   c->defer_fn = NULL;
-  if (!c->closing && fn) fn(c);
+  if (!c->s.closing && fn) fn(&c->s);
 }
 
-void conn_defer(conn *c, void (*fn)(conn *c)) {
-  if (c->closing) return;
+static void conn_defer(conn *c, void (*fn)(hsink *s)) {
+  if (c->s.closing) return;
   c->defer_fn = fn;
   if (!uv_is_active((uv_handle_t *)&c->defer)) uv_timer_start(&c->defer, conn_on_defer, 0, 0);
 }
@@ -113,7 +133,7 @@ void conn_defer(conn *c, void (*fn)(conn *c)) {
 /* Keep one finished request for the next batch: a 2.6 KiB malloc/free per
  * batch made glibc consolidate its fast bins on every request. */
 static void conn_wreq_release(conn *c, wreq *w) {
-  if (!c->spare && !c->closing)
+  if (!c->spare && !c->s.closing)
     c->spare = w;
   else
     free(w);
@@ -121,23 +141,23 @@ static void conn_wreq_release(conn *c, wreq *w) {
 
 /* A batch's bytes reached the kernel: give back what it owned. */
 static void conn_batch_written(conn *c, wreq *w) {
-  c->outq -= w->bytes;
+  c->s.outq -= w->bytes;
   for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
   conn_wreq_release(c, w);
-  if (c->outq == 0 && c->nlater) conn_free_later_run(c);
+  if (c->s.outq == 0 && c->nlater) conn_free_later_run(c);
 }
 
 static void conn_write_done(uv_write_t *req, int status) {
   wreq *w = (wreq *)req;
   conn *c = w->c;
   conn_batch_written(c, w);
-  if (c->closing) return;
+  if (c->s.closing) return;
   if (status < 0) {
-    LOG_DEBUG("write failed conn=%llu err=%s", (unsigned long long)c->id, uv_strerror(status));
+    LOG_DEBUG("write failed conn=%llu err=%s", (unsigned long long)c->s.id, uv_strerror(status));
     conn_close(c);
     return;
   }
-  if (c->proto && c->proto->on_written) c->proto->on_written(c);
+  if (c->s.proto && c->s.proto->on_written) c->s.proto->on_written(&c->s);
 }
 
 static void conn_on_flush(uv_prepare_t *h);
@@ -148,14 +168,14 @@ static int conn_submit(conn *c) {
   c->batch = NULL;
   if (!c->turn_paused) uv_prepare_stop(&c->flush); /* else it still has to resume reading */
   if (!w) return 0;
-  int r = c->closing ? UV_ECANCELED
+  int r = c->s.closing ? UV_ECANCELED
                      : uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, w->nbuf, conn_write_done);
   if (r < 0) {
     /* the callback never runs: undo, and close from the loop (next prepare) */
-    c->outq -= w->bytes;
+    c->s.outq -= w->bytes;
     for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
     free(w);
-    if (!c->closing) {
+    if (!c->s.closing) {
       c->write_failed = 1;
       uv_prepare_start(&c->flush, conn_on_flush);
     }
@@ -176,7 +196,7 @@ static int conn_try_batch(conn *c) {
   if (n <= 0) return 0;
   size_t done = (size_t)n;
   if (done < w->bytes) { /* partly written: drop what went out */
-    c->outq -= done;
+    c->s.outq -= done;
     w->bytes -= done;
     unsigned k = 0;
     while (done >= w->bufs[k].len) done -= w->bufs[k++].len;
@@ -188,16 +208,8 @@ static int conn_try_batch(conn *c) {
   }
   c->batch = NULL;
   conn_batch_written(c, w);
-  if (c->proto && c->proto->on_written) c->proto->on_written(c);
+  if (c->s.proto && c->s.proto->on_written) c->s.proto->on_written(&c->s);
   return 1;
-}
-
-void conn_authed(conn *c) { c->authed = 1; }
-
-void conn_unauth_over(conn *c, const char *what) {
-  if (++conch.unauth_closed % 1000 == 1)
-    LOG_WARN("unauthenticated connection closed: %s peer=%s queued=%zu closed=%llu", what, c->peer,
-             c->outq, conch.unauth_closed);
 }
 
 static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
@@ -205,24 +217,24 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void conn_on_flush(uv_prepare_t *h) {
   conn *c = h->data;
-  c->turn_reqs = 0;
+  c->s.turn_reqs = 0;
   if (c->turn_paused) { /* a new loop turn: its reading share again */
     c->turn_paused = 0;
-    if (!c->read_paused && !c->closing) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+    if (!c->read_paused && !c->s.closing) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
   }
   /* on_written may queue more: a few rounds, then uv_write */
-  for (int round = 0; round < 4 && c->batch && !c->closing; round++)
+  for (int round = 0; round < 4 && c->batch && !c->s.closing; round++)
     if (!conn_try_batch(c)) break;
   conn_submit(c);
-  if (c->write_failed && !c->closing) {
-    LOG_DEBUG("write failed conn=%llu", (unsigned long long)c->id);
+  if (c->write_failed && !c->s.closing) {
+    LOG_DEBUG("write failed conn=%llu", (unsigned long long)c->s.id);
     conn_close(c);
     return;
   }
   /* measured here, after the kernel took what it would: what is left is
    * ours to hold */
-  if (!c->authed && !c->closing && c->outq > CONN_UNAUTH_OUTQ) {
-    conn_unauth_over(c, "output not read");
+  if (!c->s.authed && !c->s.closing && c->s.outq > CONN_UNAUTH_OUTQ) {
+    sink_unauth_over(&c->s, "output not read");
     conn_close(c);
   }
 }
@@ -231,14 +243,14 @@ static void conn_batch_free(conn *c) {
   wreq *w = c->batch;
   c->batch = NULL;
   if (!w) return;
-  c->outq -= w->bytes;
+  c->s.outq -= w->bytes;
   for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
   free(w);
 }
 
-int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
+static int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
                    void **owned, unsigned nowned) {
-  if (c->closing || n + 1 > CONN_BATCH_BUFS || nowned > CONN_BATCH_BUFS || prelen > 64) {
+  if (c->s.closing || n + 1 > CONN_BATCH_BUFS || nowned > CONN_BATCH_BUFS || prelen > 64) {
     for (unsigned i = 0; i < nowned; i++) bufref_owner_free(owned[i]);
     return -1;
   }
@@ -269,27 +281,15 @@ int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs
     w->bufs[w->nbuf++] = uv_buf_init(w->pre + w->prelen, (unsigned)prelen);
     w->prelen += prelen;
     w->bytes += prelen;
-    c->outq += prelen;
+    c->s.outq += prelen;
   }
   for (unsigned i = 0; i < n; i++) {
     w->bufs[w->nbuf++] = bufs[i];
     w->bytes += bufs[i].len;
-    c->outq += bufs[i].len;
+    c->s.outq += bufs[i].len;
   }
   for (unsigned i = 0; i < nowned; i++) w->owned[w->nowned++] = owned[i];
   return 0;
-}
-
-int conn_write(conn *c, const uv_buf_t *bufs, unsigned n, void **owned, unsigned nowned) {
-  return conn_write_pre(c, NULL, 0, bufs, n, owned, nowned);
-}
-
-int conn_write_copy(conn *c, const void *data, size_t len) {
-  void *b = malloc(len ? len : 1);
-  if (!b) return -1;
-  memcpy(b, data, len);
-  uv_buf_t buf = uv_buf_init(b, (unsigned)len);
-  return conn_write(c, &buf, 1, &b, 1);
 }
 
 /* One read buffer per connection, reused: protocols copy what they keep
@@ -306,21 +306,20 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   conn *c = s->data;
   if (nread < 0) {
     if (nread != UV_EOF)
-      LOG_DEBUG("read failed conn=%llu err=%s", (unsigned long long)c->id, uv_strerror((int)nread));
+      LOG_DEBUG("read failed conn=%llu err=%s", (unsigned long long)c->s.id, uv_strerror((int)nread));
     conn_close(c);
     return;
   }
   const uint8_t *d = (const uint8_t *)buf->base;
   size_t n = (size_t)nread;
-  if (!c->proto && n > 0) {
+  if (!c->s.proto && n > 0) {
     /* sniff the HTTP/2 preface */
     size_t take = n < 24 - c->sniff_len ? n : 24 - c->sniff_len;
     memcpy(c->sniff + c->sniff_len, d, take);
     c->sniff_len += take;
     int match = memcmp(c->sniff, h2_preface, c->sniff_len) == 0;
     if (match && c->sniff_len < 24) return;
-    c->proto = match ? &h2_conn_proto : &http1_conn_proto;
-    if (match ? h2_conn_init(c, NULL, NULL, 0) : http1_conn_init(c)) {
+    if (match ? c->s.serve->h2_init(&c->s, NULL, NULL, 0) : c->s.serve->http1_init(&c->s)) {
       conn_close(c);
       return;
     }
@@ -328,20 +327,20 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     uint8_t pre[24];
     size_t prelen = c->sniff_len;
     memcpy(pre, c->sniff, prelen);
-    c->proto->on_read(c, pre, prelen);
+    c->s.proto->on_read(&c->s, pre, prelen);
     d += take;
     n -= take;
   }
-  if (n > 0 && c->proto && !c->closing) c->proto->on_read(c, d, n);
-  if (c->turn_reqs >= CONN_TURN_REQS && !c->closing && !c->read_paused && !c->turn_paused) {
+  if (n > 0 && c->s.proto && !c->s.closing) c->s.proto->on_read(&c->s, d, n);
+  if (c->s.turn_reqs >= CONN_TURN_REQS && !c->s.closing && !c->read_paused && !c->turn_paused) {
     c->turn_paused = 1;
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_prepare_start(&c->flush, conn_on_flush);
   }
 }
 
-void conn_read_pause(conn *c, int paused) {
-  if (c->closing || c->read_paused == paused) return;
+static void conn_read_pause(conn *c, int paused) {
+  if (c->s.closing || c->read_paused == paused) return;
   c->read_paused = paused;
   if (paused)
     uv_read_stop((uv_stream_t *)&c->tcp);
@@ -351,24 +350,44 @@ void conn_read_pause(conn *c, int paused) {
 
 static void conn_on_timer(uv_timer_t *t) {
   conn *c = t->data;
-  if (c->closing) return;
-  if (c->proto && c->proto->on_timeout)
-    c->proto->on_timeout(c);
+  if (c->s.closing) return;
+  if (c->s.proto && c->s.proto->on_timeout)
+    c->s.proto->on_timeout(&c->s);
   else
     conn_close(c); /* nothing arrived in time to even pick a protocol */
 }
 
-void conn_timer(conn *c, uint64_t ms) {
-  if (c->closing) return;
+static void conn_timer(conn *c, uint64_t ms) {
+  if (c->s.closing) return;
   if (ms)
     uv_timer_start(&c->timer, conn_on_timer, ms, 0);
   else
     uv_timer_stop(&c->timer);
 }
 
-void conn_accept(uv_stream_t *server) {
+/* the sink ops: a conn is its sink */
+static int conn_op_write(hsink *s, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
+                         void **owned, unsigned nowned) {
+  return conn_write_pre((conn *)s, pre, prelen, bufs, n, owned, nowned);
+}
+static void conn_op_free_later(hsink *s, void *p) { conn_free_later((conn *)s, p); }
+static void conn_op_read_pause(hsink *s, int paused) { conn_read_pause((conn *)s, paused); }
+static void conn_op_timer(hsink *s, uint64_t ms) { conn_timer((conn *)s, ms); }
+static void conn_op_defer(hsink *s, void (*fn)(hsink *s)) { conn_defer((conn *)s, fn); }
+static void conn_op_close(hsink *s) { conn_close((conn *)s); }
+static void conn_op_trim(hsink *s) {
+  (void)s;
+  conn_trim_soon();
+}
+static const hsink_ops conn_sink_ops = {conn_op_write,  conn_op_free_later, conn_op_read_pause,
+                                        conn_op_timer,  conn_op_defer,      conn_op_close,
+                                        conn_op_trim};
+
+void conn_accept(uv_stream_t *server, const hserve *serve) {
   conn *c = calloc(1, sizeof *c);
   if (!c) return;
+  c->s.ops = &conn_sink_ops;
+  c->s.serve = serve;
   uv_tcp_init(server->loop, &c->tcp);
   uv_timer_init(server->loop, &c->timer);
   uv_timer_init(server->loop, &c->defer);
@@ -376,12 +395,12 @@ void conn_accept(uv_stream_t *server) {
   c->handles_open = 4;
   c->tcp.data = c->timer.data = c->defer.data = c;
   c->flush.data = c;
-  c->id = ++conch.conn_seq;
+  c->s.id = ++conch.conn_seq;
   int full = conch.nconns >= conch.max_conns;
   if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || full) {
     if (full && ++conch.conns_refused % 1000 == 1)
       LOG_WARN("connection limit reached max=%u refused=%llu", conch.max_conns, conch.conns_refused);
-    c->closing = 1;
+    c->s.closing = 1;
     uv_close((uv_handle_t *)&c->flush, conn_free_cb);
     uv_close((uv_handle_t *)&c->timer, conn_free_cb);
     uv_close((uv_handle_t *)&c->defer, conn_free_cb);
@@ -394,8 +413,8 @@ void conn_accept(uv_stream_t *server) {
   struct sockaddr_storage ss;
   int sl = sizeof ss;
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-    if (ss.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer, sizeof c->peer);
-    else uv_ip4_name((struct sockaddr_in *)&ss, c->peer, sizeof c->peer);
+    if (ss.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&ss, c->s.peer, sizeof c->s.peer);
+    else uv_ip4_name((struct sockaddr_in *)&ss, c->s.peer, sizeof c->s.peer);
   }
   conn_timer(c, conch.http_header_ms); /* request headers within 10 s (api.md §1) */
   uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);

@@ -13,7 +13,6 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/rpcerr.h"
-#include "agent/slab.h"
 #include "proto/envelope.h"
 #include "proto/gzip.h"
 #include "proto/json.h"
@@ -90,12 +89,12 @@ static const char *ct_for(const rpc_call *c) {
 static void call_closed(uv_handle_t *h) {
   rpc_call *c = h->data;
   if (--c->handles == 0) {
-    slab_free(c->in);
+    free(c->in);
     conch.rx_buffered -= c->in_cap;
     bufref_owner_free(c->unary_owner);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
     free(c->pend_msg);
-    daemon_cache_put(&conch.cache_call, c, sizeof *c);
+    free(c);
   }
 }
 
@@ -680,14 +679,14 @@ static void decode_job_run(uv_work_t *w) {
   pbmem mem; /* no scratch: the message is plain malloc'd (freed with NULL) */
   j->m = decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
                         j->err, sizeof j->err, &j->nul);
-  if (!j->unary) { /* c->in is the loop's (slab) */
+  if (!j->unary) { /* c->in is the loop's */
     free(j->bytes);
     j->bytes = NULL;
   }
 }
 
 static void call_drop_input(rpc_call *c) {
-  slab_free(c->in);
+  free(c->in);
   conch.rx_buffered -= c->in_cap;
   c->in = NULL;
   c->in_len = c->in_cap = 0;
@@ -872,9 +871,7 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
       call_fail(c, RPC_RESOURCE_EXHAUSTED, "server is busy: too much request data buffered");
       return;
     }
-    /* slab (loop only): with a hundred calls in flight these small bodies
-     * missed glibc's tcache on both malloc and free */
-    uint8_t *q = slab_realloc(c->in, cap);
+    uint8_t *q = realloc(c->in, cap);
     if (!q) {
       call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
       return;
@@ -1034,7 +1031,7 @@ void connect_serve(hx *x, const rpc_method *m) {
     hx_simple(x, 415, "text/plain; charset=utf-8", "gRPC requires HTTP/2\n", NULL, 0);
     return;
   }
-  rpc_call *c = daemon_cache_get(&conch.cache_call, sizeof *c);
+  rpc_call *c = calloc(1, sizeof *c);
   if (!c) {
     hx_simple(x, 503, "text/plain", "out of memory\n", NULL, 0);
     return;

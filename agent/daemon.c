@@ -1,10 +1,9 @@
 /* daemon — the one daemon context; see daemon.h. */
 #include "agent/daemon.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "agent/log.h"
 
 conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */, .http_header_ms = 10000, .http_idle_ms = 60000, .max_conns = 1024,
                       .rx_budget = 256u * 1024 * 1024};
@@ -20,28 +19,9 @@ void daemon_set_token(const char *tok, size_t len) {
 void *daemon_alloc_state(size_t size, const char *name) {
   void *p = calloc(1, size);
   if (!p) {
-    LOG_ERROR("out of memory for the %s state", name);
+    /* not LOG_ERROR: log.c keeps its state here (no include cycle) */
+    fprintf(stderr, "conch-init: out of memory for the %s state\n", name);
     abort();
   }
   return p;
-}
-
-void *daemon_cache_get(conch_cache *c, size_t size) {
-  void *p = c->head;
-  if (!p) return calloc(1, size);
-  c->head = *(void **)p;
-  c->n--;
-  memset(p, 0, size);
-  return p;
-}
-
-void daemon_cache_put(conch_cache *c, void *p, size_t size) {
-  if (!p) return;
-  if (c->n >= DAEMON_CACHE_MAX || size < sizeof(void *)) {
-    free(p);
-    return;
-  }
-  *(void **)p = c->head;
-  c->head = p;
-  c->n++;
 }

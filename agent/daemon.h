@@ -22,17 +22,6 @@ struct pid1;         /* init/pid1.c — PID 1 boot state */
 struct server;       /* agent/server.c — the TCP listener(s) */
 struct pool;         /* agent/pool.c — batched thread-pool jobs */
 
-/* A bounded free list of same-sized blocks: the per-request objects (HTTP/2
- * stream, RPC call, HTTP/1.1 exchange) are reused instead of
- * going back to malloc, whose large-chunk path (>= 1 KiB, beyond tcache
- * once a hundred are in flight) is costly.  At most DAEMON_CACHE_MAX
- * blocks are kept per list. */
-#define DAEMON_CACHE_MAX 128
-typedef struct conch_cache {
-  void *head;
-  unsigned n;
-} conch_cache;
-
 typedef struct conch_daemon {
   uv_loop_t *loop;
   int is_pid1;
@@ -89,9 +78,6 @@ typedef struct conch_daemon {
   struct pid1 *pid1;
   struct server *server;
   struct pool *pool;
-
-  conch_cache cache_h2s, cache_call, cache_hx;
-  conch_cache slab[7]; /* agent/slab.c: free blocks by size class */
 } conch_daemon;
 
 extern conch_daemon conch;
@@ -99,12 +85,6 @@ extern conch_daemon conch;
 /* Zeroed memory for a module's state kept in the daemon context (allocated
  * on first use); out of memory at that point aborts with a log line. */
 void *daemon_alloc_state(size_t size, const char *name);
-
-/* A zeroed block of `size` bytes from cache c (or calloc); NULL when out
- * of memory.  Every block of one cache must have the same size. */
-void *daemon_cache_get(conch_cache *c, size_t size);
-/* Give p (may be NULL) back: kept while the list is short, else freed. */
-void daemon_cache_put(conch_cache *c, void *p, size_t size);
 
 /* Replace the token (trimmed by the caller). len <= CONCH_TOKEN_MAX. */
 void daemon_set_token(const char *tok, size_t len);

@@ -8,8 +8,6 @@
 #include "agent/daemon.h"
 #include "agent/h2check.h"
 #include "agent/log.h"
-#include "agent/router.h"
-#include "agent/slab.h"
 #include "proto/text.h"
 
 typedef struct h2buf {
@@ -19,17 +17,7 @@ typedef struct h2buf {
   size_t len, off;
 } h2buf;
 
-#define H2_OUT_HINT_MAX 2048 /* the largest slab class (slab.h) */
-
-#define H2_MEMO_SETS 8 /* a power of two */
-#define H2_MEMO_WAYS 4
-#define H2_MEMO_FIELD 512
-
-typedef struct h2memo {
-  nghttp2_rcbuf *name, *value;
-  h2check_kind kind;
-  int hit; /* used since the CLOCK hand last passed */
-} h2memo;
+#define H2_OUT_HINT_MAX 2048 /* the first buffer grows to the last write's size up to this */
 
 typedef struct h2s {
   hx x; /* first: hx.tp points back here */
@@ -62,7 +50,7 @@ typedef struct h2s {
 } h2s;
 
 typedef struct h2c {
-  conn *c;
+  hsink *c;
   nghttp2_session *ng;
   h2s *streams;
   size_t nstreams;
@@ -76,24 +64,15 @@ typedef struct h2c {
   int seen_stream;     /* a request has begun on this connection */
   int tmode;           /* what the connection timer is armed for (H2T_*) */
   int tactivity;       /* an exchange ended since: restart the idle time */
-  /* frames from nghttp2 gathered for one write: a slab_buf (slab.h), back
-   * to the slab once the kernel has the bytes.  glibc's malloc took ~1.4 k
-   * instructions for each of these 1-4 KiB buffers (past tcache, into the
-   * unsorted bins) once a burst of answers had freed a few. */
-  slab_buf *ob;
+  /* frames from nghttp2 gathered for one write (malloc'd, freed once the
+   * kernel has the bytes) */
+  uint8_t *ob;
   size_t olen, ocap;
   size_t ohint; /* the last write's size: the next buffer starts that big */
   /* The stream whose header block is being received (header blocks never
    * interleave): one lookup per block instead of one per header field. */
   int32_t hstream_id;
   h2s *hstream;
-  /* h2check_classify's answers for fields seen before, by the field's
-   * HPACK buffers (a reference held on each, so a buffer's address is not
-   * reused while it is here): a field a client sends HPACK-indexed on every
-   * request is checked once per connection.  Four-way sets by address;
-   * a field over H2_MEMO_FIELD bytes is never kept. */
-  h2memo memo[H2_MEMO_SETS][H2_MEMO_WAYS];
-  uint8_t memo_hand[H2_MEMO_SETS];
   /* body bytes the streams queued and nghttp2 has not taken yet, plus
    * what hx_room reserved: with c->outq, the connection's output */
   size_t held;
@@ -129,7 +108,7 @@ typedef struct h2c {
 #define H2_COMPUTING_MAX 16
 #define H2_DONE_HELD_MAX (4u * 1024 * 1024)
 
-static void h2_deferred(conn *c);
+static void h2_deferred(hsink *c);
 static const hx_ops h2_ops;
 
 enum { H2T_NONE, H2T_HEADER, H2T_IDLE };
@@ -150,14 +129,14 @@ static void h2_buf_free(h2s *st, h2buf *b) {
 /* ---------------------------------------------------------------- streams */
 
 static h2s *h2_stream_new(h2c *sc, int32_t id) {
-  h2s *st = daemon_cache_get(&conch.cache_h2s, sizeof *st);
+  h2s *st = calloc(1, sizeof *st);
   if (!st) return NULL;
   st->sess = sc;
   st->id = id;
   st->x.tp = st;
   st->x.ops = &h2_ops;
   st->x.http2 = 1;
-  st->x.conn = sc->c;
+  st->x.sink = sc->c;
   st->x.content_length = -1;
   h2check_init(&st->chk);
   st->next = sc->streams;
@@ -196,7 +175,7 @@ static void h2_timer_apply(h2c *sc) {
   sc->tactivity = 0;
   if (want == sc->tmode && !restart) return;
   sc->tmode = want;
-  conn_timer(sc->c, want == H2T_HEADER ? conch.http_header_ms
+  sink_timer(sc->c, want == H2T_HEADER ? conch.http_header_ms
                     : want == H2T_IDLE ? conch.http_idle_ms
                                        : 0);
 }
@@ -236,16 +215,16 @@ static void h2_stream_free(h2s *st) {
   for (h2buf *b = st->qhead, *n; b; b = n) {
     n = b->next;
     if (b->off)
-      conn_free_later(sc->c, b->owner); /* queued writes may point into it */
+      sink_free_later(sc->c, b->owner); /* queued writes may point into it */
     else
       bufref_owner_free(b->owner);
     h2_buf_free(st, b);
   }
-  slab_free(st->trailers);
-  slab_free(st->head);
+  free(st->trailers);
+  free(st->head);
   free(st->pend);
   hx_free_request(&st->x);
-  daemon_cache_put(&conch.cache_h2s, st, sizeof *st);
+  free(st);
   h2_timer_touch(sc);
 }
 
@@ -312,9 +291,9 @@ static void h2_malformed(h2s *st) {
 
 static void h2_dispatch(h2s *st) {
   st->dispatched = 1;
-  conn_turn_request(st->sess->c);
+  sink_turn_request(st->sess->c);
   if (st->chk.content_length >= 0) st->x.content_length = st->chk.content_length;
-  router_dispatch(&st->x);
+  st->sess->c->serve->dispatch(&st->x);
 }
 
 static int h2_can_admit(const h2c *sc) {
@@ -326,7 +305,7 @@ static void h2_uncompute(h2s *st) {
   if (!st->computing) return;
   st->computing = 0;
   st->sess->computing--;
-  if (st->sess->ahead) conn_defer(st->sess->c, h2_deferred);
+  if (st->sess->ahead) sink_defer(st->sess->c, h2_deferred);
 }
 
 /* A request's header block is complete: dispatch it now, or queue it
@@ -367,7 +346,7 @@ static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void
   h2c *sc = ud;
   if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
   if (!sc->c->authed && sc->nstreams >= H2_UNAUTH_STREAMS) {
-    conn_unauth_over(sc->c, "too many streams");
+    sink_unauth_over(sc->c, "too many streams");
     return NGHTTP2_ERR_CALLBACK_FAILURE; /* h2_on_read closes */
   }
   h2s *st = h2_stream_new(sc, f->hd.stream_id);
@@ -376,58 +355,6 @@ static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void
   sc->hstream_id = f->hd.stream_id;
   sc->hstream = st;
   return 0;
-}
-
-/* The field's h2check_classify answer, from the memo when the same HPACK
- * buffers came before: 0, or -1 when the bytes are malformed. */
-static int h2_classify(h2c *sc, nghttp2_rcbuf *nrc, nghttp2_rcbuf *vrc, const uint8_t *name,
-                       size_t nlen, const uint8_t *value, size_t vlen, h2check_kind *k) {
-  uint64_t h = (uint64_t)(uintptr_t)nrc ^ ((uint64_t)(uintptr_t)vrc * 0x9e3779b97f4a7c15ull);
-  h ^= h >> 29;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 32;
-  unsigned set = (unsigned)(h & (H2_MEMO_SETS - 1));
-  h2memo *m = sc->memo[set];
-  for (unsigned i = 0; i < H2_MEMO_WAYS; i++)
-    if (m[i].name == nrc && m[i].value == vrc) {
-      m[i].hit = 1;
-      *k = m[i].kind;
-      return 0;
-    }
-  if (h2check_classify(name, nlen, value, vlen, k) != 0) return -1;
-  if (nlen + vlen > H2_MEMO_FIELD) return 0;
-  /* CLOCK replacement: the hand passes over (and clears) entries used since
-   * it last came by, and takes the first one that was not.  A field sent
-   * as a literal is new on every request and is never used again, so it is
-   * the next victim; the indexed fields every request uses stay. */
-  unsigned w = sc->memo_hand[set];
-  while (m[w].hit) {
-    m[w].hit = 0;
-    w = (w + 1) % H2_MEMO_WAYS;
-  }
-  sc->memo_hand[set] = (uint8_t)((w + 1) % H2_MEMO_WAYS);
-  if (m[w].name) {
-    nghttp2_rcbuf_decref(m[w].name);
-    nghttp2_rcbuf_decref(m[w].value);
-  }
-  nghttp2_rcbuf_incref(nrc);
-  nghttp2_rcbuf_incref(vrc);
-  m[w].name = nrc;
-  m[w].value = vrc;
-  m[w].kind = *k;
-  return 0;
-}
-
-static void h2_memo_clear(h2c *sc) {
-  for (unsigned s = 0; s < H2_MEMO_SETS; s++)
-    for (unsigned i = 0; i < H2_MEMO_WAYS; i++) {
-      h2memo *m = &sc->memo[s][i];
-      if (m->name) {
-        nghttp2_rcbuf_decref(m->name);
-        nghttp2_rcbuf_decref(m->value);
-        m->name = m->value = NULL;
-      }
-    }
 }
 
 static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, nghttp2_rcbuf *nrc,
@@ -449,7 +376,7 @@ static int h2_on_header(nghttp2_session *ng, const nghttp2_frame *f, nghttp2_rcb
     return 0;
   }
   h2check_kind kind;
-  if (h2_classify(sc, nrc, vrc, name, nlen, value, vlen, &kind) != 0 || h2check_apply(&st->chk, &kind) != 0) {
+  if (h2check_classify(name, nlen, value, vlen, &kind) != 0 || h2check_apply(&st->chk, &kind) != 0) {
     h2_malformed(st);
     return 0;
   }
@@ -478,7 +405,7 @@ static int h2_on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *u
   if (sc->await_preface && f->hd.type == NGHTTP2_SETTINGS) { /* the client's preface */
     sc->await_preface = 0;
     h2_timer_touch(sc);
-    conn_defer(sc->c, h2_deferred);
+    sink_defer(sc->c, h2_deferred);
   }
   if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   h2s *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
@@ -556,12 +483,12 @@ static ssize_t h2_read_body(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 
 static int h2_out_flush(h2c *sc) {
   if (!sc->olen) return 0;
-  uv_buf_t b = uv_buf_init((char *)sc->ob->data, (unsigned)sc->olen);
-  void *owned = slab_buf_owner(sc->ob);
+  uv_buf_t b = uv_buf_init((char *)sc->ob, (unsigned)sc->olen);
+  void *owned = sc->ob;
   sc->ohint = sc->olen;
   sc->ob = NULL;
   sc->olen = sc->ocap = 0;
-  return conn_write(sc->c, &b, 1, &owned, 1);
+  return sink_write(sc->c, &b, 1, &owned, 1);
 }
 
 static int h2_out_put(h2c *sc, const uint8_t *p, size_t n) {
@@ -570,14 +497,14 @@ static int h2_out_put(h2c *sc, const uint8_t *p, size_t n) {
      * calls go out together, and regrowing it cost two reallocs a write),
      * a small one small-bin sized */
     size_t cap = sc->ocap ? sc->ocap * 2 : 496;
-    while (!sc->ocap && cap < sc->ohint && sizeof(slab_buf) + cap * 2 <= H2_OUT_HINT_MAX) cap *= 2;
+    while (!sc->ocap && cap < sc->ohint && cap * 2 <= H2_OUT_HINT_MAX) cap *= 2;
     while (cap < sc->olen + n) cap *= 2;
-    slab_buf *q = slab_realloc(sc->ob, sizeof *q + cap);
+    uint8_t *q = realloc(sc->ob, cap);
     if (!q) return -1;
     sc->ob = q;
     sc->ocap = cap;
   }
-  memcpy(sc->ob->data + sc->olen, p, n);
+  memcpy(sc->ob + sc->olen, p, n);
   sc->olen += n;
   return 0;
 }
@@ -609,7 +536,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   sc->held -= length;
   if (st->out_ended) {
     sc->done_held -= length;
-    if (sc->ahead && sc->done_held < H2_DONE_HELD_MAX) conn_defer(sc->c, h2_deferred);
+    if (sc->ahead && sc->done_held < H2_DONE_HELD_MAX) sink_defer(sc->c, h2_deferred);
   }
   if (b->off == b->len) { /* the last slice: the write frees the buffer */
     st->qhead = b->next;
@@ -626,7 +553,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
     bufref_owner_free(owned);
     return 0;
   }
-  if (conn_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
+  if (sink_write_pre(sc->c, framehd, 9, length ? &slice : NULL, length ? 1 : 0, &owned, nowned) != 0)
     return NGHTTP2_ERR_CALLBACK_FAILURE;
   return 0;
 }
@@ -675,7 +602,7 @@ static void h2_room_wake(h2c *sc) {
 /* ---------------------------------------------------------------- sending */
 
 static void h2_flush_out(h2c *sc) {
-  conn *c = sc->c;
+  hsink *c = sc->c;
   if (sc->dead || c->closing || sc->await_preface) return;
   while (c->outq + sc->olen < H2_CONN_OUTQ_MAX) {
     const uint8_t *p;
@@ -683,27 +610,27 @@ static void h2_flush_out(h2c *sc) {
     if (n < 0) {
       LOG_DEBUG("h2 send error conn=%llu err=%s", (unsigned long long)c->id,
                 nghttp2_strerror((int)n));
-      conn_close(c);
+      sink_close(c);
       return;
     }
     if (n == 0) break;
     if (h2_out_put(sc, p, (size_t)n) != 0) {
-      conn_close(c);
+      sink_close(c);
       return;
     }
     if (sc->olen >= H2_WRITE_CHUNK && h2_out_flush(sc) != 0) {
-      conn_close(c);
+      sink_close(c);
       return;
     }
   }
   if (h2_out_flush(sc) != 0) {
-    conn_close(c);
+    sink_close(c);
     return;
   }
   int pause = c->outq >= H2_READ_OUTQ_MAX;
   if (pause != sc->read_paused) {
     sc->read_paused = pause;
-    conn_read_pause(c, pause);
+    sink_read_pause(c, pause);
   }
   if (sc->whead) h2_room_wake(sc);
   /* drain notifications, outside nghttp2's callbacks */
@@ -716,18 +643,18 @@ static void h2_flush_out(h2c *sc) {
     }
   }
   if (!nghttp2_session_want_read(sc->ng) && !nghttp2_session_want_write(sc->ng) && c->outq == 0)
-    conn_close(c);
+    sink_close(c);
 }
 
 /* Send what there is, then set the connection timer for the new state. */
 static void h2_flush(h2c *sc) {
-  conn *c = sc->c; /* outlives sc: freed only once its handles closed */
+  hsink *c = sc->c; /* outlives sc: freed only once its handles closed */
   h2_flush_out(sc);
   if (!c->closing) h2_timer_apply(sc);
 }
 
 /* Deferred work: held bodies of un-paused streams, then sending. */
-static void h2_deferred(conn *c) {
+static void h2_deferred(hsink *c) {
   h2c *sc = c->p;
   if (!sc) return;
   if (sc->ahead) h2_admit(sc);
@@ -762,7 +689,7 @@ static nghttp2_nv *h2_copy_nv(const char *const *kv, size_t n) {
     lens[i] = strlen(kv[i]);
     bytes += lens[i] + 1;
   }
-  nghttp2_nv *nv = slab_alloc(bytes); /* loop-only, freed with slab_free */
+  nghttp2_nv *nv = malloc(bytes);
   if (!nv) return NULL;
   uint8_t *p = (uint8_t *)(nv + (n ? n : 1));
   for (size_t i = 0; i < n; i++) {
@@ -802,7 +729,7 @@ static int h2_submit(h2s *st, int with_body) {
   nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2_read_body};
   /* st->head stays until the stream is freed: its strings are not copied */
   int r = nghttp2_submit_response(sc->ng, st->id, st->head, st->nhead, with_body ? &prd : NULL);
-  conn_defer(sc->c, h2_deferred);
+  sink_defer(sc->c, h2_deferred);
   return r == 0 ? 0 : -1;
 }
 
@@ -834,7 +761,7 @@ static void h2_resume(h2s *st) {
     st->deferred = 0;
     nghttp2_session_resume_data(st->sess->ng, st->id);
   }
-  conn_defer(st->sess->c, h2_deferred);
+  sink_defer(st->sess->c, h2_deferred);
 }
 
 static int h2_write(hx *x, const hx_part *parts, unsigned n) {
@@ -879,7 +806,7 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
       kv[2 * i] = tr[i].name;
       kv[2 * i + 1] = tr[i].value;
     }
-    slab_free(st->trailers);
+    free(st->trailers);
     st->trailers = h2_copy_nv(kv, n);
     st->ntrailers = st->trailers ? n : 0;
   }
@@ -891,7 +818,7 @@ static int h2_end(hx *x, const hx_header *tr, size_t n) {
 static void h2_pause_body(hx *x, int paused) {
   h2s *st = x->tp;
   st->body_paused = paused;
-  if (!paused) conn_defer(st->sess->c, h2_deferred);
+  if (!paused) sink_defer(st->sess->c, h2_deferred);
 }
 
 static size_t h2_outq(const hx *x) {
@@ -917,7 +844,7 @@ static int h2_room(hx *x, size_t n) {
     else sc->whead = st;
     sc->wtail = st;
   }
-  conn_defer(sc->c, h2_deferred); /* a WINDOW_UPDATE may already be in */
+  sink_defer(sc->c, h2_deferred); /* a WINDOW_UPDATE may already be in */
   return 0;
 }
 
@@ -925,31 +852,31 @@ static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_ou
 
 /* ---------------------------------------------------------------- conn proto */
 
-static void h2_on_read(conn *c, const uint8_t *d, size_t n) {
+static void h2_on_read(hsink *c, const uint8_t *d, size_t n) {
   h2c *sc = c->p;
   ssize_t r = nghttp2_session_mem_recv(sc->ng, d, n);
   if (c->closing) return;
   if (r < 0) {
     LOG_DEBUG("h2 recv error conn=%llu err=%s", (unsigned long long)c->id, nghttp2_strerror((int)r));
     h2_flush(sc); /* GOAWAY, if nghttp2 queued one */
-    conn_close(c);
+    sink_close(c);
     return;
   }
   h2_flush(sc);
 }
 
-static void h2_on_written(conn *c) {
+static void h2_on_written(hsink *c) {
   h2c *sc = c->p;
   if (sc) h2_flush(sc);
 }
 
-static void h2_on_timeout(conn *c) {
+static void h2_on_timeout(hsink *c) {
   h2c *sc = c->p;
   sc->tmode = H2T_NONE; /* fired: nothing armed now */
   if (sc->await_preface) {
     LOG_DEBUG("h2 timeout conn=%llu: no client preface after the upgrade",
               (unsigned long long)c->id);
-    conn_close(c);
+    sink_close(c);
     return;
   }
   if (!sc->undispatched) {
@@ -957,13 +884,13 @@ static void h2_on_timeout(conn *c) {
       if (!st->x.ended && !st->admit_wait) return; /* an exchange is running */
       if (!nghttp2_session_get_stream_local_close(sc->ng, st->id)) {
         sc->tmode = H2T_IDLE;
-        conn_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
+        sink_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
         return;
       }
     }
     if (c->outq) {
       sc->tmode = H2T_IDLE;
-      conn_timer(c, conch.http_idle_ms);
+      sink_timer(c, conch.http_idle_ms);
       return;
     }
   }
@@ -971,10 +898,10 @@ static void h2_on_timeout(conn *c) {
             sc->undispatched);
   nghttp2_session_terminate_session(sc->ng, NGHTTP2_NO_ERROR);
   h2_flush(sc);
-  conn_close(c);
+  sink_close(c);
 }
 
-static void h2_on_close(conn *c) {
+static void h2_on_close(hsink *c) {
   h2c *sc = c->p;
   if (!sc) return;
   sc->dead = 1;
@@ -983,14 +910,13 @@ static void h2_on_close(conn *c) {
     h2_abort_stream(st);
     h2_stream_free(st);
   }
-  h2_memo_clear(sc); /* before the session: the buffers use its allocator */
   nghttp2_session_del(sc->ng);
-  slab_free(sc->ob);
+  free(sc->ob);
   free(sc);
   c->p = NULL;
 }
 
-const conn_proto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close};
+const hproto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close};
 
 /* HTTP2-Settings: base64url (proto/text.h's strict decoder); -1 when
  * absent, not base64 or possibly more than cap bytes (for 512: 84 settings,
@@ -1029,27 +955,9 @@ int h2_settings_valid(const char *v) {
   return 1;
 }
 
-/* nghttp2's allocations go through the loop's size-class cache. */
-static void *h2_mem_malloc(size_t n, void *ud) {
-  (void)ud;
-  return slab_alloc(n);
-}
-static void h2_mem_free(void *p, void *ud) {
-  (void)ud;
-  slab_free(p);
-}
-static void *h2_mem_calloc(size_t nmemb, size_t size, void *ud) {
-  (void)ud;
-  return slab_calloc(nmemb, size);
-}
-static void *h2_mem_realloc(void *p, size_t n, void *ud) {
-  (void)ud;
-  return slab_realloc(p, n);
-}
-static const nghttp2_mem h2_mem = {NULL, h2_mem_malloc, h2_mem_free, h2_mem_calloc, h2_mem_realloc};
-
-int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
+int h2_conn_init(hsink *c, hx *up, uint8_t *body, size_t blen) {
   h2c *sc = calloc(1, sizeof *sc);
+  c->proto = &h2_conn_proto;
   nghttp2_session_callbacks *cb = NULL;
   nghttp2_option *opt = NULL;
   if (!sc || nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0) goto fail;
@@ -1063,7 +971,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_no_http_messaging(opt, 1); /* agent/h2check.c does the request rules */
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  if (nghttp2_session_server_new3(&sc->ng, cb, sc, opt, (nghttp2_mem *)&h2_mem) != 0) goto fail;
+  if (nghttp2_session_server_new2(&sc->ng, cb, sc, opt) != 0) goto fail;
   nghttp2_session_callbacks_del(cb);
   nghttp2_option_del(opt);
   cb = NULL;
@@ -1077,7 +985,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
   nghttp2_session_set_local_window_size(sc->ng, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW);
   c->p = sc;
   sc->tmode = H2T_HEADER; /* the client's first request within the header time */
-  conn_timer(c, conch.http_header_ms);
+  sink_timer(c, conch.http_header_ms);
   if (up) {
     const char *set = hx_get(up, "http2-settings");
     uint8_t sbuf[512];
@@ -1112,7 +1020,7 @@ int h2_conn_init(conn *c, hx *up, uint8_t *body, size_t blen) {
     if (!c->closing) h2_stream_body_end(st);
     if (!c->closing) h2_timer_apply(sc);
   }
-  if (!c->closing) conn_defer(c, h2_deferred);
+  if (!c->closing) sink_defer(c, h2_deferred);
   return 0;
 fail:
   if (cb) nghttp2_session_callbacks_del(cb);

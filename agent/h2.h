@@ -8,7 +8,7 @@
 #ifndef CONCH_H2_H
 #define CONCH_H2_H
 
-#include "agent/conn.h"
+#include "agent/sink.h"
 #include "agent/hx.h"
 
 #define H2_MAX_STREAMS 128
@@ -20,11 +20,11 @@
  * it asks */
 #define H2_UNAUTH_STREAMS 32
 
-extern const conn_proto h2_conn_proto;
+extern const hproto h2_conn_proto;
 /* An HTTP2-Settings header value that decodes (base64url, whole frames). */
 int h2_settings_valid(const char *v);
 /* upgrade: the HTTP/1.1 request (taken over, becomes stream 1) and its body
  * (malloc'd, taken over); NULL/0 for prior knowledge. */
-int h2_conn_init(conn *c, hx *upgrade, uint8_t *body, size_t body_len);
+int h2_conn_init(hsink *c, hx *upgrade, uint8_t *body, size_t body_len);
 
 #endif

@@ -8,14 +8,12 @@
 #include <strings.h>
 
 #include "agent/daemon.h"
-#include "agent/h2.h"
 #include "agent/hx.h"
 #include "agent/log.h"
-#include "agent/router.h"
 #include "agent/rpc.h"
 
 typedef struct h1 {
-  conn *c;
+  hsink *c;
   http_parser parser;
   hx *x;               /* the exchange being parsed or answered, or NULL */
   size_t header_bytes; /* request line + headers so far */
@@ -61,14 +59,14 @@ typedef struct h1 {
 static const http_parser_settings h1_settings;
 static const hx_ops h1_ops;
 static void h1_dispatch(h1 *s);
-static void h1_next(conn *c);
+static void h1_next(hsink *c);
 
 /* ---------------------------------------------------------------- helpers */
 
 static void h1_free_x(h1 *s) {
   if (!s->x) return;
   hx_free_request(s->x);
-  daemon_cache_put(&conch.cache_hx, s->x, sizeof *s->x);
+  free(s->x);
   s->x = NULL;
 }
 
@@ -95,7 +93,7 @@ static void h1_fail(h1 *s, int status, const char *reason) {
                      "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
                      "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n",
                      status, reason, strlen(reason) + 1, reason);
-    conn_write_copy(s->c, buf, (size_t)n);
+    sink_write_copy(s->c, buf, (size_t)n);
   }
   LOG_DEBUG("http1 error conn=%llu status=%d reason=%s", (unsigned long long)s->c->id, status,
             reason);
@@ -108,8 +106,8 @@ static void h1_fail(h1 *s, int status, const char *reason) {
   s->close_after = 1;
   s->failed = 1;
   s->parser_paused = 1;
-  conn_read_pause(s->c, 1);
-  conn_defer(s->c, h1_next); /* closes once the answer is out */
+  sink_read_pause(s->c, 1);
+  sink_defer(s->c, h1_next); /* closes once the answer is out */
 }
 
 static int h1_grow(char **p, size_t *len, const char *at, size_t n) {
@@ -205,11 +203,11 @@ bare:
 static int h1_on_message_begin(http_parser *p) {
   h1 *s = p->data;
   h1_reset_request(s);
-  s->x = daemon_cache_get(&conch.cache_hx, sizeof *s->x);
+  s->x = calloc(1, sizeof *s->x);
   if (!s->x) return -1;
   s->x->content_length = -1;
-  s->x->conn = s->c;
-  conn_timer(s->c, HTTP1_HEADER_TIMEOUT_MS);
+  s->x->sink = s->c;
+  sink_timer(s->c, HTTP1_HEADER_TIMEOUT_MS);
   return 0;
 }
 
@@ -277,14 +275,14 @@ static int h1_parse_target(hx *x, const char *url, size_t len) {
 
 static void h1_send_continue(h1 *s) {
   static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-  conn_write_copy(s->c, cont, sizeof cont - 1);
+  sink_write_copy(s->c, cont, sizeof cont - 1);
 }
 
 static int h1_on_headers_complete(http_parser *p) {
   h1 *s = p->data;
   if (h1_commit_header(s)) return -1;
   hx *x = s->x;
-  conn_timer(s->c, 0);
+  sink_timer(s->c, 0);
   const char *mn = http_method_str((enum http_method)p->method);
   x->method = hx_strdup(x, mn, strlen(mn));
   if (!x->method || h1_parse_target(x, s->url ? s->url : "", s->url_len) != 0) {
@@ -299,12 +297,12 @@ static int h1_on_headers_complete(http_parser *p) {
   const char *up = hx_get(x, "upgrade"), *settings = hx_get(x, "http2-settings");
   if (up && settings && h1_token_in(up, "h2c") && h1_token_in(hx_get(x, "connection"), "upgrade") &&
       (x->content_length < 0 || x->content_length <= (int64_t)RPC_MAX_MESSAGE + 64)) {
-    if (!h2_settings_valid(settings)) {
+    if (!s->c->serve->h2_settings_valid(settings)) {
       h1_fail(s, 400, "Bad Request: invalid HTTP2-Settings");
       return -1;
     }
     s->upgrade = 1;
-    conn_timer(s->c, HTTP1_IDLE_TIMEOUT_MS); /* the body must come, too */
+    sink_timer(s->c, HTTP1_IDLE_TIMEOUT_MS); /* the body must come, too */
     if (h1_token_in(hx_get(x, "expect"), "100-continue")) h1_send_continue(s);
     return 0;
   }
@@ -462,7 +460,7 @@ static int h1_write(hx *x, const hx_part *parts, unsigned n) {
     owned[no++] = parts[i].owner;
   }
   if (s->chunked) bufs[nb++] = uv_buf_init("\r\n", 2);
-  int r = conn_write_pre(s->c, sz, (size_t)szl, bufs, nb, owned, no);
+  int r = sink_write_pre(s->c, sz, (size_t)szl, bufs, nb, owned, no);
   if (s->c->outq > HX_OUTQ_LOW) s->drain_armed = 1;
   return r;
 }
@@ -476,17 +474,17 @@ static int h1_end(hx *x, const hx_header *trailers, size_t n) {
   unsigned nb = 0, no = 0;
   h1_flush_head(s, bufs, &nb, owned, &no);
   if (s->chunked && !s->head_only) bufs[nb++] = uv_buf_init("0\r\n\r\n", 5);
-  if (nb) conn_write(s->c, bufs, nb, owned, no);
+  if (nb) sink_write(s->c, bufs, nb, owned, no);
   if (!s->keep_alive) s->close_after = 1;
   /* the rest of the request body is only thrown away now: bound the wait */
-  if (!s->msg_done) conn_timer(s->c, HTTP1_IDLE_TIMEOUT_MS);
+  if (!s->msg_done) sink_timer(s->c, HTTP1_IDLE_TIMEOUT_MS);
   if (s->body_paused) {
     s->body_paused = 0;
-    if (!s->msg_done) conn_read_pause(s->c, 0);
+    if (!s->msg_done) sink_read_pause(s->c, 0);
   }
   /* continue parsing (the rest of this body, then the next request) later,
    * from the loop, never inside the handler's call */
-  conn_defer(s->c, h1_next);
+  sink_defer(s->c, h1_next);
   return 0;
 }
 
@@ -495,10 +493,10 @@ static void h1_pause_body(hx *x, int paused) {
   if (s->body_paused == paused) return;
   s->body_paused = paused;
   if (paused) {
-    conn_read_pause(s->c, 1);
+    sink_read_pause(s->c, 1);
     if (s->in_execute) http_parser_pause(&s->parser, 1);
   } else {
-    conn_defer(s->c, h1_next);
+    sink_defer(s->c, h1_next);
   }
 }
 
@@ -524,10 +522,10 @@ static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_ou
 /* ---------------------------------------------------------------- driving */
 
 static void h1_switch_to_h2(h1 *s, const uint8_t *rest, size_t rest_len) {
-  conn *c = s->c;
+  hsink *c = s->c;
   static const char sw[] =
       "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n";
-  conn_write_copy(c, sw, sizeof sw - 1);
+  sink_write_copy(c, sw, sizeof sw - 1);
   hx *x = s->x;
   s->x = NULL;
   uint8_t *body = s->ubody;
@@ -537,13 +535,13 @@ static void h1_switch_to_h2(h1 *s, const uint8_t *rest, size_t rest_len) {
   free(s->pend);
   free(s);
   c->p = NULL;
-  c->proto = &h2_conn_proto;
-  if (h2_conn_init(c, x, body, blen) != 0) { /* takes x and body */
-    conn_close(c);
+  c->proto = NULL;
+  if (c->serve->h2_init(c, x, body, blen) != 0) { /* takes x and body */
+    sink_close(c);
     return;
   }
   /* the upgrade may have been parsed from held-back bytes, reading paused */
-  conn_read_pause(c, 0);
+  sink_read_pause(c, 0);
   if (rest_len) c->proto->on_read(c, rest, rest_len);
 }
 
@@ -553,8 +551,8 @@ static void h1_dispatch(h1 *s) {
   x->ops = &h1_ops;
   x->tp = s;
   s->dispatched = 1;
-  conn_turn_request(s->c);
-  router_dispatch(x);
+  sink_turn_request(s->c);
+  s->c->serve->dispatch(x);
   if (!s->c->closing && !x->responded && h1_token_in(hx_get(x, "expect"), "100-continue"))
     h1_send_continue(s);
 }
@@ -564,7 +562,7 @@ static void h1_dispatch(h1 *s) {
  * and buf is taken (returns 1): copying the rest once per pipelined
  * request was quadratic in the requests per read. */
 static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
-  conn *c = s->c;
+  hsink *c = s->c;
   while (n > 0) {
     const char *why;
     if (s->scan != SC_DONE && h1_scan(s, d, n, &why) != 0) {
@@ -589,7 +587,7 @@ static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
         hx *x = s->x;
         if (x && !x->ended && x->h && x->h->on_body_end) x->h->on_body_end(x);
         if (c->closing) return 0;
-        if (!x || x->ended) conn_defer(c, h1_next);
+        if (!x || x->ended) sink_defer(c, h1_next);
         break;
       }
       if (s->body_paused) break;
@@ -607,7 +605,7 @@ static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
     }
   }
   if (n > 0) {
-    conn_read_pause(c, 1);
+    sink_read_pause(c, 1);
     free(s->pend);
     s->pend_len = n;
     if (buf) {
@@ -619,7 +617,7 @@ static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
     s->pend = malloc(n);
     if (!s->pend) {
       s->pend_len = 0;
-      conn_close(c);
+      sink_close(c);
       return 0;
     }
     memcpy(s->pend, d, n);
@@ -628,30 +626,30 @@ static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
 }
 
 /* Go on: after a response ended, or after the body was un-paused. */
-static void h1_next(conn *c) {
+static void h1_next(hsink *c) {
   h1 *s = c->p;
   if (!s) return;
   if (s->failed) {
-    if (c->outq == 0) conn_close(c); /* else h1_on_written closes */
+    if (c->outq == 0) sink_close(c); /* else h1_on_written closes */
     return;
   }
   if (s->msg_done && s->x && s->x->ended) {
     if (s->close_after) {
-      conn_read_pause(c, 1);
-      if (c->outq == 0) conn_close(c);
+      sink_read_pause(c, 1);
+      if (c->outq == 0) sink_close(c);
       return;
     }
     h1_reset_request(s);
     s->parser_paused = 0;
     s->scan = SC_PRE;
-    conn_timer(c, HTTP1_IDLE_TIMEOUT_MS);
+    sink_timer(c, HTTP1_IDLE_TIMEOUT_MS);
   }
   if (s->parser_paused || s->body_paused) return;
   /* between requests: parse the next one only once the answers so far
    * have (mostly) left; h1_on_written resumes */
   if (!s->x && c->outq > H1_PARSE_OUTQ) {
     s->out_wait = 1;
-    conn_read_pause(c, 1);
+    sink_read_pause(c, 1);
     return;
   }
   s->out_wait = 0;
@@ -661,39 +659,39 @@ static void h1_next(conn *c) {
   s->pend_off = s->pend_len = 0;
   if (!n || !h1_execute(s, p + off, n, p)) free(p);
   if (c->closing || c->p != s) return;
-  if (!s->pend_len && !s->parser_paused && !s->body_paused) conn_read_pause(c, 0);
+  if (!s->pend_len && !s->parser_paused && !s->body_paused) sink_read_pause(c, 0);
 }
 
-static void h1_on_read(conn *c, const uint8_t *d, size_t n) {
+static void h1_on_read(hsink *c, const uint8_t *d, size_t n) {
   h1 *s = c->p;
   if (s->pend_len || s->parser_paused || s->body_paused) {
     /* should not happen (reading is paused); keep it anyway */
     uint8_t *np = realloc(s->pend, s->pend_off + s->pend_len + n);
     if (!np) {
-      conn_close(c);
+      sink_close(c);
       return;
     }
     memcpy(np + s->pend_off + s->pend_len, d, n);
     s->pend = np;
     s->pend_len += n;
-    conn_read_pause(c, 1);
+    sink_read_pause(c, 1);
     return;
   }
   h1_execute(s, d, n, NULL);
 }
 
-static void h1_on_written(conn *c) {
+static void h1_on_written(hsink *c) {
   h1 *s = c->p;
   /* a body still coming is read and dropped first (h1_next closes at its
    * end, the idle timer bounds it): closing on unread bytes sends an RST
    * that can destroy the answer before the client reads it */
   if (s->close_after && c->outq == 0 && (!s->x || s->x->ended) && !(s->close_asked && !s->msg_done)) {
-    conn_close(c);
+    sink_close(c);
     return;
   }
   if (s->out_wait && c->outq <= H1_PARSE_OUTQ) {
     s->out_wait = 0;
-    conn_defer(c, h1_next);
+    sink_defer(c, h1_next);
     return;
   }
   hx *x = s->x;
@@ -710,18 +708,18 @@ static void h1_on_written(conn *c) {
   }
 }
 
-static void h1_on_timeout(conn *c) {
+static void h1_on_timeout(hsink *c) {
   h1 *s = c->p;
   if (s->x && s->dispatched && !s->x->ended) return; /* an exchange is running */
   if (c->outq) { /* a response is still going out: no write timeout */
-    conn_timer(c, HTTP1_IDLE_TIMEOUT_MS);
+    sink_timer(c, HTTP1_IDLE_TIMEOUT_MS);
     return;
   }
   LOG_DEBUG("http1 timeout conn=%llu", (unsigned long long)c->id);
-  conn_close(c);
+  sink_close(c);
 }
 
-static void h1_on_close(conn *c) {
+static void h1_on_close(hsink *c) {
   h1 *s = c->p;
   if (!s) return;
   if (s->x && s->dispatched && !s->x->ended && s->x->h && s->x->h->on_abort) {
@@ -738,12 +736,13 @@ static void h1_on_close(conn *c) {
  * still being answered: a half-close cannot be told from a vanished client,
  * and a vanished client must stop its foreground process (api.md §6) — as
  * Go's server cancels the request context on EOF. */
-const conn_proto http1_conn_proto = {h1_on_read, h1_on_written, h1_on_timeout, h1_on_close};
+const hproto http1_conn_proto = {h1_on_read, h1_on_written, h1_on_timeout, h1_on_close};
 
-int http1_conn_init(conn *c) {
+int http1_conn_init(hsink *c) {
   h1 *s = calloc(1, sizeof *s);
   if (!s) return -1;
   s->c = c;
+  c->proto = &http1_conn_proto;
   http_parser_init(&s->parser, HTTP_REQUEST);
   s->parser.data = s;
   c->p = s;

@@ -8,14 +8,14 @@
 #ifndef CONCH_HTTP1_H
 #define CONCH_HTTP1_H
 
-#include "agent/conn.h"
+#include "agent/sink.h"
 
 #define HTTP1_MAX_HEADER_BYTES (64u * 1024)
 /* the header (10 s) and idle (60 s) timers: conch.http_header_ms / http_idle_ms */
 #define HTTP1_HEADER_TIMEOUT_MS conch.http_header_ms
 #define HTTP1_IDLE_TIMEOUT_MS conch.http_idle_ms
 
-extern const conn_proto http1_conn_proto;
-int http1_conn_init(conn *c);
+extern const hproto http1_conn_proto;
+int http1_conn_init(hsink *c);
 
 #endif

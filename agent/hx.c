@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "agent/conn.h"
+#include "agent/sink.h"
 
 const char *hx_getn(const hx *x, const char *lname, size_t l) {
   for (size_t i = 0; i < x->nhdr; i++)
@@ -51,11 +51,7 @@ int hx_write_pair(hx *x, uint8_t *buf, size_t off, size_t len, const uint8_t *da
   return hx_write_parts(x, p, 2);
 }
 
-int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len) {
-  return hx_write_owned(x, buf, buf + off, len);
-}
-
-int hx_write(hx *x, uint8_t *buf, size_t len) { return hx_write_at(x, buf, 0, len); }
+int hx_write(hx *x, uint8_t *buf, size_t len) { return hx_write_owned(x, buf, buf, len); }
 
 int hx_write_copy(hx *x, const void *data, size_t len) {
   uint8_t *b = malloc(len ? len : 1);
@@ -70,7 +66,7 @@ int hx_end(hx *x, const hx_header *trailers, size_t n) {
   x->ended = 1;
   /* a long-lived connection may never close: give a big answer's memory
    * back once it is done, too */
-  if (x->out_bytes >= HX_TRIM_BYTES) conn_trim_soon();
+  if (x->out_bytes >= HX_TRIM_BYTES && x->sink) x->sink->ops->trim(x->sink);
   return x->ops->end(x, trailers, n);
 }
 
@@ -170,5 +166,5 @@ int hx_room(hx *x, size_t n) {
 }
 
 void hx_authed(hx *x) {
-  if (x->conn) conn_authed(x->conn);
+  if (x->sink) x->sink->authed = 1;
 }

@@ -25,7 +25,7 @@
 #include "agent/bufref.h"
 
 typedef struct hx hx;
-struct conn;
+struct hsink;
 
 typedef struct hx_header {
   const char *name; /* lower case */
@@ -72,7 +72,7 @@ typedef struct hx_ops {
 struct hx {
   const hx_ops *ops;
   void *tp; /* transport's per-exchange state */
-  struct conn *conn; /* the connection it arrived on */
+  struct hsink *sink; /* the connection it arrived on */
   /* request, valid until the hx is freed */
   char *method;
   char *path;   /* path without the query string */
@@ -104,8 +104,6 @@ int hx_respond(hx *x, int status, const hx_header *h, size_t n, int64_t content_
  * (freed even on error).  Returns 0 or -1 (exchange already gone). */
 int hx_write(hx *x, uint8_t *buf, size_t len);
 int hx_write_copy(hx *x, const void *data, size_t len);
-/* The bytes at buf + off (zero-copy framing: the caller keeps headroom). */
-int hx_write_at(hx *x, uint8_t *buf, size_t off, size_t len);
 /* len bytes at data, held by owner (an owner word, bufref.h): released once
  * written, or at once on failure. */
 int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len);

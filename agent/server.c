@@ -8,19 +8,25 @@
 
 #include "agent/conn.h"
 #include "agent/daemon.h"
+#include "agent/h2.h"
+#include "agent/http1.h"
 #include "agent/log.h"
+#include "agent/router.h"
 
 struct server {
   uv_tcp_t tcp;
   int port;
 };
 
+/* What an API connection speaks: the protocol cores, the router. */
+static const hserve server_api = {router_dispatch, http1_conn_init, h2_conn_init, h2_settings_valid};
+
 static void server_on_conn(uv_stream_t *s, int status) {
   if (status < 0) {
     LOG_WARN("accept failed err=%s", uv_strerror(status));
     return;
   }
-  conn_accept(s);
+  conn_accept(s, &server_api);
 }
 
 static int server_parse(const char *addr, struct sockaddr_storage *ss) {

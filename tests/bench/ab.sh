@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# tests/bench/ab.sh OLD_BIN NEW_BIN [ROUNDS] — two conch-init binaries side
+# by side on the user-visible RPC figures, rounds alternating (old, new /
+# new, old) so that a drift of the shared machine's load hits both:
+#   * unary rate: h2load -c10 -m10, N ListFiles calls (JSON, a dir of 10 files)
+#   * RPC latency: StartProcess{/bin/true} round trip p50 over h2c (rtt.c)
+#   * transport latency: GET /health p50, HTTP/1.1 and h2c (rtt.c)
+# Prints the median of each figure over ROUNDS (default 7), new ÷ old, and
+# the median of the rounds' own new ÷ old (RAW=FILE keeps every sample).
+# Used to judge whether a special allocator, cache or memo earns its keep
+# (docs/internals/slab.md: at least 10 % on one of these).
+set -u
+cd "$(dirname "$0")/../.."
+OLD=$1 NEW=$2 ROUNDS=${3:-7} N=${N:-20000} NRTT=${NRTT:-2000}
+for t in h2load; do command -v $t >/dev/null || { echo "missing $t (nghttp2-client)"; exit 1; }; done
+mkdir -p build/bench
+CFLAGS="-O2 -std=gnu11 -D_GNU_SOURCE -Wall"
+cc $CFLAGS -o build/bench/rtt tests/bench/rtt.c tests/bench/stats.c -lnghttp2 || exit 1
+W=$(mktemp -d); trap 'kill $PO $PN 2>/dev/null; rm -rf "$W"' EXIT
+mkdir "$W/d"; for i in 0 1 2 3 4 5 6 7 8 9; do echo "$i" > "$W/d/f$i"; done
+printf '{"path": "%s", "depth": 1}' "$W/d" > "$W/list.json"
+port() { /usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+TOK=benchtoken
+start() { local bin=$1 p=$2; "$bin" serve --listen 127.0.0.1:$p --token $TOK --log-level warn & }
+PTO=$(port); start "$OLD" $PTO; PO=$!
+PTN=$(port); start "$NEW" $PTN; PN=$!
+sleep 0.5
+rate() { h2load -n $N -c 10 -m 10 -d "$W/list.json" -H 'content-type: application/json' \
+  -H 'connect-protocol-version: 1' -H "conch-init-token: $TOK" http://127.0.0.1:$1/pb.FileService/ListFiles \
+  2>/dev/null | awk '/^finished in/{gsub(",","");print $4}'; }
+p50() { awk '{for(i=1;i<=NF;i++) if ($i ~ /^p50_us=/) {sub("p50_us=","",$i); print $i}}'; }
+proc() { CONCH_INIT_TOKEN=$TOK build/bench/rtt --port $1 --h2 -n $NRTT -w 100 -- /bin/true | p50; }
+health() { build/bench/rtt --port $1 $2 -n $NRTT -w 100 --health | p50; }
+one() { # port tag
+  echo "$2 rate $(rate $1)" >> "$W/res"
+  echo "$2 proc $(proc $1)" >> "$W/res"
+  echo "$2 h1 $(health $1 '')" >> "$W/res"
+  echo "$2 h2 $(health $1 --h2)" >> "$W/res"
+}
+for r in $(seq 1 $ROUNDS); do
+  if [ $((r % 2)) = 1 ]; then one $PTO old; one $PTN new; else one $PTN new; one $PTO old; fi
+done
+med() { grep "^$1 $2 " "$W/res" | awk '{print $3}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+[ -n "${RAW:-}" ] && cp "$W/res" "$RAW"
+# the median of the per-round ratios too: a round's pair ran back to back
+pmed() { paste <(grep "^old $1 " "$W/res" | awk '{print $3}') <(grep "^new $1 " "$W/res" | awk '{print $3}') |
+  awk '{print $2 / $1}' | sort -g | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]}'; }
+printf '%-44s %10s %10s %8s %8s\n' "median of $ROUNDS rounds" old new "new/old" "paired"
+for f in "rate:ListFiles rate, h2load -c10 -m10 (req/s)" "proc:StartProcess /bin/true p50, h2c (us)" \
+         "h1:GET /health p50, HTTP/1.1 (us)" "h2:GET /health p50, h2c (us)"; do
+  k=${f%%:*}; o=$(med old $k); n=$(med new $k)
+  printf '%-44s %10s %10s %8s %8s\n' "${f#*:}" "$o" "$n" "$(echo "scale=3; $n / $o" | bc)" "$(pmed $k)"
+done
