@@ -725,8 +725,18 @@ static void decode_job_done(uv_work_t *w, int status) {
 
 /* 1: the message went to the pool (or failed the call), 0: decode it here.
  * Messages are delivered in order: the pump waits while one decodes. */
+/* A binary message whose own fields include bytes (a file chunk, input)
+ * is mostly those bytes: protobuf-c copies them at memcpy speed (16 MiB in
+ * a few ms), so the pool hop and the copy for it would only add latency. */
+static int plain_bytes_message(const ProtobufCMessageDescriptor *d) {
+  for (unsigned i = 0; i < d->n_fields; i++)
+    if (d->fields[i].type == PROTOBUF_C_TYPE_BYTES) return 1;
+  return 0;
+}
+
 static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
   if (n < RPC_POOL_DECODE_MIN) return 0;
+  if (!c->json && !compressed && plain_bytes_message(c->m->input)) return 0;
   int unary = c->w == W_CONNECT_UNARY;
   struct decode_job *j = calloc(1, sizeof *j);
   uint8_t *bytes = !j ? NULL : unary ? (uint8_t *)p : malloc(n);

@@ -72,7 +72,9 @@ typedef enum rpc_kind { RPC_UNARY, RPC_SERVER_STREAM, RPC_CLIENT_STREAM, RPC_BID
 
 /* A request message of RPC_POOL_DECODE_MIN bytes or more is decoded in the
  * thread pool, not on the loop, whatever the method (a 16 MiB JSON upload
- * chunk takes ~150 ms to decode); messages still reach the service in order. */
+ * chunk takes ~150 ms to decode) — except a binary, uncompressed one whose
+ * type has a bytes field of its own (file chunks: a memcpy); messages still
+ * reach the service in order. */
 #define RPC_POOL_DECODE_MIN (64u * 1024)
 
 /* Outbound queue high-water mark for producers (bytes). */
