@@ -154,13 +154,10 @@ static int add_extension(build *b, const char *scope, const uint8_t *p, size_t n
   return 0;
 }
 
-/* EnumDescriptorProto: 1 name, 2 value (EnumValueDescriptorProto, 1 name).
- * Values are scoped beside the enum, not inside it. */
-static int add_enum(build *b, const char *scope, const uint8_t *p, size_t n) {
-  const uint8_t *name;
-  size_t nlen;
-  if (find_name(p, n, &name, &nlen) != 0 || add_sym(b, scope, name, nlen, DESCDB_ENUM, NULL) != 0)
-    return -1;
+/* Every field `num` of the message p is a sub-message with a name (field
+ * 1): one symbol of `kind` for each, under scope (enum values, methods). */
+static int add_named(build *b, const char *scope, const uint8_t *p, size_t n, uint32_t want,
+                     descdb_kind kind) {
   wr r = WR_INIT(p, n);
   uint32_t num;
   const uint8_t *v;
@@ -168,13 +165,22 @@ static int add_enum(build *b, const char *scope, const uint8_t *p, size_t n) {
   uint64_t iv;
   int k;
   while ((k = wr_next(&r, &num, &v, &vl, &iv)) == 1) {
-    if (num != 2 || !v) continue;
-    const uint8_t *vn;
-    size_t vnl;
-    if (find_name(v, vl, &vn, &vnl) != 0 || add_sym(b, scope, vn, vnl, DESCDB_ENUM_VALUE, NULL) != 0)
-      return -1;
+    if (num != want || !v) continue;
+    const uint8_t *cn;
+    size_t cnl;
+    if (find_name(v, vl, &cn, &cnl) != 0 || add_sym(b, scope, cn, cnl, kind, NULL) != 0) return -1;
   }
   return k;
+}
+
+/* EnumDescriptorProto: 1 name, 2 value (EnumValueDescriptorProto, 1 name).
+ * Values are scoped beside the enum, not inside it. */
+static int add_enum(build *b, const char *scope, const uint8_t *p, size_t n) {
+  const uint8_t *name;
+  size_t nlen;
+  if (find_name(p, n, &name, &nlen) != 0 || add_sym(b, scope, name, nlen, DESCDB_ENUM, NULL) != 0)
+    return -1;
+  return add_named(b, scope, p, n, 2, DESCDB_ENUM_VALUE);
 }
 
 /* DescriptorProto: 1 name, 2 field, 3 nested_type, 4 enum_type,
@@ -220,19 +226,7 @@ static int add_service(build *b, const char *scope, const uint8_t *p, size_t n) 
   const char *full;
   if (find_name(p, n, &name, &nlen) != 0 || add_sym(b, scope, name, nlen, DESCDB_SERVICE, &full) != 0)
     return -1;
-  wr r = WR_INIT(p, n);
-  uint32_t num;
-  const uint8_t *v;
-  size_t vl;
-  uint64_t iv;
-  int k;
-  while ((k = wr_next(&r, &num, &v, &vl, &iv)) == 1) {
-    if (num != 2 || !v) continue;
-    const uint8_t *mn;
-    size_t mnl;
-    if (find_name(v, vl, &mn, &mnl) != 0 || add_sym(b, full, mn, mnl, DESCDB_METHOD, NULL) != 0) return -1;
-  }
-  return k;
+  return add_named(b, full, p, n, 2, DESCDB_METHOD);
 }
 
 /* FileDescriptorProto: 1 name, 2 package, 4 message_type, 5 enum_type,

@@ -235,6 +235,21 @@ def tcp_small(srv):
     return s
 
 
+def exchange(port, data, timeout=5):
+    """Send data on a new connection, then read until the server closes it."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        got = b""
+        while True:
+            b = s.recv(1 << 20)
+            if not b:
+                return got
+            got += b
+    finally:
+        s.close()
+
+
 # HTTP/2 frames built by hand: millions of streams are beyond python-h2's pace.
 def frame(ftype, flags, sid, payload=b""):
     return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", sid) + payload
@@ -403,15 +418,7 @@ def test_h1_pipelined_large_answers_never_read(hs, tmp_path):
            b"Connect-Protocol-Version: 1\r\nconch-init-token: %s\r\nContent-Length: %d\r\n\r\n%s"
            % (hs.token.encode(), len(body), body))
     # the answer really is big
-    s = socket.create_connection(("127.0.0.1", hs.port), timeout=10)
-    s.sendall(req.replace(b"Host: x", b"Host: x\r\nConnection: close"))
-    got = b""
-    while True:
-        b = s.recv(1 << 20)
-        if not b:
-            break
-        got += b
-    s.close()
+    got = exchange(hs.port, req.replace(b"Host: x", b"Host: x\r\nConnection: close"), timeout=10)
     assert got.startswith(b"HTTP/1.1 200") and len(got) > 64 * 1024, got[:200]
     idle = idle_rss(hs, tmp_path)
     att = Attack(hs, [lambda a: keep_sending(a, lambda: tcp_small(hs), req * 64)]).run()
@@ -620,35 +627,15 @@ def test_obs_fold_and_bare_lf_are_400(one, req):
     """RFC 9112: a server may reject obs-fold and must not take a bare LF or
     CR for a line end the way a proxy in front might not (smuggling).
     http_parser accepted all of these but fold-te and cr (kept as guards)."""
-    s = socket.create_connection(("127.0.0.1", one.port), timeout=5)
-    try:
-        s.sendall(req)
-        got = b""
-        while True:
-            b = s.recv(4096)
-            if not b:
-                break
-            got += b
-    finally:
-        s.close()
+    got = exchange(one.port, req)
     assert got.startswith(b"HTTP/1.1 400 "), got[:200]
     assert got.count(b"HTTP/1.1 ") == 1, got  # nothing was served after it
 
 
 def test_pipelined_request_after_a_good_one_is_checked_too(one):
     """The head check runs for each pipelined request, not only the first."""
-    s = socket.create_connection(("127.0.0.1", one.port), timeout=5)
-    try:
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                  b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n")
-        got = b""
-        while True:
-            b = s.recv(4096)
-            if not b:
-                break
-            got += b
-    finally:
-        s.close()
+    got = exchange(one.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                             b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 400 " in got, got
 
 
@@ -835,21 +822,10 @@ def json_upload(srv, msgs):
     """One PostFileStream call over HTTP/1.1 with the given JSON messages;
     the raw answer."""
     body = b"".join(struct.pack(">BI", 0, len(m)) + m for m in msgs)
-    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
-    try:
-        s.sendall(b"POST /pb.FileService/PostFileStream HTTP/1.1\r\nHost: x\r\n"
-                  b"Content-Type: application/connect+json\r\nconch-init-token: %s\r\n"
-                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (srv.token.encode(), len(body)))
-        s.sendall(body)
-        got = b""
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            got += b
-    finally:
-        s.close()
-    return got
+    return exchange(srv.port, b"POST /pb.FileService/PostFileStream HTTP/1.1\r\nHost: x\r\n"
+                              b"Content-Type: application/connect+json\r\nconch-init-token: %s\r\n"
+                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                              % (srv.token.encode(), len(body), body), timeout=60)
 
 
 def chunk_msg(path, data):
