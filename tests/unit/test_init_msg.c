@@ -130,6 +130,17 @@ TEST(decode_failures) {
   expect_decode_fail("{\"sandboxID\":\"\xff\"}", 16); /* invalid UTF-8 */
 }
 
+/* boot.md §3 bounds a token by its length only; one holding a NUL is
+ * kept whole with its length (auth compares lengths, so "to" alone never
+ * matches).  Found by fuzz_initmsg. */
+TEST(token_with_nul_keeps_its_length) {
+  initmsg_plan p;
+  expect_ok("{\"version\":1,\"sandboxID\":\"s\",\"agentToken\":\" to\\u0000k \"," NET "}", &p);
+  ASSERT_EQ(p.token_len, 4);
+  ASSERT(memcmp(p.token, "to\0k", 5) == 0);
+  initmsg_plan_free(&p);
+}
+
 TEST(null_top_level_is_zero_message) {
   expect_text("null", "unsupported protocol version 0");
   expect_text("{}", "unsupported protocol version 0");
@@ -333,6 +344,7 @@ int main(void) {
   RUN(resolv_exact_example);
   RUN(unicode_escapes_decode);
   RUN(decode_failures);
+  RUN(token_with_nul_keeps_its_length);
   RUN(null_top_level_is_zero_message);
   RUN(validation_texts_in_order);
   RUN(go_quote);
