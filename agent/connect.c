@@ -947,6 +947,10 @@ static void on_drain(hx *x) {
 
 static const hx_handler call_handler = {on_body, on_body_end, on_abort, on_drain};
 
+void rpc_waiting(rpc_call *c) {
+  if (c->hx_live) hx_waiting(c->x);
+}
+
 void rpc_pause_input(rpc_call *c, int paused) {
   if (c->finished || c->in_paused == paused) return;
   c->in_paused = paused;

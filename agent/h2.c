@@ -31,6 +31,7 @@ typedef struct h2s {
   int hdone;     /* its request header block is complete */
   int admit_wait; /* complete, waiting in the admission FIFO (h2_admit) */
   int computing; /* counted in sc->computing */
+  int waiting;   /* hx_waiting: never counted again */
   struct h2s *anext; /* next in the admission FIFO */
   h2check chk;   /* RFC 9113 request rules (nghttp2's own are off) */
   h2buf *qhead, *qtail;
@@ -104,7 +105,12 @@ typedef struct h2c {
  * wait, in order.  Without it a client that never opens its window can
  * have 128 unary answers (up to 16 MiB each) made and held at once.  A
  * streaming call stops counting once it has responded; its output has its
- * own bound (hx_room, rpc_outq_bytes). */
+ * own bound (hx_room, rpc_outq_bytes).  A unary call whose small answer
+ * waits on the outside (hx_waiting: SendInput to a child that does not
+ * read) stops counting too: sixteen of them would otherwise hold back
+ * every new request on the connection; their number is bounded by the
+ * connection's concurrent streams and their bytes by the process's input
+ * bounds (proc/input.c). */
 #define H2_COMPUTING_MAX 16
 #define H2_DONE_HELD_MAX (4u * 1024 * 1024)
 
@@ -269,7 +275,7 @@ static void h2_stream_body(h2s *st, const uint8_t *d, size_t n, int count_window
 /* The request is complete and its answer is being made: counted until it
  * responds (see H2_COMPUTING_MAX). */
 static void h2_compute(h2s *st) {
-  if (st->computing || st->x.responded || st->x.ended) return;
+  if (st->computing || st->waiting || st->x.responded || st->x.ended) return;
   st->computing = 1;
   st->sess->computing++;
 }
@@ -848,7 +854,13 @@ static int h2_room(hx *x, size_t n) {
   return 0;
 }
 
-static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_outq, h2_room};
+static void h2_waiting(hx *x) {
+  h2s *st = x->tp;
+  st->waiting = 1;
+  h2_uncompute(st);
+}
+
+static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_outq, h2_room, h2_waiting};
 
 /* ---------------------------------------------------------------- conn proto */
 

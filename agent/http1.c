@@ -517,7 +517,8 @@ static int h1_room(hx *x, size_t n) {
   return 0;
 }
 
-static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room};
+/* waiting: NULL — one request at a time, nothing else waits behind it */
+static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room, NULL};
 
 /* ---------------------------------------------------------------- driving */
 

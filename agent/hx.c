@@ -88,6 +88,10 @@ void hx_pause_body(hx *x, int paused) {
 
 size_t hx_outq(const hx *x) { return x->ops->outq(x); }
 
+void hx_waiting(hx *x) {
+  if (x->ops->waiting) x->ops->waiting(x);
+}
+
 char *hx_strdup(hx *x, const char *s, size_t n) {
   char *d;
   if (n < sizeof x->str_inl - x->str_used) {

@@ -63,6 +63,9 @@ typedef struct hx_ops {
   /* room for about n more bytes now?  1: yes, reserved until the next
    * write; 0: on_drain runs once there is (see hx_room) */
   int (*room)(hx *x, size_t n);
+  /* the answer waits on something outside the connection (NULL: nothing
+   * to do; see hx_waiting) */
+  void (*waiting)(hx *x);
 } hx_ops;
 
 #define HX_MAX_HEADERS 128
@@ -129,6 +132,11 @@ size_t hx_outq(const hx *x);
  * This keeps a connection's output to about one chunk whatever the number
  * of its streams. */
 int hx_room(hx *x, size_t n);
+/* The handler's answer is small and waits on something outside this
+ * connection (a child that reads its stdin): HTTP/2 stops counting it
+ * among the answers being made, so that waiting calls do not hold back the
+ * connection's other requests (h2.c, H2_COMPUTING_MAX). */
+void hx_waiting(hx *x);
 /* The request passed the token check: its connection is authenticated. */
 void hx_authed(hx *x);
 

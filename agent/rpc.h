@@ -205,6 +205,11 @@ void rpc_end_deferred(rpc_call *c);
 /* Client streaming: stop (1) / resume (0) delivering messages. */
 void rpc_pause_input(rpc_call *c, int paused);
 
+/* The call's answer is small and waits on something outside its
+ * connection (SendInput to a child that does not read): it no longer
+ * holds back the connection's other requests (HTTP/2 admission). */
+void rpc_waiting(rpc_call *c);
+
 void rpc_set_user(rpc_call *c, void *user);
 void *rpc_user(const rpc_call *c);
 

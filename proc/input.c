@@ -415,6 +415,7 @@ static void proc_send_input_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   in->input_end = 1;
+  rpc_waiting(c); /* its answer waits for the child to read */
   int r = proc_in_submit(p, in, ch);
   if (r == 0) {
     proc_in_flush(p); /* may answer at once */
@@ -491,6 +492,7 @@ static void proc_stream_input_on_end(rpc_call *c) {
     return;
   }
   in->input_end = 1;
+  rpc_waiting(c);
   proc_input_maybe_done(in);
 }
 

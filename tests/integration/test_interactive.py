@@ -551,6 +551,46 @@ def test_parked_input_bounded(server, client):
     assert t.ev.output("stdout").strip() == str(2 * MiB).encode()
 
 
+def test_waiting_send_inputs_do_not_hold_back_their_h2_connection(server, client, tmp_path):
+    """40 SendInputs to a child that does not read yet, all on one HTTP/2
+    connection: most of them wait (their bytes are not in the pipe), and a
+    ListFiles sent after them on the same connection is answered at once
+    all the same (a waiting call's small answer does not count among the
+    16 answers being made).  Then the child reads: every call answers {},
+    and it got every byte."""
+    flag = tmp_path / "go"
+    (tmp_path / "listed").write_text("x")
+    pid, t = start_bg(client, {"cmd": "sh", "args": ["-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exec wc -c"],
+                               "stdinOpen": True})
+    n, size = 40, 16 * 1024
+    h2 = H2Client("127.0.0.1", server.port, timeout=30)
+    try:
+        body = json.dumps({"process": {"pid": pid}, **inp("stdin", b"w" * size)}).encode()
+        ids = [h2.connect_unary(PS + "SendInput", body, server.token) for _ in range(n)]
+        deadline = time.time() + 1.0
+        while time.time() < deadline:
+            h2.pump(0.05)
+        waiting = [s for s in ids if not h2.streams[s].done]
+        assert len(waiting) >= 20, f"only {len(waiting)} of {n} SendInputs wait: the test needs them waiting"
+        t0 = time.time()
+        lid = h2.connect_unary("/pb.FileService/ListFiles", json.dumps({"path": str(tmp_path)}).encode(),
+                               server.token)
+        st, = h2.wait(lid, timeout=10)
+        took = time.time() - t0
+        assert st.status == 200 and "entries" in json.loads(st.body), (st.status, st.body[:200])
+        assert took < 1.0, f"ListFiles behind {len(waiting)} waiting SendInputs took {took:.2f} s"
+        assert not any(h2.streams[s].done for s in waiting), "the child read nothing, yet calls answered"
+        flag.touch()
+        sts = h2.wait(*ids, timeout=30)
+    finally:
+        h2.close()
+    assert [(s.status, json.loads(s.body)) for s in sts] == [(200, {})] * n
+    st, body, _ = client.unary(PS + "CloseStdin", {"process": {"pid": pid}})
+    assert st == 200
+    assert t.wait(lambda: t.ev.done, 10)
+    assert t.ev.output("stdout").strip() == str(n * size).encode()
+
+
 def test_input_deadline_leaves_process(server, client):
     """A SendInput that passes its Connect-Timeout-Ms while the child does
     not read ends deadline_exceeded; the process keeps running and the bytes

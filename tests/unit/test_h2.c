@@ -277,6 +277,32 @@ TEST(admission_fifo) {
   h2t_free(&t);
 }
 
+/* hx_waiting: held answers that wait on the outside (SendInput) stop
+ * counting, so requests behind them are dispatched at once; a waiting
+ * stream is not counted again when it answers. */
+TEST(waiting_answers_do_not_count) {
+  start(NULL, 0, 1);
+  int32_t ids[40];
+  for (int i = 0; i < 32; i++) ids[i] = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 16);
+  for (int i = 0; i < 16; i++) hx_waiting(tr_x[i].x);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 32); /* the 16 waiting let 16 more in */
+  for (int i = 32; i < 36; i++) ids[i] = h2t_request(&t, "POST", "/echo", NULL, (const uint8_t *)"b", 1);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 32); /* 16 computing (16..31) again: these wait */
+  for (int i = 0; i < 16; i++) hx_simple(tr_x[i].x, 200, NULL, "w", NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 32); /* answers of waiting streams freed no slot */
+  for (int i = 0; i < 16; i++) ASSERT_EQ(h2t_st(&t, ids[i])->status, 200);
+  hx_simple(tr_x[16].x, 200, NULL, "c", NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 36);
+  for (int i = 32; i < 36; i++) ASSERT_EQ(h2t_st(&t, ids[i])->status, 200);
+  h2t_free(&t);
+}
+
 int main(void) {
   RUN(get_404);
   RUN(echo_and_query);
@@ -292,6 +318,7 @@ int main(void) {
   RUN(output_bound_stops_input);
   RUN(unauthenticated_streams);
   RUN(admission_fifo);
+  RUN(waiting_answers_do_not_count);
   tr_reset();
   return test_summary();
 }
