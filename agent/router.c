@@ -18,6 +18,15 @@ int router_register(const rpc_method *methods, size_t n) {
   return 0;
 }
 
+int rpc_service_served(const char *service) {
+  size_t n = strlen(service);
+  for (size_t i = 0; i < conch.nroutes; i++) {
+    const char *p = conch.routes[i]->path; /* "/<service>/<method>" */
+    if (strncmp(p + 1, service, n) == 0 && p[n + 1] == '/') return 1;
+  }
+  return 0;
+}
+
 static void router_health(hx *x) {
   if (strcmp(x->method, "GET") != 0) {
     hx_header allow = {"allow", "GET"};

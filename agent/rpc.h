@@ -202,6 +202,10 @@ int rpc_out_room(rpc_call *c, size_t n, void (*cb)(rpc_call *c));
 void rpc_defer_end(rpc_call *c);
 void rpc_end_deferred(rpc_call *c);
 
+/* 1 when the daemon routes calls of this service ("pb.ProcessService"):
+ * a service whose start failed (PID 1 without its process service) is not. */
+int rpc_service_served(const char *service);
+
 /* Client streaming: stop (1) / resume (0) delivering messages. */
 void rpc_pause_input(rpc_call *c, int paused);
 

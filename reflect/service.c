@@ -136,8 +136,11 @@ static void on_message(rpc_call *c, const ProtobufCMessage *msg) {
       break;
     }
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES: {
+      /* the services in the set that the daemon routes (a degraded PID 1
+       * serves no ProcessService; the reflection ones always are) */
       size_t n = 0;
-      for (size_t i = 0; i < db.nsyms; i++) n += db.syms[i].kind == DESCDB_SERVICE;
+      for (size_t i = 0; i < db.nsyms; i++)
+        n += db.syms[i].kind == DESCDB_SERVICE && rpc_service_served(db.syms[i].name);
       svcs = calloc(n + 1, sizeof *svcs);
       svcp = calloc(n + 1, sizeof *svcp);
       if (!svcs || !svcp) {
@@ -145,7 +148,7 @@ static void on_message(rpc_call *c, const ProtobufCMessage *msg) {
         break;
       }
       for (size_t i = 0, j = 0; i < db.nsyms; i++) {
-        if (db.syms[i].kind != DESCDB_SERVICE) continue;
+        if (db.syms[i].kind != DESCDB_SERVICE || !rpc_service_served(db.syms[i].name)) continue;
         svcs[j] = (Grpc__Reflection__V1__ServiceResponse)GRPC__REFLECTION__V1__SERVICE_RESPONSE__INIT;
         svcs[j].name = db.syms[i].name;
         svcp[j] = &svcs[j];

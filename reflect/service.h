@@ -10,7 +10,8 @@
  *                                load (a build fault).
  *
  * Per request on a stream, in order, one response: list_services (every
- * service in the set), file_by_filename, file_containing_symbol (messages,
+ * service in the set that the daemon routes: rpc_service_served),
+ * file_by_filename, file_containing_symbol (messages,
  * nested ones, fields, oneofs, enums and their values, services, methods,
  * extensions), file_containing_extension, all_extension_numbers_of_type; an
  * unknown name gets error_response 5 (NOT_FOUND) and the stream goes on.  A
