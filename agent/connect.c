@@ -503,6 +503,8 @@ int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
 
 int rpc_is_json(const rpc_call *c) { return c->json != 0; }
 
+int rpc_compresses(const rpc_call *c) { return c->gzip_out != 0; }
+
 void rpc_finish(rpc_call *c, rpc_code code, const char *message) {
   if (c->finished) return;
   c->finished = 1;

@@ -123,6 +123,12 @@ int rpc_send(rpc_call *c, const ProtobufCMessage *msg);
  * call's life: read it on the loop, encode with it anywhere. */
 int rpc_is_json(const rpc_call *c);
 
+/* 1 when the call's answers of 1 KiB or more go out gzipped (the client
+ * accepts gzip, api.md §9): they must then be readable memory, which a
+ * rpc_send_bytes_tail tail is not (it is sent as it is).  Fixed for the
+ * call's life. */
+int rpc_compresses(const rpc_call *c);
+
 /* Headroom rule (the only one): bytes handed to rpc_send_bytes have
  * RPC_HEADROOM writable bytes in front of them, inside the owner's memory,
  * where the layer writes the framing (no copy of the message).  Encoders

@@ -17,8 +17,9 @@
  * window) is "file changed during download: <p>" (data_loss), in both
  * codecs.
  *
- * Regular files with the proto codec are not read at all (unless their
- * size is 0: procfs files have content all the same): the pool maps
+ * Regular files with the proto codec, when the answer is not gzipped
+ * (rpc_compresses), are not read at all (unless their size is 0: procfs
+ * files have content all the same): the pool maps
  * a window of DL_WINDOW bytes (mmap + MADV_POPULATE_READ, so any disk
  * reading happens there, never on the loop) and each 1 MiB chunk goes out
  * as a small framing buffer followed by the mapped bytes themselves
@@ -513,7 +514,9 @@ void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
     d->path = strdup(req->filepath);
     /* headroom + field 1 (tag, varint, path) + field 2 (tag, 3-byte varint) */
     if (d->path) d->data_off = RPC_HEADROOM + 1 + 10 + strlen(d->path) + 1 + 3;
-    d->map_mode = !rpc_is_json(c); /* decided for good once the file is open */
+    /* decided for good once the file is open; a gzipped answer needs the
+     * bytes in memory we may read (mapped pages only the kernel reads) */
+    d->map_mode = !rpc_is_json(c) && !rpc_compresses(c);
   }
   if (!d || !d->path) {
     if (d) free(d->path);

@@ -233,9 +233,10 @@ def test_stream_h2(server, accept):
 
 
 def test_stream_download_json_and_proto(server, client, tmp_path):
-    """GetFileStream: JSON chunks (1 MiB of content, base64) are deflated in
-    the pool, in order; proto chunks are mapped file pages, which only the
-    kernel reads (never compressed, flag 0)."""
+    """GetFileStream: JSON chunks (1 MiB of content, base64) and proto
+    chunks alike are deflated in the pool, in order (a gzipped proto
+    download reads the file instead of mapping it: mapped pages are only
+    read by the kernel); without gzip the proto chunks go as they are."""
     data = (b"conch " * 600000)[:3 * MiB + 17]
     p = tmp_path / "big.txt"
     p.write_bytes(data)
@@ -251,8 +252,17 @@ def test_stream_download_json_and_proto(server, client, tmp_path):
     assert got == data
     st, raw, h = client.stream(FS + "GetFileStream", [pb.GetFileRequest(filepath=str(p)).SerializeToString()],
                                headers={"Connect-Accept-Encoding": "gzip"}, json_codec=False, raw=True)
+    assert st == 200 and h["connect-content-encoding"] == "gzip"
     envs = parse_envelopes(raw)
-    assert all(f == 0 for f, _ in envs[:-1])
+    assert envs[-1][0] == 2
+    assert [f for f, _ in envs[:-1]] == [1, 1, 1, 0], [(f, len(pl)) for f, pl in envs]
+    assert len(raw) < len(data) // 20
+    assert b"".join(pb.FileChunk.FromString(gunzip_ok(pl) if f else pl).content for f, pl in envs[:-1]) == data
+    st, raw, h = client.stream(FS + "GetFileStream", [pb.GetFileRequest(filepath=str(p)).SerializeToString()],
+                               json_codec=False, raw=True)
+    envs = parse_envelopes(raw)
+    assert st == 200 and "connect-content-encoding" not in h
+    assert all(f == 0 for f, _ in envs[:-1]) and len(raw) > len(data)
     assert b"".join(pb.FileChunk.FromString(pl).content for _, pl in envs[:-1]) == data
 
 
