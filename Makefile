@@ -193,7 +193,7 @@ tsan-check: $(addprefix build/tsan/tests/,$(TSAN_TESTS))
 
 # Fuzzing (tests/fuzz): make fuzz [FUZZ_SECONDS=60] runs every driver for
 # that long on its checked-in corpus plus build/fuzz/corpus; make check runs
-# each for FUZZ_SMOKE_SECONDS.
+# each for FUZZ_SMOKE_SECONDS with a fixed seed (tests/fuzz/run.sh).
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/bin/%,$(FUZZ_SRCS))
 FUZZ_SECONDS ?= 60
@@ -206,7 +206,7 @@ fuzz-build: $(FUZZ_BINS)
 fuzz: fuzz-build
 	tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
 fuzz-smoke: fuzz-build
-	tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS) $(FUZZ_BINS)
+	FUZZ_SEED=1 tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS) $(FUZZ_BINS)
 
 # The microVM suite (tests/vm): Debian's stock kernel under qemu, booting
 # the image of vm-image.  Runs alone: TCG wants both cores.

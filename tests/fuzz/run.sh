@@ -3,7 +3,10 @@
 # its corpus (tests/fuzz/corpus/<name>, checked in) plus the work corpus
 # build/fuzz/corpus/<name> (new inputs land there); crashes are written to
 # build/fuzz/crash/<name>/.  Prints executions and coverage per driver and
-# "N passed, N failed".
+# "N passed, N failed".  FUZZ_SEED fixes libFuzzer's seed (make fuzz-smoke
+# sets it: the smoke in CI then explores the same inputs every run, so it
+# fails on a regression, not on the luck of the draw; make fuzz leaves it
+# random).
 set -u
 cd "$(dirname "$0")/../.."
 secs=$1; shift
@@ -12,7 +15,7 @@ for bin in "$@"; do
   name=$(basename "$bin")
   mkdir -p "build/fuzz/corpus/$name" "build/fuzz/crash/$name" "tests/fuzz/corpus/$name"
   log=build/fuzz/$name.log
-  if "$bin" -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2048 -max_len=65536 \
+  if "$bin" ${FUZZ_SEED:+-seed="$FUZZ_SEED"} -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2048 -max_len=65536 \
        -artifact_prefix="build/fuzz/crash/$name/" "build/fuzz/corpus/$name" "tests/fuzz/corpus/$name" \
        >"$log" 2>&1; then
     execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log")
