@@ -7,7 +7,8 @@ stream of one connection), typing through unary SendInput and through a
 StreamInput (HTTP/1.1 chunked, HTTP/2 DATA frames); a background `cat`
 fed by every input path; backpressure (a child that does not read stalls a
 4 MiB StreamInput, the server's RSS stays bounded, nothing is lost once it
-reads); every error text of §9; curl as in the README; grpcio StreamInput.
+reads); every error text of §9; curl as in docs/guide/processes.md; grpcio
+StreamInput; that page's python3 terminal session.
 """
 import http.client
 import json
@@ -735,7 +736,7 @@ def test_errors_http_status_and_h2(server):
     h2.close()
 
 
-# ---------------------------------------------------------------- curl (README examples)
+# ---------------------------------------------------------------- curl (docs/guide/processes.md examples)
 def curl_json(server, method, body, http2=False):
     args = ["-X", "POST", f"{server.url}{PS}{method}", "-H", "Connect-Protocol-Version: 1",
             "-H", "Content-Type: application/json", "-H", f"conch-init-token: {server.token}",
@@ -823,12 +824,13 @@ def test_grpc_web_send_input(server, client):
     assert b"11 33" in t.ev.output("pty") and b"hi" in t.ev.output("pty")
 
 
-# ---------------------------------------------------------------- README's terminal example
-def test_readme_python_terminal(server):
-    """The README's python3 terminal session, run as written (token and port
-    substituted) on a PTY of our own, typed into like a keyboard."""
+# ---------------------------------------------------------------- the guide's terminal example
+def test_guide_python_terminal(server):
+    """The python3 terminal session of docs/guide/processes.md ("A terminal
+    session in Python", moved there from the README), run as written (token
+    and port substituted) on a PTY of our own, typed into like a keyboard."""
     import pty
-    text = open(os.path.join(ROOT, "README.md")).read()
+    text = open(os.path.join(ROOT, "docs", "guide", "processes.md")).read()
     code = text.split("A terminal session in Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     code = code.replace('"conch-init-token": "T"', f'"conch-init-token": "{server.token}"')
     code = code.replace('"127.0.0.1", 4064', f'"127.0.0.1", {server.port}')
