@@ -18,6 +18,7 @@
  *   /stream  200 chunked at once: "start", then the body, at its end
  *   /big?N   N bytes of 'b' at the body's end (Content-Length)
  *   /hold    nothing: the test answers (tr_last, hx_simple)
+ *   /wait    like /hold, and hx_waiting at the body's end (SendInput)
  *   /pause   like /echo, with the body paused at once (tr_unpause)
  *   else     404 "nope"
  * Every exchange is recorded in tr_x[] (at most TR_MAX a test).
@@ -283,6 +284,10 @@ static inline void tr_on_body_end(hx *x) {
   trx *t = tr_of(x);
   t->body_ended = 1;
   if (!strcmp(t->path, "/hold")) return;
+  if (!strcmp(t->path, "/wait")) {
+    hx_waiting(x);
+    return;
+  }
   t->done = 1;
   if (!strcmp(t->path, "/stream")) {
     hx_end(x, NULL, 0);
@@ -317,7 +322,7 @@ static inline void tr_dispatch(hx *x) {
   snprintf(t->path, sizeof t->path, "%s", x->path ? x->path : "");
   if (!strcmp(t->path, "/big") && x->query) t->big = strtoul(x->query, NULL, 10) % (8u << 20);
   if (!strcmp(t->path, "/echo") || !strcmp(t->path, "/stream") || !strcmp(t->path, "/big") ||
-      !strcmp(t->path, "/hold") || !strcmp(t->path, "/pause")) {
+      !strcmp(t->path, "/hold") || !strcmp(t->path, "/wait") || !strcmp(t->path, "/pause")) {
     hx_set_handler(x, &tr_handler, t);
     if (!strcmp(t->path, "/stream")) {
       hx_respond(x, 200, NULL, 0, -1);

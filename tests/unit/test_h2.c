@@ -278,17 +278,19 @@ TEST(admission_fifo) {
 }
 
 /* hx_waiting: held answers that wait on the outside (SendInput) stop
- * counting, so requests behind them are dispatched at once; a waiting
- * stream is not counted again when it answers. */
+ * counting, so requests behind them are dispatched at once — whether the
+ * handler says so at its request's end (/wait) or later; a waiting stream
+ * is not counted again when it answers. */
 TEST(waiting_answers_do_not_count) {
   start(NULL, 0, 1);
-  int32_t ids[40];
-  for (int i = 0; i < 32; i++) ids[i] = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  int32_t ids[48];
+  for (int i = 0; i < 8; i++) ids[i] = h2t_request(&t, "GET", "/wait", NULL, NULL, 0);
+  for (int i = 8; i < 32; i++) ids[i] = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
   h2t_pump(&t);
-  ASSERT_EQ(tr_n, 16);
-  for (int i = 0; i < 16; i++) hx_waiting(tr_x[i].x);
+  ASSERT_EQ(tr_n, 24); /* 8 waiting + 16 computing */
+  for (int i = 8; i < 16; i++) hx_waiting(tr_x[i].x);
   h2t_pump(&t);
-  ASSERT_EQ(tr_n, 32); /* the 16 waiting let 16 more in */
+  ASSERT_EQ(tr_n, 32); /* 8 more waiting let the last 8 in */
   for (int i = 32; i < 36; i++) ids[i] = h2t_request(&t, "POST", "/echo", NULL, (const uint8_t *)"b", 1);
   h2t_pump(&t);
   ASSERT_EQ(tr_n, 32); /* 16 computing (16..31) again: these wait */
