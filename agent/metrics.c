@@ -15,6 +15,7 @@
 #include "agent/auth.h"
 #include "agent/daemon.h"
 #include "agent/pool.h"
+#include "proc/cgroup.h"
 
 typedef struct metrics_job {
   pool_job job; /* first */
@@ -26,6 +27,7 @@ typedef struct metrics_job {
   unsigned long long mem_total, mem_used, disk_total, disk_used, rss;
   unsigned procs;
   long long ts;
+  unsigned long long wl_mem, wl_pids, oom_kills; /* api.md §9 */
 } metrics_job;
 
 /* "cpu  user nice system idle iowait irq softirq steal …" */
@@ -56,6 +58,21 @@ static unsigned long long metrics_kb(const char *path, const char *key) {
       break;
     }
   }
+  fclose(f);
+  return v;
+}
+
+/* OOM kills since boot, every cgroup's and the global killer's: /proc/vmstat's oom_kill. */
+static unsigned long long metrics_oom_kills(void) {
+  FILE *f = fopen("/proc/vmstat", "re");
+  if (!f) return 0;
+  char line[128];
+  unsigned long long v = 0;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "oom_kill ", 9) == 0) {
+      v = strtoull(line + 9, NULL, 10);
+      break;
+    }
   fclose(f);
   return v;
 }
@@ -102,6 +119,9 @@ static void metrics_work(pool_job *j) {
   }
   m->rss = metrics_kb("/proc/self/status", "VmRSS");
   m->procs = metrics_children(m->self);
+  m->wl_mem = proc_cg_workload_memory_max();
+  m->wl_pids = proc_cg_workload_pids_max();
+  m->oom_kills = metrics_oom_kills();
 }
 
 static void metrics_abort(hx *x) {
@@ -131,13 +151,13 @@ static void metrics_done(pool_job *j, int canceled) {
     conch.metrics_cpu_busy = m->busy;
     conch.metrics_cpu_total = m->total;
   }
-  char body[512];
+  char body[640];
   snprintf(body, sizeof body,
            "{\"ts\":%lld,\"cpuCount\":%ld,\"cpuUsedPct\":%.2f,\"memTotal\":%llu,\"memUsed\":%llu,"
            "\"diskTotal\":%llu,\"diskUsed\":%llu,\"processes\":%u,\"connections\":%u,"
-           "\"agentRss\":%llu}",
+           "\"agentRss\":%llu,\"workloadMemoryMax\":%llu,\"workloadPidsMax\":%llu,\"oomKills\":%llu}",
            m->ts, m->cpus, pct, m->mem_total, m->mem_used, m->disk_total, m->disk_used, m->procs,
-           conch.nconns, m->rss);
+           conch.nconns, m->rss, m->wl_mem, m->wl_pids, m->oom_kills);
   hx_simple(x, 200, "application/json", body, NULL, 0);
   free(m);
 }

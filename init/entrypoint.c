@@ -21,7 +21,7 @@ int entrypoint_usable(const char *path) {
   return access(path, X_OK) == 0;
 }
 
-static void entrypoint_exited(pid_t pid, int wstatus, void *arg) {
+static void entrypoint_exited(pid_t pid, int wstatus, const struct rusage *ru, void *arg) {
   (void)arg;
   if (WIFEXITED(wstatus))
     LOG_INFO("rootfs entrypoint exited pid=%d status=%d", (int)pid, WEXITSTATUS(wstatus));

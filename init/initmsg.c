@@ -25,6 +25,7 @@ typedef struct decoded {
   const json_value *ns, *search, *opts; /* arrays or NULL */
   sv domain;
   const json_value *ts, *entropy; /* boot.md §10, raw: their errors are terminal texts */
+  const json_value *wl_mem, *wl_pids; /* boot.md §12, raw likewise */
 } decoded;
 
 #define FAIL(...)                                   \
@@ -117,14 +118,15 @@ static sv item_sv(const json_value *v) {
 
 static int decode(const json_value *root, decoded *d, char *err, size_t errlen) {
   static const char *const top_keys[] = {"version", "sandboxID", "agentToken", "env",
-                                         "network", "timestampMs", "entropy"};
+                                         "network", "timestampMs", "entropy",
+                                         "workloadMemoryMaxBytes", "workloadPidsMax"};
   static const char *const net_keys[] = {"guestIP", "prefixLength", "gateway", "dns"};
   static const char *const dns_keys[] = {"nameservers", "domain", "search", "options"};
   memset(d, 0, sizeof *d);
   d->sid = d->tok = d->gip = d->gw = d->domain = (sv){"", 0};
   if (root->type == JSON_NULL) return 0;
   if (root->type != JSON_OBJECT) FAIL("message is a JSON %s, not an object", json_type_name(root->type));
-  if (check_keys(root, "message", top_keys, 7, err, errlen) ||
+  if (check_keys(root, "message", top_keys, sizeof top_keys / sizeof top_keys[0], err, errlen) ||
       get_int(root, "version", &d->version, err, errlen) ||
       get_str(root, "sandboxID", &d->sid, err, errlen) ||
       get_str(root, "agentToken", &d->tok, err, errlen) ||
@@ -134,6 +136,10 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   d->entropy = json_get(root, "entropy");
   if (d->ts && d->ts->type == JSON_NULL) d->ts = NULL;
   if (d->entropy && d->entropy->type == JSON_NULL) d->entropy = NULL;
+  d->wl_mem = json_get(root, "workloadMemoryMaxBytes");
+  d->wl_pids = json_get(root, "workloadPidsMax");
+  if (d->wl_mem && d->wl_mem->type == JSON_NULL) d->wl_mem = NULL;
+  if (d->wl_pids && d->wl_pids->type == JSON_NULL) d->wl_pids = NULL;
   if (d->env)
     for (size_t i = 0; i < d->env->n; i++) {
       json_type t = d->env->items[i].type;
@@ -233,6 +239,22 @@ static int restore_timestamp(const json_value *v, int64_t *out) {
   return 0;
 }
 
+/* A uint of plain digits within [lo, hi] (hi 0: no upper bound), else -1. */
+static int workload_uint(const json_value *v, uint64_t lo, uint64_t hi, uint64_t *out) {
+  if (v->type != JSON_NUMBER || v->len == 0 || v->len > 19) return -1;
+  uint64_t acc = 0;
+  for (size_t i = 0; i < v->len; i++) {
+    if (v->str[i] < '0' || v->str[i] > '9') return -1;
+    acc = acc * 10 + (uint64_t)(v->str[i] - '0');
+  }
+  if (acc < lo || (hi && acc > hi)) return -1;
+  *out = acc;
+  return 0;
+}
+
+static uint64_t initmsg_mem_total;
+void initmsg_set_mem_total(uint64_t bytes) { initmsg_mem_total = bytes; }
+
 /* entropy: base64 of INITMSG_ENTROPY_MIN..MAX bytes, else -1. */
 static int restore_entropy(const json_value *v, unsigned char *out, size_t *outlen) {
   if (v->type != JSON_STRING || v->len > (INITMSG_ENTROPY_MAX + 2) / 3 * 4) return -1;
@@ -253,7 +275,7 @@ int initmsg_clock_needs_step(int64_t now_ms, int64_t host_ms) {
  * mistaken for a valid message. */
 static char *validate_text(const decoded *d, sv *sid, sv *tok, uint32_t *ip, uint32_t *gw,
                            int64_t *ts_ms, unsigned char *entropy, size_t *entropy_len,
-                           int *invalid) {
+                           uint64_t *wl_mem, uint64_t *wl_pids, int *invalid) {
   istr b = {0};
   *invalid = 1;
   if (d->version != 1) {
@@ -300,6 +322,10 @@ static char *validate_text(const decoded *d, sv *sid, sv *tok, uint32_t *ip, uin
   if (d->ts && restore_timestamp(d->ts, ts_ms) != 0) return strdup("invalid timestampMs");
   if (d->entropy && restore_entropy(d->entropy, entropy, entropy_len) != 0)
     return strdup("invalid entropy");
+  if (d->wl_mem && workload_uint(d->wl_mem, INITMSG_WORKLOAD_MEM_MIN, initmsg_mem_total, wl_mem) != 0)
+    return strdup("invalid workloadMemoryMaxBytes");
+  if (d->wl_pids && workload_uint(d->wl_pids, INITMSG_WORKLOAD_PIDS_MIN, 0, wl_pids) != 0)
+    return strdup("invalid workloadPidsMax");
   *invalid = 0;
   return NULL;
 }
@@ -422,7 +448,9 @@ int initmsg_process(const char *buf, size_t n, initmsg_plan *plan, char **msg, c
   int64_t ts_ms = 0;
   unsigned char entropy[INITMSG_ENTROPY_MAX];
   size_t entropy_len = 0;
-  char *bad = validate_text(&d, &sid, &tok, &ip, &gw, &ts_ms, entropy, &entropy_len, &invalid);
+  uint64_t wl_mem = 0, wl_pids = 0;
+  char *bad = validate_text(&d, &sid, &tok, &ip, &gw, &ts_ms, entropy, &entropy_len, &wl_mem, &wl_pids,
+                            &invalid);
   int rc = 0;
   if (invalid) {
     *msg = bad;
@@ -435,6 +463,8 @@ int initmsg_process(const char *buf, size_t n, initmsg_plan *plan, char **msg, c
     plan->timestamp_ms = ts_ms;
     memcpy(plan->entropy, entropy, entropy_len);
     plan->entropy_len = entropy_len;
+    plan->workload_memory_max = wl_mem;
+    plan->workload_pids_max = wl_pids;
   }
   explicit_bzero(entropy, sizeof entropy);
   json_free(root);

@@ -14,7 +14,10 @@
  * The restore keys timestampMs and entropy (boot.md §10) are checked after
  * the network, and their errors are terminal texts, not decode failures
  * ("invalid timestampMs" for anything but a positive integer, "invalid
- * entropy" for anything but base64 of 32–512 bytes).
+ * entropy" for anything but base64 of 32–512 bytes).  The workload keys
+ * (boot.md §12) follow them: "invalid workloadMemoryMaxBytes" (not a uint
+ * of at least 16 MiB and at most MemTotal), "invalid workloadPidsMax"
+ * (not a uint of at least 64).
  */
 #ifndef CONCH_INIT_INITMSG_H
 #define CONCH_INIT_INITMSG_H
@@ -31,6 +34,9 @@
 #define INITMSG_CLOCK_AHEAD_MS 5000
 #define INITMSG_ENTROPY_MIN 32
 #define INITMSG_ENTROPY_MAX 512
+/* boot.md §12: the workload keys' lower bounds (memory also ≤ MemTotal). */
+#define INITMSG_WORKLOAD_MEM_MIN (16u << 20)
+#define INITMSG_WORKLOAD_PIDS_MIN 64
 /* The validated content of one message, independent of the JSON text. */
 typedef struct initmsg_plan {
   char *sandbox_id;  /* trimmed */
@@ -45,7 +51,13 @@ typedef struct initmsg_plan {
   int64_t timestamp_ms; /* boot.md §10; 0 = absent */
   size_t entropy_len;   /* 0 = absent */
   unsigned char entropy[INITMSG_ENTROPY_MAX];
+  uint64_t workload_memory_max; /* boot.md §12; 0 = absent (keep) */
+  uint64_t workload_pids_max;
 } initmsg_plan;
+
+/* MemTotal in bytes, the upper bound of workloadMemoryMaxBytes (0: none);
+ * PID 1 sets it at boot. */
+void initmsg_set_mem_total(uint64_t bytes);
 
 int initmsg_clock_needs_step(int64_t now_ms, int64_t host_ms);
 

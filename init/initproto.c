@@ -25,6 +25,7 @@
 #include "init/initmsg.h"
 #include "init/restore.h"
 #include "init/network.h"
+#include "proc/cgroup.h"
 
 #define IP_RECV_TIMEOUT_MS 2000
 #define IP_SEND_TIMEOUT_MS 2000
@@ -100,6 +101,7 @@ static void conn_finish(ip_conn *c);
 
 void initproto_configure(const initproto_opts *o) {
   ips.opts = *o;
+  initmsg_set_mem_total(proc_cg_mem_total()); /* workloadMemoryMaxBytes ≤ MemTotal */
   snprintf(ips.resolv_path, sizeof ips.resolv_path, "%s", o->resolv_path ? o->resolv_path : "/etc/resolv.conf");
   snprintf(ips.ready_path, sizeof ips.ready_path, "%s",
            o->services_ready_path ? o->services_ready_path : "/run/conch/services-ready");
@@ -312,6 +314,19 @@ static int apply_identity(const initmsg_plan *p) {
 static void work_run(uv_work_t *w) {
   ip_conn *c = w->data;
   c->work_result = c->work_revalidate ? network_revalidate(&c->cfg) : network_apply(&c->cfg);
+  /* boot.md §12, sticky: an absent key keeps what was applied (a memory.max
+   * below the workload's usage reclaims in this write: the pool's job) */
+  const initmsg_plan *p = &c->plan;
+  if (!c->work_result && (p->workload_memory_max || p->workload_pids_max)) {
+    int e = proc_cg_workload_set(p->workload_memory_max, p->workload_pids_max);
+    if (e == -ENOSYS)
+      LOG_INFO("workload keys ignored: no workload envelope (%s)", proc_cg_why());
+    else if (e)
+      LOG_WARN("workload keys not applied: %s", strerror(-e));
+    else
+      LOG_INFO("workload limits set memory.max=%llu pids.max=%llu (0: kept)",
+               (unsigned long long)p->workload_memory_max, (unsigned long long)p->workload_pids_max);
+  }
 }
 
 static void work_done(uv_work_t *w, int status) {

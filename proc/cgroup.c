@@ -1,6 +1,7 @@
 /* cgroup — see cgroup.h. */
 #include "proc/cgroup.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -20,13 +21,19 @@ struct proc_cg {
   struct proc_cg *next, *prev; /* every live one (shutdown) */
   char name[32];               /* "p<seq>", below the base */
   int fd;                      /* the directory, -1 until created */
-  int created, released, removed;
+  int created, released, removed, finished;
+  proc_cg_limits limits;
   uv_timer_t deadline;
   uv_fs_event_t ev;
-  uv_work_t rm; /* the first rmdir, in the pool (cgroupfs takes a global lock) */
+  uv_work_t rm; /* usage and the first rmdir, in the pool (cgroupfs takes a global lock) */
   int rm_err;
+  proc_cg_usage usage; /* read by that job */
+  proc_cg_exit_cb on_exit;
+  proc_cg_empty_cb on_empty; /* set while lingering */
+  void *arg;
   int timer_on, ev_on; /* handle initialised (closed on finish) */
   int handles;
+  int pins; /* pool readers: the descriptor stays open */
 };
 
 struct proc_cgroups {
@@ -38,12 +45,25 @@ struct proc_cgroups {
   char name_buf[1140];  /* proc_cg_name's answer */
   uint64_t seq;
   struct proc_cg *all;
+  int envelope;         /* cpu, memory, pids enabled below the base */
+  char why[256];        /* no envelope: why */
+  uint64_t mem_max, pids_max; /* the workload's, as applied */
 };
+
+#define CG_CONTROLLERS "+cpu +memory +pids"
+#define CG_WORKLOAD_WEIGHT "10" /* the daemon: 100 (a nice-0 task in the root, or its leaf) */
+#define CG_AGENT_WEIGHT "1000"  /* a standalone daemon's own leaf */
 
 /* The hierarchy, once proc_cg_init found one (loop thread only). */
 static struct proc_cgroups *cg_state;
 
 int proc_cg_enabled(void) { return cg_state != NULL; }
+int proc_cg_envelope(void) { return cg_state && cg_state->envelope; }
+const char *proc_cg_why(void) {
+  return cg_state ? cg_state->why : "no cgroup v2 hierarchy (commands are tracked by process group)";
+}
+uint64_t proc_cg_workload_memory_max(void) { return proc_cg_envelope() ? __atomic_load_n(&cg_state->mem_max, __ATOMIC_RELAXED) : 0; }
+uint64_t proc_cg_workload_pids_max(void) { return proc_cg_envelope() ? __atomic_load_n(&cg_state->pids_max, __ATOMIC_RELAXED) : 0; }
 
 /* ---- finding the hierarchy ---- */
 
@@ -69,6 +89,56 @@ static char *cg_read_small(const char *path, size_t *n) {
   if (b) b[len] = 0;
   *n = len;
   return b;
+}
+
+/* One value into a cgroup file below dirfd; 0 or -errno. */
+static int cg_write(int dirfd, const char *file, const char *val) {
+  int fd = openat(dirfd, file, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  size_t n = strlen(val);
+  ssize_t k = write(fd, val, n);
+  int e = k == (ssize_t)n ? 0 : k < 0 ? -errno : -EIO;
+  close(fd);
+  return e;
+}
+
+static int cg_write_u64(int dirfd, const char *file, uint64_t v) {
+  char b[24];
+  snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+  return cg_write(dirfd, file, b);
+}
+
+/* A small cgroup file (≤ 4 KiB: cpu.stat, memory.events, a controllers
+ * list) into b as a string; its length or -1. */
+static ssize_t cg_read_file(int dirfd, const char *file, char *b, size_t n) {
+  int fd = openat(dirfd, file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t k;
+  do k = read(fd, b, n - 1);
+  while (k < 0 && errno == EINTR);
+  close(fd);
+  if (k < 0) return -1;
+  b[k] = 0;
+  return k;
+}
+
+/* "key value" lines (cpu.stat, memory.events, meminfo): the value of key. */
+static int cg_key_u64(const char *text, const char *key, uint64_t *v) {
+  size_t kl = strlen(key);
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+    if (strncmp(l, key, kl) == 0 && (l[kl] == ' ' || l[kl] == ':')) {
+      *v = strtoull(l + kl + 1 + strspn(l + kl + 1, " "), NULL, 10);
+      return 0;
+    }
+  return -1;
+}
+
+/* A word list (cgroup.controllers) holds word. */
+static int cg_has_word(const char *list, const char *word) {
+  size_t wl = strlen(word);
+  for (const char *p = list; (p = strstr(p, word)) != NULL; p += wl)
+    if ((p == list || p[-1] == ' ') && (p[wl] == 0 || p[wl] == ' ' || p[wl] == '\n')) return 1;
+  return 0;
 }
 
 /* mountinfo's octal escapes (\040 for a space) in place */
@@ -151,6 +221,114 @@ static int cg_make_base(struct proc_cgroups *g) {
   return -EEXIST;
 }
 
+/* ---- the workload envelope ---- */
+
+uint64_t proc_cg_mem_total(void) {
+  char b[4096];
+  uint64_t kb = 0;
+  if (cg_read_file(AT_FDCWD, "/proc/meminfo", b, sizeof b) < 0 || cg_key_u64(b, "MemTotal", &kb) != 0) return 0;
+  return kb * 1024;
+}
+
+/* api.md §9: MemTotal − reserve, reserve = MemTotal/8 within [32, 256] MiB. */
+static uint64_t cg_default_memory_max(void) {
+  uint64_t total = proc_cg_mem_total(), reserve = total / 8;
+  if (reserve < (32u << 20)) reserve = 32u << 20;
+  if (reserve > (256u << 20)) reserve = 256u << 20;
+  return total > reserve * 2 ? total - reserve : total / 2;
+}
+
+/* api.md §9: threads-max − 256, at least 64. */
+static uint64_t cg_default_pids_max(void) {
+  char b[64];
+  uint64_t tm = 0;
+  if (cg_read_file(AT_FDCWD, "/proc/sys/kernel/threads-max", b, sizeof b) > 0) tm = strtoull(b, NULL, 10);
+  return tm > 256 + 64 ? tm - 256 : 64;
+}
+
+/* Standalone: leave the daemon's own cgroup (which may then enable
+ * controllers: a cgroup with processes cannot) for a leaf beside the base;
+ * only when the daemon is alone there (a delegated service cgroup). */
+static int cg_leave_own(struct proc_cgroups *g) {
+  char b[64], me[24];
+  snprintf(me, sizeof me, "%d\n", (int)getpid());
+  if (cg_read_file(g->parent_fd, "cgroup.procs", b, sizeof b) < 0 || strcmp(b, me) != 0) return -EBUSY;
+  char leaf[48];
+  snprintf(leaf, sizeof leaf, "conch-agent-%d", (int)getpid());
+  if (mkdirat(g->parent_fd, leaf, 0755) != 0 && errno != EEXIST) return -errno;
+  int fd = openat(g->parent_fd, leaf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  int e = cg_write(fd, "cgroup.procs", "0");
+  if (e == 0) e = cg_write(g->parent_fd, "cgroup.subtree_control", CG_CONTROLLERS);
+  if (e == 0) cg_write(fd, "cpu.weight", CG_AGENT_WEIGHT);
+  close(fd);
+  return e;
+}
+
+/* Loop, at init: make the base the workload cgroup, or say in g->why why not. */
+static void cg_envelope_setup(struct proc_cgroups *g, int pid1) {
+  char b[512], missing[32] = "";
+  if (cg_read_file(g->parent_fd, "cgroup.controllers", b, sizeof b) < 0) b[0] = 0;
+  static const char *const need[] = {"cpu", "memory", "pids"};
+  for (int i = 0; i < 3; i++)
+    if (!cg_has_word(b, need[i]))
+      snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", missing[0] ? ", " : "", need[i]);
+  if (missing[0]) {
+    snprintf(g->why, sizeof g->why, "the cgroup v2 controllers %s are not available (bound to cgroup v1, or not in this kernel)",
+             missing);
+    LOG_WARN("no workload envelope: %s", g->why);
+    return;
+  }
+  int e = cg_write(g->parent_fd, "cgroup.subtree_control", CG_CONTROLLERS);
+  if (e == -EBUSY && !pid1) {
+    e = cg_leave_own(g);
+    if (e == -EBUSY) {
+      snprintf(g->why, sizeof g->why, "the daemon's cgroup holds other processes, so it cannot enable controllers");
+      LOG_WARN("no workload envelope: %s", g->why);
+      return;
+    }
+  }
+  const char *step = "enable cpu, memory and pids for the daemon's cgroup";
+  if (e == 0) {
+    step = "enable cpu, memory and pids below the base";
+    e = cg_write(g->base_fd, "cgroup.subtree_control", CG_CONTROLLERS);
+  }
+  uint64_t mem = cg_default_memory_max(), pids = cg_default_pids_max();
+  if (e == 0) {
+    step = "set the workload's memory.max";
+    e = cg_write_u64(g->base_fd, "memory.max", mem);
+  }
+  if (e == 0) {
+    step = "set the workload's pids.max";
+    e = cg_write_u64(g->base_fd, "pids.max", pids);
+  }
+  if (e == 0) {
+    step = "set the workload's cpu.weight";
+    e = cg_write(g->base_fd, "cpu.weight", CG_WORKLOAD_WEIGHT);
+  }
+  if (e) {
+    snprintf(g->why, sizeof g->why, "cannot %s: %s", step, strerror(-e));
+    LOG_WARN("no workload envelope: %s", g->why);
+    return;
+  }
+  g->mem_max = mem;
+  g->pids_max = pids;
+  g->envelope = 1;
+  LOG_INFO("workload envelope %s: memory.max=%llu pids.max=%llu cpu.weight=%s", g->base_path,
+           (unsigned long long)mem, (unsigned long long)pids, CG_WORKLOAD_WEIGHT);
+}
+
+int proc_cg_workload_set(uint64_t memory_max, uint64_t pids_max) {
+  struct proc_cgroups *g = cg_state;
+  if (!g || !g->envelope) return -ENOSYS;
+  int e = 0;
+  if (memory_max && (e = cg_write_u64(g->base_fd, "memory.max", memory_max)) == 0)
+    __atomic_store_n(&g->mem_max, memory_max, __ATOMIC_RELAXED);
+  if (e == 0 && pids_max && (e = cg_write_u64(g->base_fd, "pids.max", pids_max)) == 0)
+    __atomic_store_n(&g->pids_max, pids_max, __ATOMIC_RELAXED);
+  return e;
+}
+
 int proc_cg_init(uv_loop_t *loop, int pid1) {
   if (cg_state) return 0;
   struct proc_cgroups *g = calloc(1, sizeof *g);
@@ -159,11 +337,6 @@ int proc_cg_init(uv_loop_t *loop, int pid1) {
   g->parent_fd = g->base_fd = -1;
   char mnt[512], root[512], own[1024], dir[2048];
   const char *how = "mounted";
-  if (cg_own_path(own, sizeof own) != 0) {
-    LOG_INFO("no cgroup v2 membership (/proc/self/cgroup): commands are tracked by process group");
-    free(g);
-    return -1;
-  }
   int have = cg_find_mount(mnt, sizeof mnt, root, sizeof root) == 0;
   if (pid1 && !have) {
     /* boot root, before the chroot: the descriptors opened here outlive it */
@@ -196,10 +369,25 @@ int proc_cg_init(uv_loop_t *loop, int pid1) {
     free(g);
     return -1;
   }
+  /* read after the mount: /proc/self/cgroup has no "0::" line until a
+   * cgroup2 hierarchy was mounted once (a fresh kernel's PID 1) */
+  if (cg_own_path(own, sizeof own) != 0) {
+    LOG_INFO("no cgroup v2 membership (/proc/self/cgroup): commands are tracked by process group");
+    if (detach) {
+      umount2(tmp, MNT_DETACH);
+      rmdir(tmp);
+    }
+    free(g);
+    return -1;
+  }
   /* own is relative to the cgroup namespace's root; root is the mount's */
   size_t rl = strcmp(root, "/") == 0 ? 0 : strlen(root);
   if (rl && (strncmp(own, root, rl) != 0 || (own[rl] && own[rl] != '/'))) {
     LOG_INFO("cgroup2 mount %s does not show our cgroup %s: commands are tracked by process group", mnt, own);
+    if (detach) {
+      umount2(tmp, MNT_DETACH);
+      rmdir(tmp);
+    }
     goto fail;
   }
   snprintf(dir, sizeof dir, "%s%s", mnt, own + rl);
@@ -221,6 +409,7 @@ int proc_cg_init(uv_loop_t *loop, int pid1) {
   cg_state = g;
   LOG_INFO("process cgroups: %s (%s; cgroup.kill %s)", g->base_path, how,
            faccessat(g->base_fd, "cgroup.kill", W_OK, 0) == 0 ? "available" : "missing: cgroup.procs walked");
+  cg_envelope_setup(g, pid1);
   return 0;
 fail:
   if (g->parent_fd >= 0) close(g->parent_fd);
@@ -230,12 +419,13 @@ fail:
 
 /* ---- one command's cgroup ---- */
 
-struct proc_cg *proc_cg_new(void) {
+struct proc_cg *proc_cg_new(const proc_cg_limits *limits) {
   struct proc_cgroups *g = cg_state;
   if (!g) return NULL;
   struct proc_cg *cg = calloc(1, sizeof *cg);
   if (!cg) return NULL;
   cg->fd = -1;
+  if (limits) cg->limits = *limits;
   snprintf(cg->name, sizeof cg->name, "p%llu", (unsigned long long)++g->seq);
   cg->next = g->all;
   if (g->all) g->all->prev = cg;
@@ -243,12 +433,23 @@ struct proc_cg *proc_cg_new(void) {
   return cg;
 }
 
-int proc_cg_create(struct proc_cg *cg) {
+int proc_cg_create(struct proc_cg *cg, const char **what) {
   struct proc_cgroups *g = cg_state;
+  *what = "mkdir";
   if (mkdirat(g->base_fd, cg->name, 0755) != 0 && errno != EEXIST) return -errno;
   cg->created = 1;
   cg->fd = openat(g->base_fd, cg->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  return cg->fd < 0 ? -errno : 0;
+  if (cg->fd < 0) return -errno;
+  const proc_cg_limits *l = &cg->limits;
+  int e = 0;
+  if (l->memory_max && (e = cg_write_u64(cg->fd, "memory.max", l->memory_max)) != 0) *what = "memory.max";
+  if (!e && l->pids_max && (e = cg_write_u64(cg->fd, "pids.max", l->pids_max)) != 0) *what = "pids.max";
+  if (!e && l->cpu_millis) {
+    char b[48];
+    snprintf(b, sizeof b, "%llu 100000", (unsigned long long)l->cpu_millis * 100);
+    if ((e = cg_write(cg->fd, "cpu.max", b)) != 0) *what = "cpu.max";
+  }
+  return e;
 }
 
 int proc_cg_fd(const struct proc_cg *cg) { return cg ? cg->fd : -1; }
@@ -259,7 +460,25 @@ const char *proc_cg_name(const struct proc_cg *cg) {
   return g->name_buf;
 }
 
-/* Each pid of cgroup.procs gets sig; the count signalled, or -errno.  The
+void proc_cg_read_usage(const struct proc_cg *cg, proc_cg_usage *u) {
+  memset(u, 0, sizeof *u);
+  if (!cg || cg->fd < 0) return;
+  char b[1024];
+  /* cpu.stat is a core file: there without any controller */
+  if (cg_read_file(cg->fd, "cpu.stat", b, sizeof b) > 0 && cg_key_u64(b, "user_usec", &u->user_usec) == 0 &&
+      cg_key_u64(b, "system_usec", &u->system_usec) == 0)
+    u->have_cpu = 1;
+  if (!cg_state->envelope) return;
+  if (cg_read_file(cg->fd, "memory.peak", b, sizeof b) > 0) { /* Linux ≥ 5.19 */
+    u->memory_peak = strtoull(b, NULL, 10);
+    u->have_memory = 1;
+  }
+  uint64_t kills = 0;
+  if (cg_read_file(cg->fd, "memory.events", b, sizeof b) > 0 && cg_key_u64(b, "oom_kill", &kills) == 0)
+    u->oom_killed = kills > 0;
+}
+
+/* Each pid of cgroup.procs gets fn; the count it accepted, or -errno.  The
  * file is read in pieces: a tree of any size costs one pass, no buffer
  * that grows with it.  (A pid that exits and is reused between the read
  * and the kill would be hit: cgroup.kill has no such race, so SIGKILL
@@ -290,8 +509,9 @@ static int cg_each(int dirfd, int (*fn)(pid_t pid, void *arg), void *arg) {
 }
 
 static int cg_kill_one(pid_t pid, void *arg) { return kill(pid, *(int *)arg); }
+static int cg_count_one(pid_t pid, void *arg) { return 0; }
 
-static int cg_signal_each(struct proc_cg *cg, int sig) { return cg_each(cg->fd, cg_kill_one, &sig); }
+static int cg_signal_each(int dirfd, int sig) { return cg_each(dirfd, cg_kill_one, &sig); }
 
 /* Write pid into the cgroup.procs open at *(int *)arg. */
 static int cg_move_one(pid_t pid, void *arg) {
@@ -303,34 +523,69 @@ static int cg_move_one(pid_t pid, void *arg) {
 int proc_cg_signal(struct proc_cg *cg, int sig) {
   if (!cg || cg->fd < 0) return -ESRCH;
   if (sig == SIGKILL) {
-    int fd = openat(cg->fd, "cgroup.kill", O_WRONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      ssize_t k = write(fd, "1", 1);
-      int e = errno;
-      close(fd);
-      if (k == 1) return 0;
-      return -e;
-    }
-    if (errno != ENOENT) return -errno;
+    int e = cg_write(cg->fd, "cgroup.kill", "1");
+    if (e != -ENOENT) return e;
     /* kernel before 5.14: walk cgroup.procs */
   }
-  int n = cg_signal_each(cg, sig);
+  int n = cg_signal_each(cg->fd, sig);
   return n < 0 ? n : n == 0 ? -ESRCH : 0;
+}
+
+int proc_cg_signal_all(int sig) {
+  struct proc_cgroups *g = cg_state;
+  if (!g) return -ENOSYS;
+  if (sig == SIGKILL) {
+    int e = cg_write(g->base_fd, "cgroup.kill", "1"); /* the whole workload, new forks included */
+    if (e != -ENOENT) return e;
+  }
+  int dfd = openat(g->base_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    int e = -errno;
+    if (dfd >= 0) close(dfd);
+    return e;
+  }
+  int n = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (de->d_name[0] != 'p' || de->d_type != DT_DIR) continue;
+    int fd = openat(g->base_fd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) continue;
+    int k = cg_signal_each(fd, sig);
+    if (k > 0) n += k;
+    close(fd);
+  }
+  closedir(d);
+  return n;
+}
+
+static void cg_maybe_free(struct proc_cg *cg) {
+  if (!cg->finished || cg->handles || cg->pins) return;
+  if (cg->fd >= 0) close(cg->fd);
+  free(cg);
+}
+
+void proc_cg_pin(struct proc_cg *cg) { cg->pins++; }
+
+void proc_cg_unpin(struct proc_cg *cg) {
+  cg->pins--;
+  cg_maybe_free(cg);
 }
 
 static void cg_on_close(uv_handle_t *h) {
   struct proc_cg *cg = h->data;
-  if (--cg->handles == 0) free(cg);
+  cg->handles--;
+  cg_maybe_free(cg);
 }
 
-/* The directory is gone (or given up on): drop everything. */
+/* The directory is gone (or given up on): drop everything; a lingering
+ * owner hears it. */
 static void cg_finish(struct proc_cg *cg) {
   struct proc_cgroups *g = cg_state;
-  if (cg->fd >= 0) close(cg->fd);
-  cg->fd = -1;
   if (cg->prev) cg->prev->next = cg->next; else g->all = cg->next;
   if (cg->next) cg->next->prev = cg->prev;
   cg->next = cg->prev = NULL;
+  cg->finished = 1;
   if (cg->timer_on) {
     cg->handles++;
     uv_close((uv_handle_t *)&cg->deadline, cg_on_close);
@@ -339,7 +594,10 @@ static void cg_finish(struct proc_cg *cg) {
     cg->handles++;
     uv_close((uv_handle_t *)&cg->ev, cg_on_close);
   }
-  if (!cg->handles) free(cg);
+  proc_cg_empty_cb on_empty = cg->on_empty;
+  cg->on_empty = NULL;
+  if (on_empty) on_empty(cg->arg);
+  cg_maybe_free(cg);
 }
 
 /* rmdir; 1 when the directory is gone (or cannot ever go), 0 while busy. */
@@ -383,29 +641,47 @@ static void cg_linger(struct proc_cg *cg) {
   }
 }
 
+/* Pool: the accounting first (the files go with the directory), then the
+ * first rmdir; a busy cgroup's processes are counted. */
 static void cg_rm_run(uv_work_t *w) {
   struct proc_cg *cg = w->data;
+  if (cg->on_exit) proc_cg_read_usage(cg, &cg->usage);
   cg->rm_err = unlinkat(cg_state->base_fd, cg->name, AT_REMOVEDIR) == 0 ? 0 : errno;
+  if (cg->rm_err == EBUSY && cg->on_exit) {
+    int n = cg_each(cg->fd, cg_count_one, NULL);
+    cg->usage.nprocs = n > 0 ? n : 0;
+  }
 }
 
 static void cg_rm_done(uv_work_t *w, int status) {
   struct proc_cg *cg = w->data;
+  proc_cg_exit_cb on_exit = cg->on_exit;
+  cg->on_exit = NULL;
   if (status == 0 && cg->rm_err != EBUSY) {
     if (cg->rm_err && cg->rm_err != ENOENT)
       LOG_WARN("cannot remove cgroup %s: %s", proc_cg_name(cg), strerror(cg->rm_err));
     cg->removed = 1;
+    cg->on_empty = NULL;
+    if (on_exit) on_exit(cg->arg, &cg->usage, 0);
     cg_finish(cg);
     return;
   }
+  if (on_exit) on_exit(cg->arg, &cg->usage, 1);
   cg_linger(cg); /* leftovers (`srv &`) */
 }
 
-void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
+void proc_cg_exited(struct proc_cg *cg, uint64_t deadline_ms, proc_cg_exit_cb on_exit,
+                    proc_cg_empty_cb on_empty, void *arg) {
   if (!cg || cg->released) return;
   struct proc_cgroups *g = cg_state;
   cg->released = 1;
+  cg->on_exit = on_exit;
+  cg->on_empty = on_empty;
+  cg->arg = arg;
   if (!cg->created) {
     cg->removed = 1;
+    cg->on_empty = NULL;
+    if (on_exit) on_exit(arg, &cg->usage, 0);
     cg_finish(cg);
     return;
   }
@@ -415,8 +691,14 @@ void proc_cg_release(struct proc_cg *cg, uint64_t deadline_ms) {
     uv_timer_start(&cg->deadline, cg_on_deadline, deadline_ms, 0);
   }
   cg->rm.data = cg;
-  if (uv_queue_work(g->loop, &cg->rm, cg_rm_run, cg_rm_done) != 0) cg_linger(cg);
+  if (uv_queue_work(g->loop, &cg->rm, cg_rm_run, cg_rm_done) != 0) {
+    cg->on_exit = NULL;
+    if (on_exit) on_exit(arg, &cg->usage, 1);
+    cg_linger(cg);
+  }
 }
+
+void proc_cg_release(struct proc_cg *cg) { proc_cg_exited(cg, 0, NULL, NULL, NULL); }
 
 void proc_cg_shutdown(void) {
   struct proc_cgroups *g = cg_state;

@@ -166,37 +166,44 @@ void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size
   }
 }
 
-/* Send the end event of wait status wstatus on c. */
-static int proc_send_end_event(rpc_call *c, int wstatus) {
+/* Send the end event on c. */
+static int proc_send_end_event(rpc_call *c, const proc_end_info *end) {
   proc_exit_info ei;
-  proc_exit_describe(wstatus, &ei);
+  proc_exit_describe(end->wstatus, &ei);
   Pb__ProcessEndEvent e = PB__PROCESS_END_EVENT__INIT;
+  Pb__ResourceUsage u = PB__RESOURCE_USAGE__INIT;
   Pb__ProcessEvent ev = PB__PROCESS_EVENT__INIT;
   e.exit_code = ei.exit_code;
   e.exited = 1;
   e.status = (char *)ei.status;
   e.error = ei.error;
+  e.oom_killed = end->oom_killed ? 1 : 0;
+  e.left_running = end->left_running;
+  u.cpu_user_usec = end->cpu_user_usec;
+  u.cpu_system_usec = end->cpu_system_usec;
+  u.memory_peak_bytes = end->memory_peak;
+  e.usage = &u;
   ev.event_case = PB__PROCESS_EVENT__EVENT_END;
   ev.end = &e;
   return rpc_send(c, &ev.base);
 }
 
 /* End event to one subscriber, then finish it. */
-static void proc_sub_send_end(struct proc_sub *s, int pid, int wstatus) {
+static void proc_sub_send_end(struct proc_sub *s, int pid, const proc_end_info *e) {
   rpc_call *c = s->call;
   s->last_send = uv_now(s->f->loop);
-  int r = proc_send_end_event(c, wstatus);
+  int r = proc_send_end_event(c, e);
   if (s->dropped)
     LOG_INFO("subscriber dropped events pid=%d dropped=%llu", pid, (unsigned long long)s->dropped);
   proc_sub_remove(s);
   rpc_finish(c, r == 0 ? RPC_OK : RPC_RESOURCE_EXHAUSTED, r == 0 ? NULL : "cannot send process event");
 }
 
-void proc_fanout_end(struct proc_fanout *f, int pid, int wstatus) {
+void proc_fanout_end(struct proc_fanout *f, int pid, const proc_end_info *e) {
   struct proc_sub *s = f->subs, *next;
   for (; s; s = next) {
     next = s->next;
-    proc_sub_send_end(s, pid, wstatus);
+    proc_sub_send_end(s, pid, e);
   }
 }
 
@@ -214,7 +221,7 @@ void proc_fanout_fail(struct proc_fanout *f, rpc_code code, const char *msg) {
   }
 }
 
-void proc_send_final(rpc_call *c, int pid, int wstatus) {
+void proc_send_final(rpc_call *c, int pid, const proc_end_info *e) {
   Pb__ProcessStartEvent st = PB__PROCESS_START_EVENT__INIT;
   Pb__ProcessEvent ev = PB__PROCESS_EVENT__INIT;
   st.pid = (int32_t)pid;
@@ -224,6 +231,6 @@ void proc_send_final(rpc_call *c, int pid, int wstatus) {
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "cannot send process event");
     return;
   }
-  int r = proc_send_end_event(c, wstatus);
+  int r = proc_send_end_event(c, e);
   rpc_finish(c, r == 0 ? RPC_OK : RPC_RESOURCE_EXHAUSTED, r == 0 ? NULL : "cannot send process event");
 }

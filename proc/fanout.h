@@ -79,12 +79,20 @@ void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n
  * takes a malloc'd buf holding n bytes at PROC_HEADROOM. */
 int proc_fanout_direct(const struct proc_fanout *f);
 void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n);
-/* The end event (wait status wstatus) to every subscriber, each call then
- * finished with RPC_OK and removed. */
-void proc_fanout_end(struct proc_fanout *f, int pid, int wstatus);
+/* What the end event says (api.md §6, §9): the leader's wait status, and
+ * what the command's cgroup (or wait4) tells. */
+typedef struct proc_end_info {
+  int wstatus;
+  int oom_killed;
+  int left_running;
+  uint64_t cpu_user_usec, cpu_system_usec, memory_peak;
+} proc_end_info;
+/* The end event to every subscriber, each call then finished with RPC_OK
+ * and removed. */
+void proc_fanout_end(struct proc_fanout *f, int pid, const proc_end_info *e);
 /* Connect to an ended process: start + end on c, then finish it (no
  * subscriber). */
-void proc_send_final(rpc_call *c, int pid, int wstatus);
+void proc_send_final(rpc_call *c, int pid, const proc_end_info *e);
 /* Events dropped so far, for every subscriber past and present. */
 uint64_t proc_fanout_dropped(const struct proc_fanout *f);
 

@@ -53,6 +53,7 @@
 #include <uv.h>
 
 #include "agent/rpc.h"
+#include "proc/cgroup.h"
 #include "proc/fanout.h"
 #include "proc/reaper.h"
 #include "proc/spawn.h"
@@ -135,8 +136,16 @@ struct proc {
 
   int64_t timeout_ms;
   uint64_t deadline_at; /* uv_now at which the timeout falls (timeout_ms > 0) */
-  struct proc_cg *cg;   /* the command's cgroup until the leader is reaped, or NULL */
+  struct proc_cg *cg;   /* the command's cgroup until the leader was reaped and it is empty, or NULL */
+  proc_cg_limits limits; /* the request's (api.md §9) */
+  int has_limits;
   int cg_err;           /* creating it failed (errno; thread pool → loop) */
+  const char *cg_what;  /* the step that failed */
+  proc_end_info end;    /* filled at the reap (wait4), then from the cgroup */
+  int acct_pending;     /* the cgroup's usage is being read: no end event yet */
+  int lingering;        /* leader reaped, processes left in the cgroup: still signalable */
+  struct proc *lnext, *lprev; /* table linger list */
+  time_t finished_at;
   uv_timer_t timer;   /* RUNNING: timeout; ENDED: retention */
   uv_timer_t grace;   /* EXITED: quiet checks */
   uint64_t exit_ms;
@@ -175,6 +184,7 @@ struct proc_table {
   uv_loop_t *loop;
   struct proc *head, *tail; /* background records, start order */
   struct proc *fg_head;     /* running foreground records (input RPCs find them by pid) */
+  struct proc *linger_head; /* records whose leader exited with processes left in its cgroup */
   size_t nrecords;          /* every live record */
   size_t nretained;         /* ended background records still in the table */
   uint64_t keepalive_ms;
@@ -211,7 +221,8 @@ void proc_start_fail(struct proc *p, rpc_code code, const char *msg);
 /* The foreground starter's call ended (client gone, why): PREP → the start
  * is aborted when the pool work returns; RUNNING → the tree is killed. */
 void proc_starter_gone(struct proc *p, rpc_code why);
-/* Send sig to the process group while the leader is unreaped (0 / -errno). */
+/* Send sig to the tree: its cgroup (also while it lingers after the
+ * leader), else the process group while the leader is unreaped (0 / -errno). */
 int proc_signal(struct proc *p, int sig);
 /* The service no longer needs the record (foreground end, PREP failure,
  * retention expiry); it is freed once its handles are closed. */
@@ -226,6 +237,9 @@ void proc_check_free(struct proc *p);
  * env): it is not freed until unpinned (on the loop). */
 void proc_pin(struct proc *p);
 void proc_unpin(struct proc *p);
+/* Usage of a running or lingering record now, from its cgroup or /proc
+ * (thread pool; the record pinned, its cgroup pinned by the caller). */
+void proc_usage_now(struct proc_cg *cg, pid_t pid, proc_end_info *u);
 /* Foreground list of the table (running foreground records, found by pid
  * by the input RPCs). */
 void proc_fg_link(struct proc *p);

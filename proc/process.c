@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "agent/log.h"
@@ -90,14 +92,14 @@ static void proc_free(struct proc *p) {
   free(p->stdin_buf);
   free(p->envp);
   free(p->buf);
-  proc_cg_release(p->cg, 0); /* never started (PREP failure) */
+  proc_cg_release(p->cg); /* never started (PREP failure) */
   p->t->nrecords--;
   free(p);
 }
 
 void proc_check_free(struct proc *p) {
   if (p->released && p->handles == 0 && !p->work_pending && p->fan.nsubs == 0 && !p->in_table &&
-      p->ninputs == 0 && p->pins == 0)
+      p->ninputs == 0 && p->pins == 0 && !p->acct_pending && !p->lingering)
     proc_free(p);
 }
 
@@ -176,8 +178,9 @@ void proc_remove_script(struct proc *p) {
 }
 
 int proc_signal(struct proc *p, int sig) {
-  if (p->pid <= 0 || p->reaped) return -ESRCH;
-  if (p->cg) return proc_cg_signal(p->cg, sig);
+  if (p->pid <= 0) return -ESRCH;
+  if (p->cg) return proc_cg_signal(p->cg, sig); /* after the reap too: what is left of the tree */
+  if (p->reaped) return -ESRCH;
   if (kill(-p->pid, sig) != 0) return -errno;
   return 0;
 }
@@ -269,7 +272,97 @@ static int proc_out_open(struct proc *p, int idx, int fd, int kind) {
 /* ---- end ---- */
 static void proc_on_retention_end(uv_timer_t *h) {
   struct proc *p = h->data;
+  if (p->lingering) return; /* restarted when its cgroup empties (api.md §9: "plus 60 s") */
   proc_release(p);
+}
+
+/* ---- the linger list: leader reaped, processes left ---- */
+static void proc_linger_link(struct proc *p) {
+  struct proc_table *t = p->t;
+  p->lingering = 1;
+  p->lprev = NULL;
+  p->lnext = t->linger_head;
+  if (t->linger_head) t->linger_head->lprev = p;
+  t->linger_head = p;
+}
+
+static void proc_linger_unlink(struct proc *p) {
+  if (!p->lingering) return;
+  if (p->lprev) p->lprev->lnext = p->lnext; else p->t->linger_head = p->lnext;
+  if (p->lnext) p->lnext->lprev = p->lprev;
+  p->lnext = p->lprev = NULL;
+  p->lingering = 0;
+}
+
+static uint64_t proc_tv_usec(struct timeval tv) { return (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec; }
+
+/* The pool read the cgroup's accounting: it replaces wait4's figures. */
+static void proc_on_cg_exit(void *arg, const proc_cg_usage *u, int lingering) {
+  struct proc *p = arg;
+  if (u->have_cpu) {
+    p->end.cpu_user_usec = u->user_usec;
+    p->end.cpu_system_usec = u->system_usec;
+  }
+  if (u->have_memory) p->end.memory_peak = u->memory_peak;
+  p->end.oom_killed = u->oom_killed;
+  p->end.left_running = u->nprocs;
+  p->acct_pending = 0;
+  if (lingering) {
+    proc_linger_link(p);
+    LOG_INFO("process leader exited with processes left pid=%d left_running=%d", (int)p->pid, u->nprocs);
+  } else {
+    p->cg = NULL;
+  }
+  proc_check_end(p);
+  proc_check_free(p);
+}
+
+static void proc_on_cg_empty(void *arg) {
+  struct proc *p = arg;
+  p->cg = NULL;
+  proc_linger_unlink(p);
+  if (p->retained && !p->released) uv_timer_start(&p->timer, proc_on_retention_end, p->t->retain_ms, 0);
+  proc_check_free(p);
+}
+
+void proc_usage_now(struct proc_cg *cg, pid_t pid, proc_end_info *u) {
+  memset(u, 0, sizeof *u);
+  if (cg) {
+    proc_cg_usage cu;
+    proc_cg_read_usage(cg, &cu);
+    u->cpu_user_usec = cu.user_usec;
+    u->cpu_system_usec = cu.system_usec;
+    u->memory_peak = cu.memory_peak;
+    u->oom_killed = cu.oom_killed;
+    if (cu.have_cpu && cu.have_memory) return;
+  }
+  /* the leader alone, from /proc: utime and stime (fields 14, 15), VmHWM */
+  char path[64], b[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return;
+  size_t n = fread(b, 1, sizeof b - 1, f);
+  fclose(f);
+  b[n] = 0;
+  const char *e = strrchr(b, ')'); /* the command name may hold anything */
+  unsigned long long ut = 0, st = 0;
+  long hz = sysconf(_SC_CLK_TCK);
+  if (e && hz > 0 &&
+      sscanf(e + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2 &&
+      !(cg && u->cpu_user_usec + u->cpu_system_usec)) {
+    u->cpu_user_usec = ut * 1000000u / (unsigned long long)hz;
+    u->cpu_system_usec = st * 1000000u / (unsigned long long)hz;
+  }
+  if (u->memory_peak) return;
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  f = fopen(path, "re");
+  if (!f) return;
+  while (fgets(b, sizeof b, f))
+    if (strncmp(b, "VmHWM:", 6) == 0) {
+      u->memory_peak = strtoull(b + 6, NULL, 10) * 1024;
+      break;
+    }
+  fclose(f);
 }
 
 static void proc_end(struct proc *p) {
@@ -278,10 +371,11 @@ static void proc_end(struct proc *p) {
   uint64_t dropped = proc_fanout_dropped(&p->fan);
   proc_exit_info ei;
   proc_exit_describe(p->wstatus, &ei);
-  LOG_INFO("process ended pid=%d tag=%s background=%d exit_code=%d error=\"%s\" dropped_events=%llu",
+  LOG_INFO("process ended pid=%d tag=%s background=%d exit_code=%d error=\"%s\" dropped_events=%llu "
+           "oom_killed=%d left_running=%d",
            (int)p->pid, p->tag ? p->tag : "", p->background, (int)ei.exit_code, ei.error,
-           (unsigned long long)dropped);
-  proc_fanout_end(&p->fan, (int)p->pid, p->wstatus);
+           (unsigned long long)dropped, p->end.oom_killed, p->end.left_running);
+  proc_fanout_end(&p->fan, (int)p->pid, &p->end);
   if (p->background && p->in_table && p->t->retain_ms > 0) {
     struct proc_table *t = p->t;
     if (t->nretained >= PROC_RETAIN_MAX) /* the oldest retained record goes early */
@@ -305,7 +399,7 @@ static int proc_outputs_done(struct proc *p) {
 }
 
 static void proc_check_end(struct proc *p) {
-  if (p->state == PROC_EXITED && proc_outputs_done(p)) proc_end(p);
+  if (p->state == PROC_EXITED && proc_outputs_done(p) && !p->acct_pending) proc_end(p);
 }
 
 static int64_t proc_fd_pending(struct proc_out *o) {
@@ -337,26 +431,29 @@ static void proc_on_grace(uv_timer_t *h) {
       proc_out_read_start(o);
     }
   }
-  if (proc_outputs_done(p)) {
+  if (proc_outputs_done(p) && !p->acct_pending) {
     uv_timer_stop(&p->grace);
     proc_end(p);
   }
 }
 
-static void proc_on_exit(pid_t pid, int wstatus, void *arg) {
+static void proc_on_exit(pid_t pid, int wstatus, const struct rusage *ru, void *arg) {
   struct proc *p = arg;
   p->reaped = 1;
   p->wstatus = wstatus;
+  p->end.wstatus = wstatus;
+  p->end.cpu_user_usec = proc_tv_usec(ru->ru_utime);
+  p->end.cpu_system_usec = proc_tv_usec(ru->ru_stime);
+  p->end.memory_peak = (uint64_t)ru->ru_maxrss * 1024;
   p->state = PROC_EXITED;
   p->exit_ms = uv_now(p->t->loop);
+  p->finished_at = time(NULL);
   uv_timer_stop(&p->timer);
   /* DECISION (api.md §6 timeouts): a timeout bounds the whole tree, so a
    * deadline still ahead goes with the cgroup and kills the leftovers */
   uint64_t left = 0;
   if (p->timeout_ms > 0 && !p->timed_out)
     left = p->deadline_at > p->exit_ms ? p->deadline_at - p->exit_ms : 1;
-  proc_cg_release(p->cg, left);
-  p->cg = NULL;
   proc_fg_unlink(p);
   p->t->input_shutdown(p); /* input calls waiting for bytes fail; no more input */
   proc_remove_script(p);
@@ -364,10 +461,14 @@ static void proc_on_exit(pid_t pid, int wstatus, void *arg) {
     struct proc_out *o = &p->out[i];
     if (o->open && !o->done) o->pending_at_exit = proc_fd_pending(o);
   }
-  if (proc_outputs_done(p))
-    proc_end(p);
-  else
+  if (!proc_outputs_done(p))
     uv_timer_start(&p->grace, proc_on_grace, PROC_EXIT_GRACE_MS, PROC_EXIT_GRACE_MS);
+  if (p->cg) {
+    p->acct_pending = 1; /* the end waits for proc_on_cg_exit (maybe called at once) */
+    proc_cg_exited(p->cg, left, proc_on_cg_exit, proc_on_cg_empty, p);
+  } else {
+    proc_check_end(p);
+  }
 }
 
 static void proc_on_timeout(uv_timer_t *h) {
@@ -413,7 +514,7 @@ void proc_launch_spawn(struct proc *p) {
   p->envp = NULL;
 }
 
-static void proc_on_failed_exec(pid_t pid, int wstatus, void *arg) {}
+static void proc_on_failed_exec(pid_t pid, int wstatus, const struct rusage *ru, void *arg) {}
 
 int proc_launch_finish(struct proc *p, char *err, size_t errn) {
   int st = 0;
@@ -435,7 +536,7 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
   }
   if (p->cg && !r.in_cgroup) { /* (not with today's spawn) the process group it is */
     LOG_WARN("process not started in its cgroup pid=%d", (int)r.pid);
-    proc_cg_release(p->cg, 0);
+    proc_cg_release(p->cg);
     p->cg = NULL;
   }
   p->pid = r.pid;
@@ -455,7 +556,7 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
     p->deadline_at = uv_now(p->t->loop) + (uint64_t)p->timeout_ms;
     uv_timer_start(&p->timer, proc_on_timeout, (uint64_t)p->timeout_ms, 0);
   }
-  if (gone == 1) proc_on_exit(r.pid, st, p); /* it exited before we could watch it */
+  if (gone == 1) proc_on_exit(r.pid, st, &p->inflight.ru, p); /* it exited before we could watch it */
   return 0;
 }
 

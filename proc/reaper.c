@@ -113,11 +113,12 @@ void reaper_unwatch(pid_t pid) {
 
 /* An in-flight slot holds pid: keep its status there.  Linear in the spawns
  * under way (each a PREP record), only for pids without an owner. */
-static int reaper_keep_inflight(pid_t pid, int st) {
+static int reaper_keep_inflight(pid_t pid, int st, const struct rusage *ru) {
   for (reaper_inflight *s = reaper.inflight; s; s = s->next)
     if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == pid && !s->reaped) {
       s->reaped = 1;
       s->status = st;
+      s->ru = *ru;
       return 1;
     }
   return 0;
@@ -147,7 +148,9 @@ int reaper_inflight_claim(reaper_inflight *s, reaper_cb cb, void *arg, int *stat
 void reaper_reap(void) {
   for (;;) {
     int st = 0;
-    pid_t pid = waitpid(-1, &st, WNOHANG);
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    pid_t pid = wait4(-1, &st, WNOHANG, &ru);
     if (pid == 0) return;                    /* children left, none exited */
     if (pid < 0) {
       if (errno == EINTR) continue;
@@ -158,8 +161,8 @@ void reaper_reap(void) {
       reaper_cb cb = s->cb;
       void *arg = s->arg;
       reaper_remove_at((size_t)(s - reaper.slots));
-      cb(pid, st, arg);
-    } else if (reaper_keep_inflight(pid, st)) {
+      cb(pid, st, &ru, arg);
+    } else if (reaper_keep_inflight(pid, st, &ru)) {
       /* a pool-spawned child that exited before its owner watched it */
     } else {
       reaper.orphans++;

@@ -1,6 +1,6 @@
 /* reaper — the one owner of waitpid() in conch-init (boot.md §7).
  *
- * SIGCHLD (a uv_signal_t on the loop) drives a waitpid(-1, WNOHANG) loop;
+ * SIGCHLD (a uv_signal_t on the loop) drives a wait4(-1, WNOHANG) loop;
  * each status goes to the callback registered for that pid, the rest
  * (orphans re-parented to PID 1 or to a subreaper) are logged and forgotten.
  * No other code may call wait*(): fork, then reaper_watch() before returning
@@ -16,10 +16,12 @@
 #ifndef CONCH_REAPER_H
 #define CONCH_REAPER_H
 
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <uv.h>
 
-typedef void (*reaper_cb)(pid_t pid, int wstatus, void *arg);
+/* ru: the child's resource usage from wait4 (its reaped descendants included). */
+typedef void (*reaper_cb)(pid_t pid, int wstatus, const struct rusage *ru, void *arg);
 
 int reaper_init(uv_loop_t *loop);
 /* Register the owner of pid.  Returns 0 or -ENOMEM. */
@@ -43,6 +45,7 @@ unsigned long reaper_orphans_reaped(void);
 typedef struct reaper_inflight {
   pid_t pid; /* written by the kernel from the cloning thread */
   int reaped, status;
+  struct rusage ru; /* with status */
   struct reaper_inflight *next, *prev;
 } reaper_inflight;
 void reaper_inflight_add(reaper_inflight *s);

@@ -17,6 +17,7 @@
 #include "agent/log.h"
 #include "agent/senv.h"
 #include "proc/cgroup.h"
+#include "proc/exitfmt.h"
 #include "proc/input.h"
 #include "proc/prep.h"
 #include "proc/proc.h"
@@ -80,7 +81,12 @@ static void proc_unlink_script_now(struct proc *p) {
 static void proc_start_work(uv_work_t *w) {
   struct proc *p = w->data;
   char base[4096], clean[4096], err[4400];
-  if (p->cg) p->cg_err = -proc_cg_create(p->cg); /* cgroupfs mkdir takes a global kernel lock */
+  if (p->cg) p->cg_err = -proc_cg_create(p->cg, &p->cg_what); /* cgroupfs mkdir takes a global kernel lock */
+  if (p->has_limits && (!p->cg || p->cg_err)) { /* limits asked for: no start without them */
+    proc_set_err(p, 4, RPC_FAILED_PRECONDITION, "resource limits are not available: cannot set %s: %s",
+                 p->cg ? p->cg_what : "a cgroup", strerror(p->cg ? p->cg_err : ENOMEM));
+    return;
+  }
   if (p->req) { /* taken: copying and freeing 100 000 entries is no work for the loop */
     int r = proc_copy_request(p, p->req);
     protobuf_c_message_free_unpacked(&p->req->base, NULL);
@@ -146,8 +152,9 @@ static void proc_start_done(uv_work_t *w, int status) {
   p->work_pending = 0;
   char err[4200], msg[4300];
   if (p->cg && p->cg_err) {
-    LOG_WARN("cannot create cgroup %s: %s (process group only)", proc_cg_name(p->cg), strerror(p->cg_err));
-    proc_cg_release(p->cg, 0);
+    LOG_WARN("cannot create cgroup %s (%s): %s (process group only)", proc_cg_name(p->cg), p->cg_what,
+             strerror(p->cg_err));
+    proc_cg_release(p->cg);
     p->cg = NULL;
   }
   if (status != 0 || p->prep_errcode) p->spawn_rc = 1; /* nothing was spawned */
@@ -257,6 +264,9 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   const Pb__StartProcessRequest *req = (const Pb__StartProcessRequest *)m;
   char msg[512];
   rpc_code code = proc_validate_start(req, msg, sizeof msg);
+  if (code == RPC_OK)
+    code = proc_validate_limits(req->limits, sysconf(_SC_NPROCESSORS_ONLN),
+                                proc_cg_envelope() ? NULL : proc_cg_why(), msg, sizeof msg);
   if (code != RPC_OK) {
     rpc_finish(c, code, msg);
     return;
@@ -291,7 +301,13 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   static const char *const term_k[1] = {"TERM"}, *const term_v[1] = {"xterm-256color"};
   p->base_env = senv_build(term_k, term_v, req->pty ? 1 : 0); /* TERM default, under the request env */
   p->timeout_ms = rpc_timeout_ms(c);
-  p->cg = proc_cg_new(); /* NULL without cgroups: the process group */
+  if (req->limits) {
+    p->limits.memory_max = req->limits->memory_max_bytes;
+    p->limits.pids_max = req->limits->pids_max;
+    p->limits.cpu_millis = req->limits->cpu_millis;
+    p->has_limits = p->limits.memory_max || p->limits.pids_max || p->limits.cpu_millis;
+  }
+  p->cg = proc_cg_new(&p->limits); /* NULL without cgroups: the process group */
   if (ok && p->base_env) {
     p->req = (Pb__StartProcessRequest *)rpc_take_request(c);
     if (!p->req && proc_copy_request(p, req) != 0) ok = 0;
@@ -328,7 +344,7 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   if (p->state == PROC_ENDED) {
-    proc_send_final(c, (int)p->pid, p->wstatus);
+    proc_send_final(c, (int)p->pid, &p->end);
     return;
   }
   struct proc_sub *s = proc_sub_add(&p->fan, c, 0);
@@ -341,12 +357,11 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
 
 /* ---- List ---- */
 
-/* The answer is built on the loop (pointers into the records, O(entries))
- * and, when it is big (thousands of processes, or 100 000-entry envs:
- * tens of MB of JSON), encoded in the pool with the records pinned.  The
- * small answer most calls get is encoded here: a pool round trip costs
- * more than it does. */
-#define PROC_LIST_POOL_MIN (64u * 1024)
+/* The answer is built on the loop (pointers into the records, O(entries));
+ * each process's usage is read in the pool (cgroup files, or /proc without
+ * cgroups: 4000 processes are 8000 file reads), where the answer is then
+ * encoded, with the records and their cgroups pinned.  An empty list is
+ * answered at once. */
 
 struct proc_list {
   rpc_call *c; /* NULL once the call was canceled */
@@ -359,6 +374,10 @@ struct proc_list {
   Pb__ProcessConfig__EnvEntry *envs;
   Pb__ProcessConfig__EnvEntry **eptr;
   char (*stamps)[32];
+  char (*fstamps)[32];
+  Pb__ResourceUsage *usages;
+  struct proc_cg **cgs; /* pinned, or NULL: /proc of pids[i] */
+  pid_t *pids;
   struct proc **pinned;
   size_t npinned;
   uint8_t *enc; /* the pool's encoding */
@@ -366,8 +385,15 @@ struct proc_list {
 };
 
 static void proc_list_free(struct proc_list *l) {
-  for (size_t i = 0; i < l->npinned; i++) proc_unpin(l->pinned[i]);
+  for (size_t i = 0; i < l->npinned; i++) {
+    if (l->cgs[i]) proc_cg_unpin(l->cgs[i]);
+    proc_unpin(l->pinned[i]);
+  }
   free(l->pinned);
+  free(l->cgs);
+  free(l->pids);
+  free(l->usages);
+  free(l->fstamps);
   free(l->infos);
   free(l->iptr);
   free(l->cfgs);
@@ -388,6 +414,13 @@ static void proc_list_answer(rpc_call *c, int sent) {
 
 static void proc_list_run(void *data) {
   struct proc_list *l = data;
+  for (size_t i = 0; i < l->npinned; i++) {
+    proc_end_info u;
+    proc_usage_now(l->cgs[i], l->pids[i], &u);
+    l->usages[i].cpu_user_usec = u.cpu_user_usec;
+    l->usages[i].cpu_system_usec = u.cpu_system_usec;
+    l->usages[i].memory_peak_bytes = u.memory_peak;
+  }
   l->enc = rpc_encode(l->json, &l->resp.base, &l->enc_len);
 }
 
@@ -416,7 +449,7 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
   struct proc_table *t = proc_tab;
   size_t n = 0, nenv = 0;
   for (struct proc *p = t->head; p; p = p->next)
-    if (p->state == PROC_RUNNING) {
+    if (p->state == PROC_RUNNING || p->lingering) {
       n++;
       nenv += p->nenv;
     }
@@ -436,14 +469,19 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
   l->eptr = calloc(nenv + 1, sizeof *l->eptr);
   l->stamps = calloc(n + 1, sizeof *l->stamps);
   l->pinned = calloc(n + 1, sizeof *l->pinned);
-  if (!l->infos || !l->iptr || !l->cfgs || !l->ptys || !l->envs || !l->eptr || !l->stamps || !l->pinned) {
+  l->fstamps = calloc(n + 1, sizeof *l->fstamps);
+  l->usages = calloc(n + 1, sizeof *l->usages);
+  l->cgs = calloc(n + 1, sizeof *l->cgs);
+  l->pids = calloc(n + 1, sizeof *l->pids);
+  if (!l->infos || !l->iptr || !l->cfgs || !l->ptys || !l->envs || !l->eptr || !l->stamps || !l->pinned ||
+      !l->fstamps || !l->usages || !l->cgs || !l->pids) {
     proc_list_free(l);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
   size_t i = 0, e = 0;
   for (struct proc *p = t->head; p; p = p->next) {
-    if (p->state != PROC_RUNNING) continue;
+    if (p->state != PROC_RUNNING && !p->lingering) continue;
     Pb__ProcessConfig *cf = &l->cfgs[i];
     pb__process_config__init(cf);
     cf->cmd = p->cmd;
@@ -475,18 +513,35 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
     strftime(l->stamps[i], sizeof l->stamps[i], "%Y-%m-%dT%H:%M:%SZ", &tm);
     pi->started_at = l->stamps[i];
     pi->exit_code = -1;
+    if (p->state != PROC_RUNNING) { /* the leader exited, processes are left (api.md §9) */
+      proc_exit_info ei;
+      proc_exit_describe(p->wstatus, &ei);
+      pi->running = 0;
+      pi->exit_code = ei.exit_code;
+      gmtime_r(&p->finished_at, &tm);
+      strftime(l->fstamps[i], sizeof l->fstamps[i], "%Y-%m-%dT%H:%M:%SZ", &tm);
+      pi->finished_at = l->fstamps[i];
+      pi->left_running = p->end.left_running;
+    }
+    pb__resource_usage__init(&l->usages[i]);
+    pi->usage = &l->usages[i];
     l->iptr[i] = pi;
     l->pinned[i] = p;
+    l->cgs[i] = p->cg;
+    l->pids[i] = p->pid;
     i++;
   }
   l->resp.n_processes = n;
   l->resp.processes = l->iptr;
-  if (protobuf_c_message_get_packed_size(&l->resp.base) < PROC_LIST_POOL_MIN) {
+  if (n == 0) {
     proc_list_answer(c, rpc_send(c, &l->resp.base));
-    proc_list_free(l); /* nothing pinned yet */
+    proc_list_free(l); /* nothing pinned */
     return;
   }
-  for (l->npinned = 0; l->npinned < n; l->npinned++) proc_pin(l->pinned[l->npinned]);
+  for (l->npinned = 0; l->npinned < n; l->npinned++) {
+    proc_pin(l->pinned[l->npinned]);
+    if (l->cgs[l->npinned]) proc_cg_pin(l->cgs[l->npinned]);
+  }
   rpc_set_user(c, l);
   if (!rpc_work_submit(c, proc_list_run, proc_list_done, l)) {
     rpc_set_user(c, NULL);
@@ -496,16 +551,89 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
 }
 
 /* ---- SendSignal ---- */
+
+/* A running process (background by pid or tag, foreground by pid), or
+ * one whose leader exited with processes left in its cgroup (§9). */
+static struct proc *proc_find_signalable(struct proc_table *t, const Pb__ProcessSelector *sel) {
+  struct proc *p = proc_find(t, sel, 1);
+  if (p) return p;
+  if (sel->pid != 0)
+    for (p = t->fg_head; p; p = p->fnext)
+      if (p->state == PROC_RUNNING && p->pid == sel->pid) return p;
+  for (p = t->linger_head; p; p = p->lnext) /* newest first */
+    if (sel->pid != 0 ? p->pid == sel->pid : (p->background && strcmp(p->tag, sel->tag) == 0)) return p;
+  return NULL;
+}
+
+/* process.all: every command's processes, in the pool (cgroup.kill or a
+ * walk of every cgroup.procs); records outside any cgroup by group. */
+struct proc_signal_all {
+  rpc_call *c; /* NULL once canceled */
+  int sig;
+  int r;
+};
+
+static void proc_signal_all_run(void *data) {
+  struct proc_signal_all *a = data;
+  a->r = proc_cg_signal_all(a->sig);
+}
+
+static void proc_signal_all_done(void *data, int canceled) {
+  struct proc_signal_all *a = data;
+  if (a->c) {
+    rpc_set_user(a->c, NULL);
+    LOG_INFO("signal sent to every command signal=%d result=%d", a->sig, a->r);
+    Pb__SendSignalResponse resp = PB__SEND_SIGNAL_RESPONSE__INIT;
+    rpc_finish(a->c, rpc_send(a->c, &resp.base) == 0 ? RPC_OK : RPC_INTERNAL, NULL);
+  }
+  free(a);
+}
+
+static void proc_signal_cancel(rpc_call *c, rpc_code why) {
+  struct proc_signal_all *a = rpc_user(c);
+  if (a) a->c = NULL; /* the job runs on; its done frees it */
+}
+
+static void proc_signal_all(rpc_call *c, int sig) {
+  struct proc_table *t = proc_tab;
+  for (struct proc *p = t->head; p; p = p->next)
+    if (p->state == PROC_RUNNING && !p->cg) kill(-p->pid, sig);
+  for (struct proc *p = t->fg_head; p; p = p->fnext)
+    if (p->state == PROC_RUNNING && !p->cg) kill(-p->pid, sig);
+  struct proc_signal_all *a = proc_cg_enabled() ? calloc(1, sizeof *a) : NULL;
+  if (a) {
+    a->c = c;
+    a->sig = sig;
+    rpc_set_user(c, a);
+    if (rpc_work_submit(c, proc_signal_all_run, proc_signal_all_done, a)) return;
+    rpc_set_user(c, NULL);
+    free(a);
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  if (proc_cg_enabled()) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  Pb__SendSignalResponse resp = PB__SEND_SIGNAL_RESPONSE__INIT;
+  rpc_finish(c, rpc_send(c, &resp.base) == 0 ? RPC_OK : RPC_INTERNAL, NULL);
+}
+
 static void proc_signal_on_request(rpc_call *c, const ProtobufCMessage *m) {
   const Pb__SendSignalRequest *req = (const Pb__SendSignalRequest *)m;
   char msg[128];
-  rpc_code code = proc_validate_selector(req->process, msg, sizeof msg);
+  int all = req->process && req->process->all;
+  rpc_code code = all ? RPC_OK : proc_validate_selector(req->process, msg, sizeof msg);
   if (code == RPC_OK) code = proc_validate_signal(req->signal, msg, sizeof msg);
   if (code != RPC_OK) {
     rpc_finish(c, code, msg);
     return;
   }
-  struct proc *p = proc_find(proc_tab, req->process, 1);
+  if (all) {
+    proc_signal_all(c, req->signal);
+    return;
+  }
+  struct proc *p = proc_find_signalable(proc_tab, req->process);
   if (!p) {
     proc_finish_not_found(c, req->process);
     return;
@@ -533,8 +661,6 @@ static void proc_on_cancel(rpc_call *c, rpc_code why) {
   proc_sub_remove(s);
 }
 
-static void proc_unary_cancel(rpc_call *c, rpc_code why) {}
-
 static const rpc_method proc_methods[] = {
     {"/pb.ProcessService/StartProcess", RPC_SERVER_STREAM, &pb__start_process_request__descriptor,
      &pb__process_event__descriptor, RPC_F_OWN_DEADLINE, proc_start_on_request, NULL, NULL,
@@ -546,7 +672,7 @@ static const rpc_method proc_methods[] = {
      proc_list_cancel},
     {"/pb.ProcessService/SendSignal", RPC_UNARY, &pb__send_signal_request__descriptor,
      &pb__send_signal_response__descriptor, 0, proc_signal_on_request, NULL, NULL,
-     proc_unary_cancel},
+     proc_signal_cancel},
 };
 
 /* §6's four and §9's input calls (proc/input.c), in one array for the router. */

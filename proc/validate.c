@@ -34,7 +34,30 @@ rpc_code proc_validate_pty_size(const Pb__PTY *pty, int required, char *msg, siz
   return RPC_OK;
 }
 
+rpc_code proc_validate_limits(const Pb__ResourceLimits *l, long cpus, const char *unavailable, char *msg,
+                              size_t n) {
+  if (!l || (!l->memory_max_bytes && !l->pids_max && !l->cpu_millis)) return RPC_OK;
+  if (l->memory_max_bytes && l->memory_max_bytes < 1048576) {
+    snprintf(msg, n, "invalid limits: memoryMaxBytes must be at least 1048576");
+    return RPC_INVALID_ARGUMENT;
+  }
+  uint64_t most = 1000u * (uint64_t)(cpus > 0 ? cpus : 1);
+  if (l->cpu_millis > most) {
+    snprintf(msg, n, "invalid limits: cpuMillis must not exceed %llu", (unsigned long long)most);
+    return RPC_INVALID_ARGUMENT;
+  }
+  if (unavailable) {
+    snprintf(msg, n, "resource limits are not available: %s", unavailable);
+    return RPC_FAILED_PRECONDITION;
+  }
+  return RPC_OK;
+}
+
 rpc_code proc_validate_selector(const Pb__ProcessSelector *sel, char *msg, size_t n) {
+  if (sel && sel->all) {
+    snprintf(msg, n, "process selector all is only valid for SendSignal");
+    return RPC_INVALID_ARGUMENT;
+  }
   if (!sel || (sel->pid == 0 && (!sel->tag || !sel->tag[0]))) {
     snprintf(msg, n, "process pid or tag is required");
     return RPC_INVALID_ARGUMENT;

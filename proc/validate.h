@@ -22,7 +22,15 @@ rpc_code proc_validate_start(const Pb__StartProcessRequest *req, char *msg, size
  * is required" when required, else fine. */
 rpc_code proc_validate_pty_size(const Pb__PTY *pty, int required, char *msg, size_t n);
 
-/* Connect/SendSignal selector: pid or tag required. */
+/* api.md §9 limits, checked after step 4: memoryMaxBytes ≥ 1 MiB,
+ * cpuMillis ≤ 1000 × cpus, then unavailable (the reason the controllers
+ * are missing, or NULL when they are there) → failed_precondition.  No
+ * limits, or all 0: fine. */
+rpc_code proc_validate_limits(const Pb__ResourceLimits *l, long cpus, const char *unavailable, char *msg,
+                              size_t n);
+
+/* Connect/input selector: `all` refused, pid or tag required (SendSignal
+ * takes `all` before it asks). */
 rpc_code proc_validate_selector(const Pb__ProcessSelector *sel, char *msg, size_t n);
 
 /* SendSignal: not zero, a real Linux signal number (1..64). */

@@ -21,7 +21,7 @@ static int got_status[NCHILD];
 static pid_t got_pid[NCHILD], child_pid[NCHILD];
 static int ncalls, nwrong;
 
-static void on_exit_cb(pid_t pid, int st, void *arg) {
+static void on_exit_cb(pid_t pid, int st, const struct rusage *ru, void *arg) {
   int i = (int)(intptr_t)arg;
   if (got_pid[i]) nwrong++; /* twice */
   got_pid[i] = pid;
