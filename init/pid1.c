@@ -2,6 +2,7 @@
 #include "init/pid1.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,16 @@ static void pmem_poll(uv_timer_t *t) {
   boot_finish();
 }
 
+/* An OOM kill in the workload is reported by the end event (oomKilled) and
+ * /metrics; the kernel's list of every task of the cgroup, written to a
+ * serial console at a few kB/s, stalled the whole guest for seconds per
+ * kill of a fork bomb's thousands of processes (microVM, TCG). */
+static void quiet_oom_reports(void) {
+  int fd = open("/proc/sys/vm/oom_dump_tasks", O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write(fd, "0", 1) != 1) LOG_WARN("cannot set vm.oom_dump_tasks=0: %s", strerror(errno));
+  if (fd >= 0) close(fd);
+}
+
 int init_pid1_main(int argc, char **argv) {
   /* step 1: not killable from inside; children reset these before exec */
   signal(SIGTERM, SIG_IGN);
@@ -135,6 +146,7 @@ int init_pid1_main(int argc, char **argv) {
   LOG_INFO("conch-init %s starting as PID 1", CONCH_VERSION);
   boot_early(&p1.boot, argc, argv); /* steps 2–8 */
   proc_cg_init(conch.loop, 1);      /* cgroup2 for ProcessService, before the chroot */
+  quiet_oom_reports();
   if (boot_need_pmem_wait(&p1.boot)) { /* step 9: wait ≤ 500 ms without sleeping */
     uv_timer_init(conch.loop, &p1.pmem_timer);
     p1.pmem_deadline = uv_now(conch.loop) + PID1_PMEM_WAIT_MS;

@@ -20,6 +20,12 @@
 #include "agent/log.h"
 
 #define REAPER_MIN_CAP 64u
+/* Reaps per loop turn: a fork bomb's orphans exit as fast as the reaper
+ * takes them, so an unbounded wait4 loop never returned to the rest of the
+ * loop (/health starved for 13 s in the microVM); the rest are reaped on the
+ * next turn (an idle handle), after the loop's I/O.  Zombies left meanwhile
+ * count against the workload's pids.max, which slows the bomb down. */
+#define REAPER_BATCH 64
 #define REAPER_MAX_WATCH (1u << 20)
 
 struct reaper_slot {
@@ -30,6 +36,7 @@ struct reaper_slot {
 
 struct reaper {
   uv_signal_t sig;
+  uv_idle_t more; /* a batch was full: go on next turn */
   int started;
   struct reaper_slot *slots;
   size_t cap; /* power of two */
@@ -145,16 +152,22 @@ int reaper_inflight_claim(reaper_inflight *s, reaper_cb cb, void *arg, int *stat
   return pid > 0 ? reaper_watch(pid, cb, arg) : 0;
 }
 
+static void reaper_on_more(uv_idle_t *h) { reaper_reap(); }
+
 void reaper_reap(void) {
-  for (;;) {
+  for (int n = 0;; n++) {
+    if (n == REAPER_BATCH) {
+      if (reaper.started && !uv_is_active((uv_handle_t *)&reaper.more)) uv_idle_start(&reaper.more, reaper_on_more);
+      return;
+    }
     int st = 0;
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
     pid_t pid = wait4(-1, &st, WNOHANG, &ru);
-    if (pid == 0) return;                    /* children left, none exited */
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      return;                                /* ECHILD: no children at all */
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) { /* 0: children left, none exited; -1: ECHILD, no children at all */
+      if (reaper.started) uv_idle_stop(&reaper.more);
+      return;
     }
     struct reaper_slot *s = reaper_find(pid);
     if (s) {
@@ -184,6 +197,8 @@ int reaper_init(uv_loop_t *loop) {
   }
   /* The reaper alone never keeps the loop alive. */
   uv_unref((uv_handle_t *)&reaper.sig);
+  uv_idle_init(loop, &reaper.more);
+  uv_unref((uv_handle_t *)&reaper.more);
   reaper.started = 1;
   /* Children that exited before the handler existed. */
   reaper_reap();
