@@ -29,6 +29,7 @@ import pytest
 
 import conftest
 from conch import Client
+from files_util import temp_leftovers
 
 FS = "/pb.FileService/"
 SP = "/pb.ProcessService/StartProcess"
@@ -191,21 +192,9 @@ def upload_with_rename(server, d, moved, finish):
         return f"{len(b):x}\r\n".encode() + b + b"\r\n"
 
     sock.sendall(head + chunk(env({"filepath": target, "content": base64.b64encode(first).decode()})))
-    # the server holds its temp file once the first chunk is written: by
-    # name before this change, as an O_TMPFILE descriptor (".../#123
-    # (deleted)") after it — either shows in its fd table
-    fd_dir = f"/proc/{server.proc.pid}/fd"
-
-    def holds_temp():
-        for n in os.listdir(fd_dir):
-            try:
-                if os.readlink(os.path.join(fd_dir, n)).startswith(d + "/"):
-                    return True
-            except OSError:
-                pass
-        return False
-
-    assert wait_for(holds_temp, 10), "the upload never opened its temp file"
+    # the temp file exists once the first chunk is written (named, or an
+    # O_TMPFILE the server holds open)
+    assert wait_for(lambda: temp_leftovers(d, server.proc.pid), 10), "the upload never opened its temp file"
     os.rename(d, moved)
     if not finish:
         sock.close()
@@ -230,7 +219,7 @@ def test_upload_into_a_renamed_directory_leaves_no_temp_file(server, tmp_path):
     assert b" 200 " in data.split(b"\r\n", 1)[0], data[:300]
     # the file went where its directory went (the directory is held by
     # descriptor from the first chunk), and nothing else did
-    assert names(moved, ".conch-upload-") == [] and not os.path.exists(d)
+    assert temp_leftovers(moved, server.proc.pid) == [] and not os.path.exists(d)
     assert b'"uploadedCount":1' in data, data[-300:]
     with open(os.path.join(moved, "f.bin"), "rb") as f:
         assert f.read() == content
@@ -238,7 +227,7 @@ def test_upload_into_a_renamed_directory_leaves_no_temp_file(server, tmp_path):
     d2, moved2 = str(tmp_path / "up2"), str(tmp_path / "up2-moved")
     os.makedirs(d2)
     assert upload_with_rename(server, d2, moved2, finish=False) is None
-    assert wait_for(lambda: not names(moved2, ".conch-upload-"), 5), os.listdir(moved2)
+    assert wait_for(lambda: not temp_leftovers(moved2, server.proc.pid), 5), temp_leftovers(moved2, server.proc.pid)
     assert os.listdir(moved2) == []
 
 
@@ -322,16 +311,16 @@ def test_move_source_swapped_for_a_fifo_never_wedges_the_pool(server, shm_dir, t
         st, msgs, end = cl.stream(SP, [{"cmd": "true", "cwd": str(tmp_path)}], conn=c)
         c.close()
         assert st == 200 and end == {} and any("end" in m for m in msgs), (msgs, end)
-        took = time.monotonic() - t0
+        print(f"Stat + StartProcess after the race: {time.monotonic() - t0:.2f} s")
     finally:
         stop.set()
+        print(f"race {RACE_S:.0f} s: {counts}")
         # free any pool thread blocked opening the FIFO (a failing run)
         for _ in range(64):
             try:
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
             except OSError:
                 break
-    print(f"race {RACE_S:.0f}s: {counts}, Stat+StartProcess after it {took:.2f}s")
     assert counts["timeouts"] == 0, counts
     # the race was really run: both faces were met by the copy
     assert counts["swaps"] > 1000 and counts["moves"] > 100, counts
