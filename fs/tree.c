@@ -220,7 +220,8 @@ int fs_tree_remove(const char *path, const atomic_int *cancel, fs_status *st) {
   return rc;
 }
 
-int fs_tree_mkdir_p(const char *path, size_t dirlen, fs_status *st) {
+int fs_tree_mkdir_p(const char *path, size_t dirlen, size_t *made, fs_status *st) {
+  if (made) *made = 0;
   char *p = strndup(path, dirlen);
   if (!p) {
     fs_status_set(st, RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -229,7 +230,9 @@ int fs_tree_mkdir_p(const char *path, size_t dirlen, fs_status *st) {
   for (size_t i = 1; i <= dirlen; i++) {
     if (i < dirlen && p[i] != '/') continue;
     p[i] = 0;
-    if (mkdir(p, 0755) != 0) {
+    if (mkdir(p, 0755) == 0) {
+      if (made && !*made) *made = i;
+    } else {
       int e = errno;
       struct stat sb;
       if (e != EEXIST || stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
@@ -244,6 +247,20 @@ int fs_tree_mkdir_p(const char *path, size_t dirlen, fs_status *st) {
   }
   free(p);
   return 0;
+}
+
+void fs_tree_unmake(const char *path, size_t dirlen, size_t made) {
+  if (!made) return;
+  char *p = strndup(path, dirlen);
+  if (!p) return;
+  /* deepest first; a directory someone filled meanwhile stays, and so do
+   * its parents */
+  for (size_t i = dirlen; i >= made; i--) {
+    if (i < dirlen && p[i] != '/') continue;
+    p[i] = 0;
+    if (rmdir(p) != 0) break;
+  }
+  free(p);
 }
 
 void fs_tree_status_move(fs_status *st, const char *src, const char *dst, int err) {

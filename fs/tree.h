@@ -36,8 +36,12 @@
 #define FS_TREE_MAX_DEPTH 1024
 #define FS_TREE_MAX_PASSES 8
 
-/* mkdir -p of path[0, dirlen) (0755); 0, or -1 with st set. */
-int fs_tree_mkdir_p(const char *path, size_t dirlen, fs_status *st);
+/* mkdir -p of path[0, dirlen) (0755); 0, or -1 with st set.  made (may be
+ * NULL): the length of the shortest prefix this call created, 0 if none. */
+int fs_tree_mkdir_p(const char *path, size_t dirlen, size_t *made, fs_status *st);
+/* Undo fs_tree_mkdir_p's work (made as it said): rmdir path[0, dirlen) and
+ * its parents down to path[0, made), stopping at one no longer empty. */
+void fs_tree_unmake(const char *path, size_t dirlen, size_t made);
 /* Remove path (not following a final symlink), recursively. */
 int fs_tree_remove(const char *path, const atomic_int *cancel, fs_status *st);
 /* Move src to dst across filesystems (see above). */
