@@ -165,12 +165,14 @@ TEST(move_xdev_fifo_never_opened) {
   ASSERT_EQ(fs_tree_remove(d, NULL, &st), 0);
 }
 
-/* Last: unshares this process's mount namespace (root only). */
+/* This process in a private mount namespace of its own (root only): 1, or
+ * 0 when it cannot have one. */
+static int private_mounts(void) {
+  return unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0;
+}
+
+/* Runs in the private mount namespace (private_mounts). */
 TEST(bind_mount_of_the_same_fs) {
-  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
-    printf("bind_mount_of_the_same_fs: not run (no private mount namespace: %s)\n", strerror(errno));
-    return;
-  }
   char vol[600], t[600], mnt[600], p[600], dst[600], want[1400];
   ASSERT_EQ(mkdir(at(vol, sizeof vol, shm, "vol"), 0755), 0);
   put(at(p, sizeof p, vol, "keep"), "precious");
@@ -224,7 +226,10 @@ int main(void) {
   RUN(move_xdev_file_and_failure);
   RUN(mkdir_p_and_unmake);
   RUN(move_xdev_fifo_never_opened);
-  RUN(bind_mount_of_the_same_fs);
+  if (private_mounts()) /* last: the namespace stays this process's */
+    RUN(bind_mount_of_the_same_fs);
+  else /* not counted as passed */
+    printf("bind_mount_of_the_same_fs: not run (no private mount namespace: %s)\n", strerror(errno));
   /* the over-deep tree is beyond fs_tree_remove by design */
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", disk, shm);
