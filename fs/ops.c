@@ -74,7 +74,7 @@ static void op_mkdir(fs_op *o) {
   if (mkdir(p, 0755) != 0) {
     int e = errno;
     if (e == ENOENT) { /* parents first (mkdir -p), then the directory itself */
-      if (fs_tree_mkdir_p(p, fs_path_dir_len(p), &o->st) != 0) return;
+      if (fs_tree_mkdir_p(p, fs_path_dir_len(p), NULL, &o->st) != 0) return;
       e = mkdir(p, 0755) == 0 ? 0 : errno;
     }
     if (e == EEXIST) {
@@ -107,17 +107,22 @@ static int op_exists(fs_op *o) {
 
 static void op_move(fs_op *o) {
   if (op_exists(o) != 0) return;
-  size_t dl = fs_path_dir_len(o->dst);
-  if (dl > 1 && fs_tree_mkdir_p(o->dst, dl, &o->st) != 0) return;
+  size_t dl = fs_path_dir_len(o->dst), made = 0;
+  if (dl > 1 && fs_tree_mkdir_p(o->dst, dl, &made, &o->st) != 0) return;
   if (rename(o->path, o->dst) != 0) {
     int e = errno;
     if (e != EXDEV) {
       fs_tree_status_move(&o->st, o->path, o->dst, e);
+      fs_tree_unmake(o->dst, dl, made); /* a failed Move leaves nothing */
       return;
     }
     /* another filesystem: copy beside the destination, rename it into
      * place (atomic), then remove the source */
-    if (fs_tree_move_xdev(o->path, o->dst, &o->cancel, &o->st) != 0) return;
+    if (fs_tree_move_xdev(o->path, o->dst, &o->cancel, &o->st) != 0) {
+      /* (a copy already in place keeps its parents: rmdir fails there) */
+      fs_tree_unmake(o->dst, dl, made);
+      return;
+    }
   }
   op_entry(o, o->dst);
 }

@@ -1,14 +1,20 @@
 /* fs/upload — PostFileStream (api.md §7): one file per client stream.
  *
  * Per chunk: content > 1 MiB → resource_exhausted.  First chunk: validate
- * filepath, then (pool) mkdir -p its directory (0755) and create
- * ".conch-upload-<random>" O_EXCL beside the target.  Later chunks: empty
- * or identical filepath, else "filepath changed during stream upload";
- * empty content is skipped.  End of input: (pool) fdatasync, give the temp
- * file the target's mode (and owner) when the target exists or 0644, then
- * rename it onto the target.  Response {uploadedCount:1, entries:[{name,
- * path, type:"file"}]}.  On any error or cancel the temp file is removed
- * (in the pool), the target is untouched and no message is sent.
+ * filepath, then (pool) mkdir -p its directory (0755), open that
+ * directory (held until the end) and create the temp file in it: an
+ * unnamed O_TMPFILE, or where the filesystem has none
+ * ".conch-upload-<random>" O_EXCL.  Later chunks: empty or identical
+ * filepath, else "filepath changed during stream upload"; empty content is
+ * skipped.  End of input: (pool) fdatasync, give the temp file the target's
+ * mode (and owner) when the target exists or 0644, name it
+ * ".conch-upload-<random>" (linkat) and rename it onto the target — every
+ * step relative to the held directory descriptor, so a directory renamed
+ * meanwhile takes the upload with it and no temp file is ever stranded
+ * under a path that no longer leads to it.  Response {uploadedCount:1,
+ * entries:[{name, path, type:"file"}]}.  On any error or cancel the temp
+ * file is removed (in the pool; an unnamed one by closing it), the target
+ * is untouched and no message is sent.
  *
  * Pipelining with bounded memory: chunks are copied into a queue while the
  * previous batch is written in the pool (network and disk overlap); the
@@ -52,8 +58,9 @@ typedef struct fs_upload {
   rpc_call *call; /* NULL once the call ended (finished or canceled) */
   rpc_call *held; /* canceled with the answer held until the temp file is gone */
   char *target;
-  char *tmp; /* temp file path while it exists */
-  int fd;
+  char *tmp; /* the temp file's name in dfd while it has one */
+  int fd;    /* the temp file (O_TMPFILE: unnamed until the commit) */
+  int dfd;   /* the target's directory, from the first chunk on */
   int started, input_end;
   int busy;    /* pool work queued/running */
   int sending; /* inside rpc_send */
@@ -92,10 +99,14 @@ static void up_free(fs_upload *u) {
 static void up_remove_temp(fs_upload *u) {
   if (u->fd >= 0) close(u->fd);
   u->fd = -1;
-  if (u->tmp) unlink(u->tmp);
+  if (u->tmp) unlinkat(u->dfd, u->tmp, 0);
   free(u->tmp);
   u->tmp = NULL;
+  if (u->dfd >= 0) close(u->dfd);
+  u->dfd = -1;
 }
+
+static int up_has_temp(const fs_upload *u) { return u->fd >= 0 || u->dfd >= 0; }
 
 static int up_mkdir_p(fs_upload *u, const char *dir) {
   size_t len = strlen(dir);
@@ -162,6 +173,18 @@ static int up_canceled(fs_upload *u) {
   return 1;
 }
 
+/* A fresh ".conch-upload-<random>" into u->tmp; 0 or -1 (status set). */
+static int up_temp_name(fs_upload *u) {
+  if (!u->tmp && !(u->tmp = malloc(sizeof UP_TEMP_PREFIX + 16))) {
+    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return -1;
+  }
+  char hex[17];
+  up_random_hex(u, hex);
+  snprintf(u->tmp, sizeof UP_TEMP_PREFIX + 16, "%s%s", UP_TEMP_PREFIX, hex);
+  return 0;
+}
+
 static void up_do_open(fs_upload *u) {
   /* The layer may have answered the client already (bad input, peer
    * gone): then create nothing. */
@@ -173,28 +196,42 @@ static void up_do_open(fs_upload *u) {
     return;
   }
   if (dl > 1 && up_mkdir_p(u, dir) < 0) goto out;
+  u->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+  if (u->dfd < 0) {
+    fs_status_os(&u->st, "create file", u->target, errno);
+    goto out;
+  }
+  const char *base = fs_path_base(u->target);
   struct stat st;
-  if (stat(u->target, &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (fstatat(u->dfd, base, &st, 0) == 0 && S_ISDIR(st.st_mode)) {
     fs_status_set(&u->st, RPC_INVALID_ARGUMENT, "path is a directory: %s", u->target);
+    up_remove_temp(u);
     goto out;
   }
-  size_t tl = dl + 1 + strlen(UP_TEMP_PREFIX) + 16 + 1;
-  u->tmp = malloc(tl);
-  if (!u->tmp) {
-    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  if (up_canceled(u)) {
+    up_remove_temp(u);
     goto out;
   }
-  if (up_canceled(u)) goto out;
-  for (int tries = 0;; tries++) {
-    char hex[17];
-    up_random_hex(u, hex);
-    snprintf(u->tmp, tl, "%s/%s%s", dl > 1 ? dir : "", UP_TEMP_PREFIX, hex);
-    u->fd = open(u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0600);
-    if (u->fd >= 0) break;
-    if (errno != EEXIST || tries >= 16) {
+  /* unnamed: nothing to strand whatever happens to the directory */
+  u->fd = openat(u->dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  int e = u->fd < 0 ? errno : 0;
+  if (e && e != EOPNOTSUPP && e != EISDIR && e != EINVAL) {
+    fs_status_os(&u->st, "create file", u->target, e);
+    up_remove_temp(u);
+    goto out;
+  }
+  /* a filesystem without O_TMPFILE: a named one, removed through dfd */
+  for (int tries = 0; u->fd < 0; tries++) {
+    if (up_temp_name(u) < 0) {
+      up_remove_temp(u);
+      goto out;
+    }
+    u->fd = openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
+    if (u->fd < 0 && (errno != EEXIST || tries >= 16)) {
       fs_status_os(&u->st, "create file", u->target, errno);
-      free(u->tmp);
+      free(u->tmp); /* not ours */
       u->tmp = NULL;
+      up_remove_temp(u);
       goto out;
     }
   }
@@ -203,13 +240,34 @@ out:
   free(dir);
 }
 
+/* Give the unnamed temp file its ".conch-upload-*" name in dfd. */
+static int up_link_temp(fs_upload *u) {
+  char proc[32];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", u->fd);
+  for (int tries = 0;; tries++) {
+    if (up_temp_name(u) < 0) return -1;
+    /* AT_EMPTY_PATH wants CAP_DAC_READ_SEARCH; /proc/self/fd does not */
+    int r = linkat(u->fd, "", u->dfd, u->tmp, AT_EMPTY_PATH);
+    if (r != 0 && (errno == EPERM || errno == ENOENT))
+      r = linkat(AT_FDCWD, proc, u->dfd, u->tmp, AT_SYMLINK_FOLLOW);
+    if (r == 0) return 0;
+    if (errno != EEXIST || tries >= 16) {
+      fs_status_os(&u->st, "create file", u->target, errno);
+      free(u->tmp);
+      u->tmp = NULL;
+      return -1;
+    }
+  }
+}
+
 static void up_do_commit(fs_upload *u) {
+  const char *base = fs_path_base(u->target);
   if (fdatasync(u->fd) != 0) {
     fs_status_os(&u->st, "sync file", u->target, errno);
     goto fail;
   }
   struct stat st;
-  if (stat(u->target, &st) == 0) {
+  if (fstatat(u->dfd, base, &st, 0) == 0) {
     /* DECISION (api.md): an existing target keeps its mode — and owner. */
     if (fchmod(u->fd, st.st_mode & 07777) != 0) {
       fs_status_os(&u->st, "chmod file", u->target, errno);
@@ -221,19 +279,22 @@ static void up_do_commit(fs_upload *u) {
     fs_status_os(&u->st, "chmod file", u->target, errno);
     goto fail;
   }
+  if (up_canceled(u)) goto fail; /* the client is gone: leave the target alone */
+  if (!u->tmp && up_link_temp(u) < 0) goto fail;
   int fd = u->fd;
   u->fd = -1;
   if (close(fd) != 0) {
     fs_status_os(&u->st, "write file", u->target, errno);
     goto fail;
   }
-  if (up_canceled(u)) goto fail; /* the client is gone: leave the target alone */
-  if (rename(u->tmp, u->target) != 0) {
+  if (renameat(u->dfd, u->tmp, u->dfd, base) != 0) {
     fs_status_os(&u->st, "rename file", u->target, errno);
     goto fail;
   }
   free(u->tmp);
   u->tmp = NULL;
+  close(u->dfd);
+  u->dfd = -1;
   return;
 fail:
   up_remove_temp(u);
@@ -273,7 +334,7 @@ static int up_queue(fs_upload *u, up_op op) {
 /* The call is gone: remove the temp file (in the pool) and free. */
 static void up_dispose(fs_upload *u) {
   if (u->busy) return; /* up_after comes back here */
-  if (u->fd >= 0 || u->tmp) {
+  if (up_has_temp(u)) {
     if (up_queue(u, UP_CLEANUP) == 0) return;
     up_remove_temp(u); /* cannot queue: do it here */
   }
@@ -289,7 +350,7 @@ static void up_fail_continue(fs_upload *u) {
   }
   if (u->busy) return; /* up_after comes back here */
   rpc_pause_input(u->call, 1);
-  if (u->fd >= 0 || u->tmp) {
+  if (up_has_temp(u)) {
     if (up_queue(u, UP_CLEANUP) == 0) return;
     up_remove_temp(u); /* cannot queue: do it here */
   }
@@ -409,6 +470,7 @@ void fs_upload_on_request(rpc_call *c, const ProtobufCMessage *req) {
   }
   u->call = c;
   u->fd = -1;
+  u->dfd = -1;
   atomic_init(&u->canceled, 0);
   rpc_set_user(c, u);
 }
@@ -481,7 +543,7 @@ void fs_upload_on_cancel(rpc_call *c, rpc_code why) {
   if (u->sending) return; /* up_succeed frees */
   /* an error the layer raised (a broken envelope, the deadline) is only
    * answered once the temp file is gone, as for the service's own errors */
-  if (u->busy || u->fd >= 0 || u->tmp) {
+  if (u->busy || up_has_temp(u)) {
     rpc_defer_end(c);
     u->held = c;
   }

@@ -116,9 +116,17 @@ static void proc_random_name(char *out, size_t n) {
 }
 
 int proc_script_write(const char *dir, const char *ext, const char *content, size_t len,
-                      char *path_out, size_t path_n, char *err, size_t errn) {
+                      char *path_out, size_t path_n, int *dfd_out, char *err, size_t errn) {
   char eb[96];
   const char *sep = (dir[0] && dir[strlen(dir) - 1] == '/') ? "" : "/";
+  size_t name_off = strlen(dir) + strlen(sep);
+  /* held until the script is removed: a cwd renamed meanwhile takes the
+   * script with it, and the removal still finds it */
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+  if (dfd < 0) {
+    snprintf(err, errn, "open %s: %s", dir, proc_errstr(errno, eb, sizeof eb));
+    return -1;
+  }
   int fd = -1;
   for (int attempt = 0; attempt < 16; attempt++) {
     char rnd[13];
@@ -128,13 +136,15 @@ int proc_script_write(const char *dir, const char *ext, const char *content, siz
     if (w < 0 || (size_t)w >= path_n) {
       snprintf(err, errn, "open %s%sconch-script-*%s: %s", dir, sep, ext,
                proc_errstr(ENAMETOOLONG, eb, sizeof eb));
+      close(dfd);
       return -1;
     }
-    fd = open(path_out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    fd = openat(dfd, path_out + name_off, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd >= 0 || errno != EEXIST) break;
   }
   if (fd < 0) {
     snprintf(err, errn, "open %s: %s", path_out, proc_errstr(errno, eb, sizeof eb));
+    close(dfd);
     return -1;
   }
   size_t off = 0;
@@ -145,17 +155,27 @@ int proc_script_write(const char *dir, const char *ext, const char *content, siz
       int e = k < 0 ? errno : EIO;
       snprintf(err, errn, "write %s: %s", path_out, proc_errstr(e, eb, sizeof eb));
       close(fd);
-      unlink(path_out);
+      unlinkat(dfd, path_out + name_off, 0);
+      close(dfd);
       return -1;
     }
     off += (size_t)k;
   }
   if (fchmod(fd, 0644) != 0 || close(fd) != 0) {
     snprintf(err, errn, "close %s: %s", path_out, proc_errstr(errno, eb, sizeof eb));
-    unlink(path_out);
+    unlinkat(dfd, path_out + name_off, 0);
+    close(dfd);
     return -1;
   }
+  *dfd_out = dfd;
   return 0;
+}
+
+int proc_script_unlink(int dfd, const char *path) {
+  const char *slash = strrchr(path, '/');
+  int r = unlinkat(dfd, slash ? slash + 1 : path, 0) == 0 || errno == ENOENT ? 0 : -errno;
+  close(dfd);
+  return r;
 }
 
 static int proc_is_executable(const char *path) {

@@ -23,10 +23,17 @@ int proc_path_clean(const char *path, const char *base, char *out, size_t n);
 int proc_mkdir_p(const char *dir, char *err, size_t errn);
 
 /* Write content to "<dir>/conch-script-<12 random chars><ext>", mode 0644,
- * created O_EXCL (retried on a name clash).  0 with the path in path_out,
- * or -1 with err = "open <p>: <reason>" / "write <p>: <reason>". */
+ * created O_EXCL (retried on a name clash) relative to a descriptor of dir.
+ * 0 with the path in path_out and that directory descriptor (O_CLOEXEC) in
+ * *dfd_out — the script is removed through it (proc_script_unlink), so a
+ * cwd renamed while the process runs leaves nothing behind — or -1 with
+ * err = "open <p>: <reason>" / "write <p>: <reason>". */
 int proc_script_write(const char *dir, const char *ext, const char *content, size_t len,
-                      char *path_out, size_t path_n, char *err, size_t errn);
+                      char *path_out, size_t path_n, int *dfd_out, char *err, size_t errn);
+
+/* Remove the script (path's basename, in dfd) and close dfd: 0 (a script
+ * already gone included) or -errno. */
+int proc_script_unlink(int dfd, const char *path);
 
 /* execvp-style lookup of cmd in path_env (the PATH of the child's final
  * environment; an empty element means the working directory).  A cmd with a

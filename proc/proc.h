@@ -109,6 +109,7 @@ struct proc {
   size_t nenv;
   char *cwd;      /* resolved */
   char *script;   /* script path to remove, or NULL */
+  int script_dfd; /* its directory, held while script is set (removal by it) */
   time_t started_at;
 
   /* request data only needed until spawn */

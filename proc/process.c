@@ -16,6 +16,7 @@
 #include "proc/reaper.h"
 #include "proc/cgroup.h"
 #include "proc/exitfmt.h"
+#include "proc/prep.h"
 #include "proc/proc.h"
 #include "proc/spawn.h"
 
@@ -87,6 +88,7 @@ static void proc_free(struct proc *p) {
   free(p->home);
   if (p->req) protobuf_c_message_free_unpacked((ProtobufCMessage *)p->req, NULL);
   free(p->cwd);
+  if (p->script) close(p->script_dfd); /* never removed: out of memory */
   free(p->script);
   free(p->content);
   free(p->stdin_buf);
@@ -154,11 +156,12 @@ void proc_release(struct proc *p) {
 struct proc_unlink_work {
   uv_work_t w;
   char *path;
+  int dfd; /* the script's directory: a cwd renamed meanwhile still finds it */
 };
 static void proc_unlink_run(uv_work_t *w) {
   struct proc_unlink_work *u = (struct proc_unlink_work *)w;
-  if (unlink(u->path) != 0 && errno != ENOENT)
-    LOG_WARN("cannot remove script path=%s errno=%d", u->path, errno);
+  int r = proc_script_unlink(u->dfd, u->path);
+  if (r != 0) LOG_WARN("cannot remove script path=%s errno=%d", u->path, -r);
 }
 static void proc_unlink_done(uv_work_t *w, int status) {
   struct proc_unlink_work *u = (struct proc_unlink_work *)w;
@@ -170,8 +173,10 @@ void proc_remove_script(struct proc *p) {
   struct proc_unlink_work *u = calloc(1, sizeof *u);
   if (!u) return; /* ENOMEM: the file stays (logged by nobody: nothing to log with) */
   u->path = p->script;
+  u->dfd = p->script_dfd;
   p->script = NULL;
   if (uv_queue_work(p->t->loop, &u->w, proc_unlink_run, proc_unlink_done) != 0) {
+    close(u->dfd);
     free(u->path);
     free(u);
   }

@@ -72,7 +72,7 @@ static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req)
  * here, before the error reaches the client (not in a later job). */
 static void proc_unlink_script_now(struct proc *p) {
   if (!p->script) return;
-  unlink(p->script);
+  proc_script_unlink(p->script_dfd, p->script);
   free(p->script);
   p->script = NULL;
 }
@@ -115,16 +115,20 @@ static void proc_start_work(uv_work_t *w) {
   }
   if (p->content) {
     char path[4096 + 64];
+    int dfd;
     if (proc_script_write(p->cwd, proc_script_ext(p->cmd), p->content, p->content_len, path,
-                          sizeof path, err, sizeof err) != 0) {
+                          sizeof path, &dfd, err, sizeof err) != 0) {
       proc_set_err(p, 6, RPC_INTERNAL, "failed to write script file: %s", err);
       return;
     }
     p->script = strdup(path);
+    if (p->script)
+      p->script_dfd = dfd; /* from now on the script goes with p->script */
+    else
+      proc_script_unlink(dfd, path);
     p->args = calloc(1, sizeof *p->args);
     if (p->args) p->args[0] = strdup(path);
     if (!p->script || !p->args || !p->args[0]) {
-      if (!p->script) unlink(path);
       proc_set_err(p, 6, RPC_INTERNAL, "failed to write script file: %s", "cannot allocate memory");
       return;
     }

@@ -96,8 +96,21 @@ def chunk_bytes(msgs):
     return b"".join(base64.b64decode(m.get("content", "")) for m in msgs)
 
 
-def temp_leftovers(directory):
+def temp_leftovers(directory, pid=None):
+    """The upload temp files in directory: named ones (.conch-upload-*), and
+    with the server's pid also the unnamed O_TMPFILE ones it holds open
+    there (their /proc/<pid>/fd link reads "<directory>/#<ino> (deleted)")."""
     try:
-        return [n for n in os.listdir(directory) if n.startswith(".conch-upload-")]
+        out = [n for n in os.listdir(directory) if n.startswith(".conch-upload-")]
     except FileNotFoundError:
-        return []
+        out = []
+    if pid is not None:
+        fds = f"/proc/{pid}/fd"
+        for n in os.listdir(fds):
+            try:
+                link = os.readlink(os.path.join(fds, n))
+            except OSError:
+                continue  # closed meanwhile
+            if link.startswith(os.path.join(str(directory), "#")) and link.endswith(" (deleted)"):
+                out.append(link)
+    return out

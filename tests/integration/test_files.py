@@ -310,14 +310,14 @@ def test_upload_client_disconnect_removes_temp(server, tmp_path):
     env = envelope(json.dumps({"filepath": target, "content": "bmV3"}).encode())
     s.sendall(b"%x\r\n%s\r\n" % (len(env), env))
     deadline = time.time() + 10
-    while not temp_leftovers(str(tmp_path)) and time.time() < deadline:
+    while not temp_leftovers(str(tmp_path), server.proc.pid) and time.time() < deadline:
         time.sleep(0.02)
-    assert temp_leftovers(str(tmp_path)), "temp file never appeared"
+    assert temp_leftovers(str(tmp_path), server.proc.pid), "temp file never appeared"
     s.close()
     deadline = time.time() + 10
-    while temp_leftovers(str(tmp_path)) and time.time() < deadline:
+    while temp_leftovers(str(tmp_path), server.proc.pid) and time.time() < deadline:
         time.sleep(0.02)
-    assert temp_leftovers(str(tmp_path)) == []
+    assert temp_leftovers(str(tmp_path), server.proc.pid) == []
     assert open(target, "rb").read() == b"before"
     assert server.alive()
 

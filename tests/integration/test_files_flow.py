@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conch import Client, envelope
+from files_util import temp_leftovers
 from conftest import serve, status_kib
 
 DOWNLOAD = "/pb.FileService/GetFileStream"
@@ -316,7 +317,7 @@ def test_layer_error_answered_after_temp_removed(one_thread_server, tmp_path):
     env = envelope(b'{"filepath": "%s", "content": "aGVsbG8="}' % target.encode())
     s.sendall(b"%x\r\n%s\r\n" % (len(env), env))
     deadline = time.time() + 10
-    while not [n for n in os.listdir(tmp_path) if n.startswith(".conch-upload-")]:
+    while not temp_leftovers(str(tmp_path), srv.proc.pid):
         assert time.time() < deadline, "temp file never appeared"
         time.sleep(0.02)
     # occupy the only pool thread with a walk of /usr (about a second)
@@ -332,7 +333,7 @@ def test_layer_error_answered_after_temp_removed(one_thread_server, tmp_path):
         d = s.recv(65536)
         assert d, resp
         resp += d
-    left = [n for n in os.listdir(tmp_path) if n.startswith(".conch-upload-")]
+    left = temp_leftovers(str(tmp_path), srv.proc.pid)
     s.close()
     t.join(30)
     assert b"invalid_argument" in resp, resp

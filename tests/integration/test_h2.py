@@ -25,6 +25,7 @@ import pytest
 
 import agent_pb2 as pb
 from conch import curl, envelope, parse_envelopes
+from files_util import temp_leftovers
 from conftest import Server, sanitizer_report, serve, status_kib
 from h2conn import H2Client
 
@@ -60,8 +61,8 @@ def stream_result(st, msg_type=None):
     return msgs, end
 
 
-def temp_files(d):
-    return [n for n in os.listdir(d) if n.startswith(".conch-upload-")]
+def temp_files(d, pid):
+    return temp_leftovers(str(d), pid)
 
 
 def poll(cond, timeout=5.0, step=0.02):
@@ -201,7 +202,7 @@ def test_reset_mid_upload_leaves_target_untouched(server, tmp_path, where):
         first = pb.FileChunk(filepath=str(target), content=os.urandom(256 * 1024)).SerializeToString()
         sid = c.connect_stream(FS + "PostFileStream", [first], server.token, end_stream=False)
         # the upload is under way once its temp file exists in the target's dir
-        assert poll(lambda: temp_files(tmp_path), 10), "no .conch-upload-* temp file appeared"
+        assert poll(lambda: temp_files(tmp_path, server.proc.pid), 10), "no .conch-upload-* temp file appeared"
         if where == "inside-envelope":
             nxt = pb.FileChunk(filepath=str(target), content=os.urandom(512 * 1024)).SerializeToString()
             c.send(sid, H2Client.envelope(nxt)[:100_000])
@@ -210,7 +211,7 @@ def test_reset_mid_upload_leaves_target_untouched(server, tmp_path, where):
             c.close()
         else:
             c.reset(sid)
-        assert poll(lambda: not temp_files(tmp_path), 5), f"temp file left: {temp_files(tmp_path)}"
+        assert poll(lambda: not temp_files(tmp_path, server.proc.pid), 5), f"temp file left: {temp_files(tmp_path, server.proc.pid)}"
         assert target.read_bytes() == b"original content\n"
         assert os.stat(target).st_mode & 0o777 == 0o600
         assert sorted(os.listdir(tmp_path)) == ["target.txt"]
@@ -245,7 +246,7 @@ def test_complete_upload_over_h2_with_many_data_frames(server, tmp_path):
     finally:
         c.close()
     assert target.read_bytes() == data
-    assert temp_files(tmp_path) == []
+    assert temp_files(tmp_path, server.proc.pid) == []
 
 
 # ---------------------------------------------------------------- flow control

@@ -12,6 +12,7 @@ import pytest
 
 import agent_pb2 as pb
 from conch import Client, curl, envelope, parse_envelopes
+from files_util import temp_leftovers
 from conftest import serve
 from h2conn import H2Client
 
@@ -73,8 +74,8 @@ def read_http1_responses(sock, n, timeout=10):
     return out
 
 
-def temp_files(d):
-    return [n for n in os.listdir(d) if n.startswith(".conch-upload-")]
+def temp_files(d, pid):
+    return temp_leftovers(str(d), pid)
 
 
 def poll(cond, timeout=5.0):
@@ -256,7 +257,7 @@ def test_http1_disconnect_mid_upload(server, tmp_path, where):
         s.sendall(b"POST /pb.FileService/PostFileStream HTTP/1.1\r\nHost: x\r\n"
                   b"Content-Type: application/connect+proto\r\nconch-init-token: " + server.token.encode() +
                   b"\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(first) + first + b"\r\n")
-        assert poll(lambda: temp_files(tmp_path), 10), "the upload did not start"
+        assert poll(lambda: temp_files(tmp_path, server.proc.pid), 10), "the upload did not start"
         if where == "inside-envelope":
             nxt = envelope(pb.FileChunk(filepath=str(target), content=os.urandom(100_000)).SerializeToString())
             s.sendall(b"%x\r\n" % len(nxt) + nxt[:5000])
@@ -265,7 +266,7 @@ def test_http1_disconnect_mid_upload(server, tmp_path, where):
         time.sleep(0.1)
     finally:
         s.close()
-    assert poll(lambda: not temp_files(tmp_path), 5), temp_files(tmp_path)
+    assert poll(lambda: not temp_files(tmp_path, server.proc.pid), 5), temp_files(tmp_path, server.proc.pid)
     assert target.read_bytes() == b"keep me\n"
     assert os.listdir(tmp_path) == ["keep.txt"]
 
@@ -279,7 +280,7 @@ def test_content_length_upload_cut_short(server, tmp_path):
         s.sendall(b"POST /pb.FileService/PostFileStream HTTP/1.1\r\nHost: x\r\n"
                   b"Content-Type: application/connect+proto\r\nconch-init-token: " + server.token.encode() +
                   b"\r\nContent-Length: %d\r\n\r\n" % (len(first) + 1000) + first)
-        assert poll(lambda: temp_files(tmp_path), 10)
+        assert poll(lambda: temp_files(tmp_path, server.proc.pid), 10)
     finally:
         s.close()
     assert poll(lambda: not os.listdir(tmp_path), 5), os.listdir(tmp_path)

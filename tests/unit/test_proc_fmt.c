@@ -1,6 +1,7 @@
 /* test_proc_fmt — exit/signal formatting, script extensions, path
  * cleaning, mkdir -p / script / PATH lookup helpers, request validation. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -123,7 +124,10 @@ TEST(mkdir_p) {
 
 TEST(script_write) {
   char path[512], err[512];
-  ASSERT_EQ(proc_script_write(tmpdir, ".sh", "echo hi\n", 8, path, sizeof path, err, sizeof err), 0);
+  int dfd = -1, dfd2 = -1;
+  ASSERT_EQ(proc_script_write(tmpdir, ".sh", "echo hi\n", 8, path, sizeof path, &dfd, err, sizeof err), 0);
+  ASSERT(dfd >= 0);
+  ASSERT(fcntl(dfd, F_GETFD) & FD_CLOEXEC);
   char prefix[256];
   snprintf(prefix, sizeof prefix, "%s/conch-script-", tmpdir);
   ASSERT_EQ(strncmp(path, prefix, strlen(prefix)), 0);
@@ -134,14 +138,34 @@ TEST(script_write) {
   ASSERT_EQ(st.st_mode & 07777, 0644);
   ASSERT_EQ(st.st_size, 8);
   char path2[512];
-  ASSERT_EQ(proc_script_write(tmpdir, ".sh", "x", 1, path2, sizeof path2, err, sizeof err), 0);
+  ASSERT_EQ(proc_script_write(tmpdir, ".sh", "x", 1, path2, sizeof path2, &dfd2, err, sizeof err), 0);
   ASSERT(strcmp(path, path2) != 0);
-  unlink(path);
-  unlink(path2);
+  ASSERT_EQ(proc_script_unlink(dfd, path), 0);
+  ASSERT_EQ(proc_script_unlink(dfd2, path2), 0);
+  ASSERT(access(path, F_OK) != 0 && access(path2, F_OK) != 0);
+  /* the directory renamed while the script exists: removed all the same
+   * (through the directory descriptor), and a script already gone is fine */
+  char d[256], moved[300];
+  snprintf(d, sizeof d, "%s/cwd", tmpdir);
+  snprintf(moved, sizeof moved, "%s/cwd-moved", tmpdir);
+  ASSERT_EQ(mkdir(d, 0755), 0);
+  ASSERT_EQ(proc_script_write(d, ".py", "x", 1, path, sizeof path, &dfd, err, sizeof err), 0);
+  ASSERT_EQ(proc_script_write(d, ".py", "y", 1, path2, sizeof path2, &dfd2, err, sizeof err), 0);
+  ASSERT_EQ(rename(d, moved), 0);
+  ASSERT_EQ(proc_script_unlink(dfd, path), 0);
+  ASSERT_EQ(rmdir(moved), -1); /* the second one is still there */
+  ASSERT_EQ(proc_script_unlink(dfd2, path2), 0);
+  ASSERT_EQ(rmdir(moved), 0);   /* now empty */
+  ASSERT_EQ(mkdir(d, 0755), 0);
+  ASSERT_EQ(proc_script_write(d, ".py", "x", 1, path, sizeof path, &dfd, err, sizeof err), 0);
+  ASSERT_EQ(unlink(path), 0);
+  ASSERT_EQ(proc_script_unlink(dfd, path), 0);
+  ASSERT_EQ(rmdir(d), 0);
   /* failure text */
-  char d[256];
   snprintf(d, sizeof d, "%s/missing", tmpdir);
-  ASSERT_EQ(proc_script_write(d, ".py", "x", 1, path, sizeof path, err, sizeof err), -1);
+  dfd = -1;
+  ASSERT_EQ(proc_script_write(d, ".py", "x", 1, path, sizeof path, &dfd, err, sizeof err), -1);
+  ASSERT_EQ(dfd, -1);
   ASSERT_EQ(strncmp(err, "open ", 5), 0);
   ASSERT(strstr(err, ": no such file or directory") != NULL);
 }
