@@ -328,8 +328,10 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
   if (status < 0) {
     uv_poll_stop(&h->poll);
     h->polling = 0;
-    for (fs_watch *w = h->streams; w; w = w->hnext)
+    for (fs_watch *w = h->streams, *nx; w; w = nx) {
+      nx = w->hnext; /* (w may be freed: out of memory for its clean-up job) */
       if (w->call && !w->closing) watch_finish(w, RPC_INTERNAL, "watch directory: inotify read failed");
+    }
     return;
   }
   static char buf[WD_READ_BUF] __attribute__((aligned(__alignof__(struct inotify_event))));
@@ -352,8 +354,10 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
       off += (ssize_t)(sizeof *ev + ev->len);
     }
   }
-  for (fs_watch *w = h->streams; w; w = w->hnext)
+  for (fs_watch *w = h->streams, *nx; w; w = nx) {
+    nx = w->hnext; /* (as above) */
     if (w->call && !w->closing) watch_pump(w);
+  }
 }
 
 static void hub_pause(fs_watch *w) {
@@ -605,7 +609,10 @@ static int node_move(fs_watch *w, wnode *n, wnode *parent, const char *name) {
   char *nm = strdup(name);
   if (!nm) return -1;
   wnode *old = node_child(w, parent, name);
-  if (old && old != n) node_drop(w, old); /* replaced by the rename */
+  if (old && old != n) {
+    if (node_within(n, old)) return -1; /* (a stale tree: leave it) */
+    node_drop(w, old); /* replaced by the rename */
+  }
   cdir_forget(w);
   name_remove(w, n);
   kid_unlink(n);
