@@ -32,7 +32,10 @@
  * in (a created one is also scanned: what it already holds is reported as
  * CREATE, so `mkdir -p a/b/c` is seen whole; an entry created at that very
  * instant may be reported twice).  A directory renamed inside the tree
- * keeps its watches under the new name; one moved out loses them.  The
+ * keeps its watches under the new name; one moved out loses them.  A new
+ * directory whose parent was renamed before its event was read (so the
+ * parent cannot be reopened by the name the tree has) is picked up once
+ * that rename is followed (WD_LOST_MAX).  The
  * stream's watched directories form a tree of nodes (parent, name), found
  * by watch descriptor or by (parent, name) in two hash tables, so a rename
  * or a directory moved out costs its own subtree, never the whole tree.
@@ -95,6 +98,10 @@
  * read) is not reported a second time; at most WD_SEEN_MAX. */
 #define WD_SEEN_MAX 256
 #define WD_SEEN_WINDOW 20480
+/* Directories where a new subdirectory appeared while they could not be
+ * reopened (renamed, their events not read yet): retried after the next
+ * rename the stream follows; at most WD_LOST_MAX, past it an overflow. */
+#define WD_LOST_MAX 16
 
 #define WD_MASK                                                                                  \
   (IN_CREATE | IN_MODIFY | IN_ATTRIB | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | \
@@ -175,6 +182,8 @@ struct fs_watch {
   int from_pending;
   uint32_t from_cookie;
   wnode *from_node; /* the directory a pending MOVED_FROM took (NULL: not watched) */
+  wnode *lost[WD_LOST_MAX];
+  size_t nlost;
   size_t scan_left;
   struct { char *rel; uint64_t until; } seen[WD_SEEN_MAX];
   size_t nseen;
@@ -537,6 +546,11 @@ static void node_drop(fs_watch *w, wnode *n) {
     *q = x->hw;
     name_remove(w, x);
     if (w->from_node == x) w->from_node = NULL;
+    for (size_t i = 0; i < w->nlost; i++)
+      if (w->lost[i] == x) {
+        w->lost[i] = w->lost[--w->nlost]; /* gone from the tree: nothing to retry */
+        break;
+      }
     free(x->name);
     free(x);
     w->nnodes--;
@@ -941,6 +955,50 @@ static int watch_new_dir(fs_watch *w, wnode *dir, int dfd, const char *name, con
   return rc;
 }
 
+/* The subdirectories of n (open at dfd) not in the tree yet: watched, what
+ * they hold reported.  -1 when some could not be. */
+static int watch_missing(fs_watch *w, wnode *n, int dfd, wd_item ***out, wd_item *owner) {
+  int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  char *rel = node_rel(n);
+  int rc = rel ? 0 : -1;
+  struct dirent *de;
+  while (rel && (de = readdir(d)) != NULL) {
+    const char *cn = de->d_name;
+    struct stat sb;
+    if (cn[0] == '.' && (!cn[1] || (cn[1] == '.' && !cn[2]))) continue;
+    if (fstatat(dirfd(d), cn, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) || node_child(w, n, cn))
+      continue;
+    char *crel = join_rel(rel, cn, strlen(cn));
+    if (!crel || watch_new_dir(w, n, dirfd(d), cn, crel, out, owner) != 0) rc = -1;
+    free(crel);
+  }
+  free(rel);
+  closedir(d);
+  return rc;
+}
+
+/* A rename was followed: the lost directories that can be reopened now get
+ * their missing subdirectories watched (reported after `it`). */
+static void lost_retry(fs_watch *w, wd_item *it) {
+  wd_item **out = &it->extra;
+  while (*out) out = &(*out)->next;
+  for (;;) {
+    size_t i = 0;
+    int dfd = -1;
+    for (; i < w->nlost && (dfd = node_dirfd(w, w->lost[i])) < 0; i++) {
+    }
+    if (i == w->nlost) return;
+    wnode *n = w->lost[i];
+    w->lost[i] = w->lost[--w->nlost];
+    if (watch_missing(w, n, dfd, &out, it) != 0) it->ovf_after = 1;
+  }
+}
+
 /* Resolve, stat and (recursive) follow one item; pool thread. */
 static void watch_item_work(fs_watch *w, wd_item *it) {
   if (it->kind != WI_FS) return;
@@ -1021,14 +1079,21 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
       if (node_move(w, w->from_node, dir, it->name) != 0) node_drop(w, w->from_node);
       w->from_node = NULL;
       w->from_pending = 0;
+      if (w->nlost) lost_retry(w, it);
     } else if (m & (IN_CREATE | IN_MOVED_TO)) {
       w->from_pending = 0; /* (a pending one whose directory was not watched) */
       wd_item **out = &it->extra;
       /* a part that cannot be watched: say events may be lost */
-      /* (dfd < 0: the parent is no longer where the tree says — removed or
-       * moved, and its own events follow) */
-      if (dfd >= 0 && watch_new_dir(w, dir, dfd, it->name, rel, (m & IN_CREATE) ? &out : NULL, it) != 0)
+      if (dfd < 0) {
+        /* the parent is not where the tree says: removed or moved, and its
+         * own events follow — if it was renamed, retry after that */
+        size_t i = 0;
+        while (i < w->nlost && w->lost[i] != dir) i++;
+        if (i == w->nlost && w->nlost < WD_LOST_MAX) w->lost[w->nlost++] = dir;
+        else if (i == w->nlost) it->ovf_after = 1;
+      } else if (watch_new_dir(w, dir, dfd, it->name, rel, (m & IN_CREATE) ? &out : NULL, it) != 0) {
         it->ovf_after = 1;
+      }
     }
   }
   free(rel);

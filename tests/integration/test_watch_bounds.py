@@ -133,6 +133,32 @@ def test_watch_symlink_swap_never_followed(server, kind, tmp_path):
 
 # ------------------------------------------------------------------ row 11
 
+def test_watch_new_dir_of_renamed_parent_is_covered(server, tmp_path):
+    """A directory made in a watched one that is renamed at once (before the
+    daemon reads the event, so it cannot reopen the parent by its old
+    name): once the rename is followed, the new directory is watched under
+    the parent's new name — its events arrive, or an overflow says they
+    may not."""
+    w = open_watch(server, "h2", str(tmp_path), recursive=True)
+    try:
+        missed = []
+        for i in range(20):
+            (tmp_path / f"a{i}").mkdir()
+            assert ("a%d" % i, "EVENT_TYPE_CREATE") in [e[:2] for e in fs_events(w, 1)]
+            os.mkdir(tmp_path / f"a{i}" / "new")
+            os.rename(tmp_path / f"a{i}", tmp_path / f"b{i}")
+            time.sleep(0.1)
+            (tmp_path / f"b{i}" / "new" / "f").touch()
+            msgs = drain(w, 0.4)
+            names = [m["filesystem"]["name"] for m in msgs if "filesystem" in m]
+            if f"b{i}/new/f" not in names and not any("overflow" in m for m in msgs):
+                missed.append(i)
+    finally:
+        w.close()
+    assert not missed, f"events of a new directory silently lost in rounds {missed}"
+    wait_no_inotify(server.proc.pid)
+
+
 def make_chain(top, names):
     """Directories top/names[0]/names[1]/... made by descriptor (the path
     may be longer than PATH_MAX); returns the deepest one's fd."""
