@@ -1,23 +1,45 @@
 /* fs/watch — WatchDir (api.md §9): a server stream of inotify events.
  *
- * One inotify instance per stream, so closing its fd (in the pool: the
- * kernel waits for an RCU grace period there) drops every watch the stream
- * made — nothing can leak past the stream.  Setup runs in the pool: stat the
- * root (missing → not_found "path not found: <p>", not a directory →
- * invalid_argument "path is not a directory: <p>"), inotify_init1, watch the
- * root and, with `recursive`, every directory below it (symlinks not
- * followed, at most WD_MAX_WATCHES).  Then `start` is sent and the fd is
- * read on the loop (uv_poll, nonblocking reads).
+ * One inotify instance for the whole agent (the hub), shared by every
+ * stream: a client opening many streams takes one instance of root's
+ * max_user_instances, not one each.  The hub maps each watch descriptor to
+ * the streams that watch it (a reference each: two streams watching one
+ * directory share the kernel's watch; the last one to drop it removes it).
+ * The hub exists while a stream does; its fd is closed in the pool (the
+ * kernel waits for an RCU grace period there).  Its table is the one thing
+ * the loop and the pool share, under a mutex: a job adds a watch and its
+ * subscription under it, so no event of a new watch is dispatched before
+ * the stream is known; the loop reads the fd and hands each event to the
+ * subscribed streams' queues under it.
  *
- * Events go through a FIFO of items: the loop appends what it reads, a pool
- * job (one at a time per stream, in order) resolves each item's watch to
- * its relative name, stats the entry (CREATE, WRITE, CHMOD, RENAME-to) and,
- * with `recursive`, watches directories created or moved in (a created one
- * is also scanned: what it already holds is reported as CREATE, so
- * `mkdir -p a/b/c` is seen whole; an entry created at that very instant may
- * be reported twice).  A directory renamed inside the tree keeps its
- * watches under the new name; one moved out loses them.  The watch → name
- * map belongs to whichever job runs, so no lock is needed.
+ * Setup runs in the pool: open the root (O_DIRECTORY; missing → not_found
+ * "path not found: <p>", not a directory → invalid_argument "path is not a
+ * directory: <p>"), watch it and, with `recursive`, every directory below.
+ * Directories are walked by descriptor only: each child is opened with
+ * openat(parent fd, name, O_NOFOLLOW|O_DIRECTORY) and watched as
+ * /proc/self/fd/<fd>, so the watch is on the inode opened — a path swapped
+ * for a symlink is never followed, whatever the race.  A stream that cannot
+ * cover its tree says so: at setup an error (more than WD_MAX_WATCHES
+ * directories, deeper than WD_MAX_DEPTH levels, the kernel's watch limit,
+ * a directory that cannot be opened), later an `overflow` after the event
+ * whose directory could not be covered.  Then `start` is sent.
+ *
+ * Events go through a FIFO of items per stream: the hub appends what it
+ * reads, a pool job (one at a time per stream, in order) resolves each
+ * item's watch to its relative name, stats the entry (fstatat from the
+ * directory reopened by descriptor from the root: CREATE, WRITE, CHMOD,
+ * RENAME-to) and, with `recursive`, watches directories created or moved
+ * in (a created one is also scanned: what it already holds is reported as
+ * CREATE, so `mkdir -p a/b/c` is seen whole; an entry created at that very
+ * instant may be reported twice).  A directory renamed inside the tree
+ * keeps its watches under the new name; one moved out loses them.  A new
+ * directory whose parent was renamed before its event was read (so the
+ * parent cannot be reopened by the name the tree has) is picked up once
+ * that rename is followed (WD_LOST_MAX).  The
+ * stream's watched directories form a tree of nodes (parent, name), found
+ * by watch descriptor or by (parent, name) in two hash tables, so a rename
+ * or a directory moved out costs its own subtree, never the whole tree.
+ * The tree belongs to whichever job of the stream runs: no lock.
  *
  * Mapping: IN_CREATE → CREATE, IN_MODIFY → WRITE (consecutive writes to
  * one entry not yet handed to a job are coalesced), IN_ATTRIB → CHMOD,
@@ -28,16 +50,18 @@
  * without entry.
  *
  * Bounds: at most WD_QUEUE_MAX events (and WD_QUEUE_BYTES of names) wait per
- * stream.  When the queue has no room for another read and the client
- * keeps up (the pool job is what is behind), reading pauses and the events
- * wait in the kernel's queue; when the client is what is behind, events
- * past the bound are dropped and one `overflow` event takes their place
- * once the queue is down to half, then events resume.  IN_Q_OVERFLOW (the
- * kernel's own queue) becomes `overflow` too (folded into a pending one).
- * Sending stops while rpc_outq_bytes() > RPC_OUTQ_HIGH and resumes on
- * drain, so a client that does not read costs at most the queue plus
- * RPC_OUTQ_HIGH.  `keepalive` after keepalive_ms (CONCH_FS_WATCH_KEEPALIVE_MS,
- * default 30000, 0 = never) with nothing sent and nothing queued.
+ * stream.  When a stream's queue has no room for another read and its
+ * client keeps up (the pool job is what is behind), the hub stops reading
+ * and the events wait in the kernel's queue; when the client is what is
+ * behind, that stream drops events past the bound and one `overflow` event
+ * takes their place once its queue is down to half, then events resume — a
+ * client that stops reading never holds the hub (its pause is lifted at
+ * once).  IN_Q_OVERFLOW (the kernel's queue, shared by all streams) becomes
+ * `overflow` on every stream (folded into a pending one).  Sending stops
+ * while rpc_outq_bytes() > RPC_OUTQ_HIGH and resumes on drain, so a client
+ * that does not read costs at most the queue plus RPC_OUTQ_HIGH.
+ * `keepalive` after keepalive_ms (CONCH_FS_WATCH_KEEPALIVE_MS, default
+ * 30000, 0 = never) with nothing sent and nothing queued.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -61,6 +85,8 @@
 #define WD_QUEUE_MAX 4096
 #define WD_QUEUE_BYTES (1u << 20)
 #define WD_MAX_WATCHES 65536
+/* A walk holds one open directory per level (fd and readdir buffer). */
+#define WD_MAX_DEPTH 128
 #define WD_BATCH 512        /* items per pool job */
 #define WD_SCAN_MAX 1024    /* synthetic CREATEs per pool job */
 #define WD_READS 16         /* reads of the inotify fd per wake-up */
@@ -72,10 +98,15 @@
  * read) is not reported a second time; at most WD_SEEN_MAX. */
 #define WD_SEEN_MAX 256
 #define WD_SEEN_WINDOW 20480
+/* Directories where a new subdirectory appeared while they could not be
+ * reopened (renamed, their events not read yet): retried after the next
+ * rename the stream follows; at most WD_LOST_MAX, past it an overflow. */
+#define WD_LOST_MAX 16
 
 #define WD_MASK                                                                                  \
   (IN_CREATE | IN_MODIFY | IN_ATTRIB | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | \
    IN_MOVE_SELF | IN_EXCL_UNLINK | IN_ONLYDIR)
+#define WD_OPEN_DIR (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
 
 enum { WI_FS, WI_OVERFLOW, WI_SKIP, WI_END };
 
@@ -86,7 +117,7 @@ typedef struct wd_item {
   uint32_t mask, cookie;
   int wd;
   int end_after; /* the root went away: end the stream after this event */
-  int ovf_after; /* the scan budget ran out: an overflow after the extras */
+  int ovf_after; /* part of a new directory could not be covered: an overflow after the extras */
   int has_entry;
   int handed;    /* given to a job (loop-side flag) */
   fs_entry e;         /* e.path = full (the logical path) */
@@ -97,152 +128,593 @@ typedef struct wd_item {
   char name[];        /* the inotify name ("" for the watch itself) */
 } wd_item;
 
-typedef struct wd_slot {
-  int wd; /* 0 = empty */
-  char *rel; /* "" for the root */
-} wd_slot;
+/* A watched directory of one stream. */
+typedef struct wnode {
+  struct wnode *parent, *kids, *next_sib, *prev_sib;
+  struct wnode *hw, *hn; /* hash chains: by wd, by (parent, name) */
+  int wd;
+  uint32_t hname;
+  char *name; /* "" for the root */
+} wnode;
 
-typedef struct fs_watch {
+typedef struct fs_watch fs_watch;
+
+/* A watch descriptor of the hub and the streams subscribed to it. */
+typedef struct hub_ent {
+  struct hub_ent *next;
+  int wd;
+  unsigned n, cap;
+  fs_watch **subs;
+} hub_ent;
+
+typedef struct wd_hub {
+  int fd;
+  uv_poll_t poll;
+  uv_mutex_t mu;    /* tab, cap, used, and each stream's root_wd */
+  hub_ent **tab;
+  size_t cap, used;
+  /* loop-owned */
+  fs_watch *streams; /* every stream using the hub */
+  int refs;          /* = streams in the list */
+  int npaused;       /* streams whose full queue asks the reads to pause */
+  int polling;
+} wd_hub;
+
+struct fs_watch {
   rpc_call *call; /* NULL once the call ended */
   char *root;
   size_t rootlen;
   int recursive;
-  int fd;
   atomic_int cancel;
   fs_status st;
+  wd_hub *hub;
+  fs_watch *hprev, *hnext; /* the hub's list (loop) */
+  int root_wd;             /* under hub->mu */
   /* job-owned (setup and item jobs) */
-  wd_slot *map;
-  size_t map_cap, map_used;
-  int root_wd;
+  int rootfd;        /* within a job only: an open fd would hold off DELETE_SELF */
+  dev_t root_dev;    /* the root's identity, checked at each reopen */
+  ino_t root_ino;
+  wnode *rootn;
+  wnode **by_wd, **by_name;
+  size_t tab_cap, nnodes;
+  wnode *cdir_node; /* the directory open at cdir_fd, within a job */
+  int cdir_fd;
   int from_pending;
   uint32_t from_cookie;
-  char *from_rel;
+  wnode *from_node; /* the directory a pending MOVED_FROM took (NULL: not watched) */
+  wnode *lost[WD_LOST_MAX];
+  size_t nlost;
   size_t scan_left;
   struct { char *rel; uint64_t until; } seen[WD_SEEN_MAX];
   size_t nseen;
   uint64_t items_seen;
   /* loop-owned */
-  uv_poll_t poll;
   uv_timer_t ka;
   int handles;       /* initialised handles not yet closed */
-  int polling;
   int busy;          /* a pool job is queued or running */
   int started;       /* the start event went out */
   int closing;
   int ending;        /* WI_END queued: ignore what follows */
   int ovf_pending;   /* events were dropped: an overflow is owed */
   int drain_armed;
-  int read_paused;   /* the queue is full and the client keeps up: the kernel holds the events */
+  int read_paused;   /* counted in hub->npaused: the queue is full and the client keeps up */
   wd_item *head, *raw, *tail; /* head: oldest unsent; raw: first not yet given to a job */
   size_t count, bytes;
   wd_item *job_first;
   size_t job_n;
   uint64_t last_send;
   uint64_t ka_ms;
-} fs_watch;
+};
 
 static void watch_pump(fs_watch *w);
 static void watch_send(fs_watch *w);
+static void watch_push(fs_watch *w, const struct inotify_event *ev);
+static void watch_finish(fs_watch *w, rpc_code code, const char *msg);
 
-/* ---- the watch map (pool jobs only) ---- */
+/* ---- the hub: its table (pool jobs add and drop, the loop dispatches) ---- */
 
-static size_t map_hash(int wd, size_t cap) { return ((uint32_t)wd * 2654435761u) & (cap - 1); }
+static size_t wd_hash(int wd, size_t cap) { return ((uint32_t)wd * 2654435761u) & (cap - 1); }
 
-static wd_slot *map_find(fs_watch *w, int wd) {
-  if (!w->map_cap) return NULL;
-  for (size_t i = map_hash(wd, w->map_cap);; i = (i + 1) & (w->map_cap - 1)) {
-    if (w->map[i].wd == wd) return &w->map[i];
-    if (w->map[i].wd == 0) return NULL;
-  }
+static hub_ent **hub_slot(wd_hub *h, int wd) {
+  if (!h->cap) return NULL;
+  hub_ent **p = &h->tab[wd_hash(wd, h->cap)];
+  while (*p && (*p)->wd != wd) p = &(*p)->next;
+  return p;
 }
 
-static void map_place(wd_slot *v, size_t cap, wd_slot s) {
-  size_t i = map_hash(s.wd, cap);
-  while (v[i].wd) i = (i + 1) & (cap - 1);
-  v[i] = s;
-}
-
-/* Set wd's name (taking rel); -1 when out of memory (rel freed). */
-static int map_put(fs_watch *w, int wd, char *rel) {
-  wd_slot *s = map_find(w, wd);
-  if (s) { /* the same directory again (inotify gives one wd per inode) */
-    free(s->rel);
-    s->rel = rel;
-    return 0;
-  }
-  if ((w->map_used + 1) * 2 > w->map_cap) {
-    size_t nc = w->map_cap ? w->map_cap * 2 : 64;
-    wd_slot *nv = calloc(nc, sizeof *nv);
-    if (!nv) {
-      free(rel);
-      return -1;
+/* Subscribe w to wd (once); -1 when out of memory.  Under h->mu. */
+static int hub_sub(wd_hub *h, int wd, fs_watch *w) {
+  hub_ent **p = hub_slot(h, wd);
+  hub_ent *e = p ? *p : NULL;
+  if (!e) {
+    if (h->used + 1 > h->cap) {
+      size_t nc = h->cap ? h->cap * 2 : 64;
+      hub_ent **nt = calloc(nc, sizeof *nt);
+      if (!nt) return -1;
+      for (size_t i = 0; i < h->cap; i++)
+        for (hub_ent *x = h->tab[i], *n; x; x = n) {
+          n = x->next;
+          size_t b = wd_hash(x->wd, nc);
+          x->next = nt[b];
+          nt[b] = x;
+        }
+      free(h->tab);
+      h->tab = nt;
+      h->cap = nc;
     }
-    for (size_t i = 0; i < w->map_cap; i++)
-      if (w->map[i].wd) map_place(nv, nc, w->map[i]);
-    free(w->map);
-    w->map = nv;
-    w->map_cap = nc;
+    e = calloc(1, sizeof *e);
+    if (!e) return -1;
+    e->wd = wd;
+    size_t b = wd_hash(wd, h->cap);
+    e->next = h->tab[b];
+    h->tab[b] = e;
+    h->used++;
   }
-  map_place(w->map, w->map_cap, (wd_slot){wd, rel});
-  w->map_used++;
+  for (unsigned i = 0; i < e->n; i++)
+    if (e->subs[i] == w) return 0;
+  if (e->n == e->cap) {
+    unsigned nc = e->cap ? e->cap * 2 : 2;
+    fs_watch **ns = realloc(e->subs, nc * sizeof *ns);
+    if (!ns) return -1;
+    e->subs = ns;
+    e->cap = nc;
+  }
+  e->subs[e->n++] = w;
   return 0;
 }
 
-static void map_del(fs_watch *w, int wd) {
-  wd_slot *s = map_find(w, wd);
-  if (!s) return;
-  size_t i = (size_t)(s - w->map), mask = w->map_cap - 1;
-  free(s->rel);
-  s->wd = 0;
-  s->rel = NULL;
-  w->map_used--;
-  for (size_t j = (i + 1) & mask; w->map[j].wd; j = (j + 1) & mask) {
-    size_t home = map_hash(w->map[j].wd, w->map_cap);
-    int in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-    if (!in_range) {
-      w->map[i] = w->map[j];
-      w->map[j].wd = 0;
-      w->map[j].rel = NULL;
-      i = j;
+/* Forget the entry at p (the kernel's watch is gone or being removed). */
+static void hub_unlink(wd_hub *h, hub_ent **p) {
+  hub_ent *e = *p;
+  *p = e->next;
+  h->used--;
+  free(e->subs);
+  free(e);
+}
+
+/* Watch the directory at path for w: the kernel's watch descriptor (the
+ * same for every stream watching that inode), or -1 with errno. */
+static int hub_add(fs_watch *w, const char *path, int is_root) {
+  wd_hub *h = w->hub;
+  uv_mutex_lock(&h->mu);
+  int wd = inotify_add_watch(h->fd, path, WD_MASK);
+  int e = errno;
+  if (wd >= 0 && hub_sub(h, wd, w) != 0) {
+    hub_ent **p = hub_slot(h, wd);
+    if (p && *p && (*p)->n == 0) { /* nobody else had it */
+      inotify_rm_watch(h->fd, wd);
+      hub_unlink(h, p);
+    } else if (!p || !*p) {
+      inotify_rm_watch(h->fd, wd);
+    }
+    wd = -1;
+    e = ENOMEM;
+  }
+  if (wd >= 0 && is_root) w->root_wd = wd;
+  uv_mutex_unlock(&h->mu);
+  errno = e;
+  return wd;
+}
+
+/* w stops watching wd; the last stream to do so removes the kernel's watch. */
+static void hub_drop(fs_watch *w, int wd) {
+  wd_hub *h = w->hub;
+  uv_mutex_lock(&h->mu);
+  hub_ent **p = hub_slot(h, wd);
+  hub_ent *e = p ? *p : NULL;
+  if (e) { /* (absent: the kernel removed it already, IN_IGNORED) */
+    for (unsigned i = 0; i < e->n; i++)
+      if (e->subs[i] == w) {
+        e->subs[i] = e->subs[--e->n];
+        break;
+      }
+    if (e->n == 0) {
+      inotify_rm_watch(h->fd, wd);
+      hub_unlink(h, p);
     }
   }
+  uv_mutex_unlock(&h->mu);
 }
 
-/* 1 when rel is prefix itself or below it. */
-static int rel_under(const char *rel, const char *prefix, size_t pl) {
-  return strncmp(rel, prefix, pl) == 0 && (rel[pl] == 0 || rel[pl] == '/');
-}
-
-/* A directory moved inside the tree: its watches take the new name. */
-static void map_rename(fs_watch *w, const char *from, const char *to) {
-  size_t fl = strlen(from), tl = strlen(to);
-  for (size_t i = 0; i < w->map_cap; i++) {
-    wd_slot *s = &w->map[i];
-    if (!s->wd || !rel_under(s->rel, from, fl)) continue;
-    size_t rest = strlen(s->rel + fl);
-    char *n = malloc(tl + rest + 1);
-    if (!n) continue;
-    memcpy(n, to, tl);
-    memcpy(n + tl, s->rel + fl, rest + 1);
-    free(s->rel);
-    s->rel = n;
+/* One event read from the hub: to every stream it concerns.  Loop. */
+static void hub_dispatch(wd_hub *h, const struct inotify_event *ev) {
+  if (ev->mask & IN_Q_OVERFLOW) { /* the shared kernel queue lost events: all streams */
+    for (fs_watch *w = h->streams; w; w = w->hnext) watch_push(w, ev);
+    return;
   }
+  uv_mutex_lock(&h->mu);
+  hub_ent **p = hub_slot(h, ev->wd);
+  if (p && *p) {
+    for (unsigned i = 0; i < (*p)->n; i++) watch_push((*p)->subs[i], ev);
+    if (ev->mask & IN_IGNORED) hub_unlink(h, p); /* the kernel dropped the watch */
+  }
+  uv_mutex_unlock(&h->mu);
 }
 
-/* A directory moved out of the tree: stop watching it and below. */
-static void map_drop_under(fs_watch *w, const char *from) {
-  size_t fl = strlen(from);
-  for (int again = 1; again;) {
-    again = 0;
-    for (size_t i = 0; i < w->map_cap; i++) {
-      wd_slot *s = &w->map[i];
-      if (!s->wd || !rel_under(s->rel, from, fl)) continue;
-      inotify_rm_watch(w->fd, s->wd);
-      map_del(w, s->wd); /* moves slots around: scan again */
-      again = 1;
+static void hub_on_poll(uv_poll_t *ph, int status, int events) {
+  (void)events;
+  wd_hub *h = ph->data;
+  if (status < 0) {
+    uv_poll_stop(&h->poll);
+    h->polling = 0;
+    for (fs_watch *w = h->streams, *nx; w; w = nx) {
+      nx = w->hnext; /* (w may be freed: out of memory for its clean-up job) */
+      if (w->call && !w->closing) watch_finish(w, RPC_INTERNAL, "watch directory: inotify read failed");
+    }
+    return;
+  }
+  static char buf[WD_READ_BUF] __attribute__((aligned(__alignof__(struct inotify_event))));
+  for (int r = 0; r < WD_READS; r++) {
+    /* A stream whose queue has no room for a whole read while its client
+     * keeps up: the daemon is the one behind, so leave the events in the
+     * kernel's queue (bounded; past it IN_Q_OVERFLOW) until its job
+     * catches up. */
+    if (h->npaused) {
+      uv_poll_stop(&h->poll);
+      h->polling = 0;
       break;
     }
+    ssize_t n = read(h->fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t off = 0; off + (ssize_t)sizeof(struct inotify_event) <= n;) {
+      const struct inotify_event *ev = (const struct inotify_event *)(buf + off);
+      hub_dispatch(h, ev);
+      off += (ssize_t)(sizeof *ev + ev->len);
+    }
   }
+  for (fs_watch *w = h->streams, *nx; w; w = nx) {
+    nx = w->hnext; /* (as above) */
+    if (w->call && !w->closing) watch_pump(w);
+  }
+}
+
+static void hub_pause(fs_watch *w) {
+  if (w->read_paused) return;
+  w->read_paused = 1;
+  w->hub->npaused++;
+}
+
+static void hub_unpause(fs_watch *w) {
+  if (!w->read_paused) return;
+  w->read_paused = 0;
+  wd_hub *h = w->hub;
+  if (--h->npaused == 0 && !h->polling) {
+    h->polling = 1;
+    uv_poll_start(&h->poll, UV_READABLE, hub_on_poll);
+  }
+}
+
+static wd_hub *hub_cur; /* the hub new streams join (loop) */
+
+/* The hub for a new stream w (made on first use); NULL when inotify_init1
+ * or memory fails (errno says which). */
+static wd_hub *hub_join(fs_watch *w) {
+  wd_hub *h = hub_cur;
+  if (!h) {
+    h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    h->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (h->fd < 0) {
+      int e = errno;
+      free(h);
+      errno = e;
+      return NULL;
+    }
+    if (uv_poll_init(fs_loop, &h->poll, h->fd) != 0) {
+      close(h->fd);
+      free(h);
+      errno = ENOMEM;
+      return NULL;
+    }
+    uv_mutex_init(&h->mu);
+    h->poll.data = h;
+    h->polling = 1;
+    uv_poll_start(&h->poll, UV_READABLE, hub_on_poll);
+    hub_cur = h;
+  }
+  h->refs++;
+  w->hub = h;
+  w->hnext = h->streams;
+  if (h->streams) h->streams->hprev = w;
+  h->streams = w;
+  return h;
+}
+
+static void hub_close_work(void *data) {
+  wd_hub *h = data;
+  close(h->fd); /* may wait for RCU */
+  h->fd = -1;
+}
+
+static void hub_closed(void *data, int canceled) {
+  (void)canceled;
+  wd_hub *h = data;
+  if (h->fd >= 0) close(h->fd); /* the job could not run */
+  for (size_t i = 0; i < h->cap; i++)
+    while (h->tab[i]) hub_unlink(h, &h->tab[i]);
+  free(h->tab);
+  uv_mutex_destroy(&h->mu);
+  free(h);
+}
+
+static void hub_on_poll_closed(uv_handle_t *hd) {
+  wd_hub *h = hd->data;
+  if (!rpc_work_submit(NULL, hub_close_work, hub_closed, h)) hub_closed(h, 1);
+}
+
+/* w leaves its hub (every watch of w already dropped); the last one closes it. */
+static void hub_leave(fs_watch *w) {
+  wd_hub *h = w->hub;
+  if (!h) return;
+  hub_unpause(w);
+  if (w->hprev) w->hprev->hnext = w->hnext;
+  else h->streams = w->hnext;
+  if (w->hnext) w->hnext->hprev = w->hprev;
+  w->hub = NULL;
+  if (--h->refs) return;
+  if (hub_cur == h) hub_cur = NULL;
+  if (h->polling) uv_poll_stop(&h->poll);
+  h->polling = 0;
+  uv_close((uv_handle_t *)&h->poll, hub_on_poll_closed);
+}
+
+/* ---- a stream's tree of watched directories (its pool jobs only) ---- */
+
+static uint32_t name_hash(const wnode *parent, const char *name) {
+  uint32_t x = 2166136261u ^ (uint32_t)((uintptr_t)parent >> 4);
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) x = (x ^ *p) * 16777619u;
+  return x;
+}
+
+static wnode *node_by_wd(fs_watch *w, int wd) {
+  if (!w->tab_cap) return NULL;
+  wnode *n = w->by_wd[wd_hash(wd, w->tab_cap)];
+  while (n && n->wd != wd) n = n->hw;
+  return n;
+}
+
+static wnode *node_child(fs_watch *w, wnode *parent, const char *name) {
+  if (!w->tab_cap) return NULL;
+  uint32_t hv = name_hash(parent, name);
+  wnode *n = w->by_name[hv & (w->tab_cap - 1)];
+  while (n && !(n->hname == hv && n->parent == parent && strcmp(n->name, name) == 0)) n = n->hn;
+  return n;
+}
+
+static void name_insert(fs_watch *w, wnode *n) {
+  n->hname = name_hash(n->parent, n->name);
+  size_t b = n->hname & (w->tab_cap - 1);
+  n->hn = w->by_name[b];
+  w->by_name[b] = n;
+}
+
+static void name_remove(fs_watch *w, wnode *n) {
+  wnode **p = &w->by_name[n->hname & (w->tab_cap - 1)];
+  while (*p != n) p = &(*p)->hn;
+  *p = n->hn;
+}
+
+static void wd_insert(fs_watch *w, wnode *n) {
+  size_t b = wd_hash(n->wd, w->tab_cap);
+  n->hw = w->by_wd[b];
+  w->by_wd[b] = n;
+}
+
+static void kid_link(wnode *n) {
+  wnode *p = n->parent;
+  n->prev_sib = NULL;
+  n->next_sib = NULL;
+  if (!p) return;
+  n->next_sib = p->kids;
+  if (p->kids) p->kids->prev_sib = n;
+  p->kids = n;
+}
+
+static void kid_unlink(wnode *n) {
+  if (!n->parent) return;
+  if (n->prev_sib) n->prev_sib->next_sib = n->next_sib;
+  else n->parent->kids = n->next_sib;
+  if (n->next_sib) n->next_sib->prev_sib = n->prev_sib;
+  n->prev_sib = n->next_sib = NULL;
+}
+
+/* The tree changed: the cached open directory may name another one now. */
+static void cdir_forget(fs_watch *w) {
+  if (w->cdir_fd >= 0) close(w->cdir_fd);
+  w->cdir_fd = -1;
+  w->cdir_node = NULL;
+}
+
+/* Drop n and everything below it: unsubscribe, unlink, free.  Iterative,
+ * linear in the subtree. */
+static void node_drop(fs_watch *w, wnode *n) {
+  cdir_forget(w);
+  kid_unlink(n);
+  wnode *x = n;
+  for (;;) {
+    while (x->kids) x = x->kids;
+    wnode *p = x->parent;
+    int last = x == n;
+    if (!last) {
+      p->kids = x->next_sib;
+      if (p->kids) p->kids->prev_sib = NULL;
+    }
+    hub_drop(w, x->wd);
+    wnode **q = &w->by_wd[wd_hash(x->wd, w->tab_cap)];
+    while (*q != x) q = &(*q)->hw;
+    *q = x->hw;
+    name_remove(w, x);
+    if (w->from_node == x) w->from_node = NULL;
+    for (size_t i = 0; i < w->nlost; i++)
+      if (w->lost[i] == x) {
+        w->lost[i] = w->lost[--w->nlost]; /* gone from the tree: nothing to retry */
+        break;
+      }
+    free(x->name);
+    free(x);
+    w->nnodes--;
+    if (last) break;
+    x = p->kids ? p->kids : p;
+  }
+  if (n == w->rootn) w->rootn = NULL;
+}
+
+/* 1 when a is n or below it. */
+static int node_within(const wnode *a, const wnode *n) {
+  for (; a; a = a->parent)
+    if (a == n) return 1;
+  return 0;
+}
+
+/* A node for wd at (parent, name); NULL when out of memory.  A stale node
+ * still at that name (its directory was replaced) is dropped. */
+static wnode *node_add(fs_watch *w, wnode *parent, const char *name, int wd) {
+  if (w->nnodes + 1 > w->tab_cap) {
+    size_t nc = w->tab_cap ? w->tab_cap * 2 : 64;
+    wnode **a = calloc(nc, sizeof *a), **b = calloc(nc, sizeof *b);
+    if (!a || !b) {
+      free(a);
+      free(b);
+      return NULL;
+    }
+    for (size_t i = 0; i < w->tab_cap; i++)
+      for (wnode *x = w->by_wd[i], *nx; x; x = nx) {
+        nx = x->hw;
+        size_t k = wd_hash(x->wd, nc);
+        x->hw = a[k];
+        a[k] = x;
+      }
+    for (size_t i = 0; i < w->tab_cap; i++)
+      for (wnode *x = w->by_name[i], *nx; x; x = nx) {
+        nx = x->hn;
+        x->hn = b[x->hname & (nc - 1)];
+        b[x->hname & (nc - 1)] = x;
+      }
+    free(w->by_wd);
+    free(w->by_name);
+    w->by_wd = a;
+    w->by_name = b;
+    w->tab_cap = nc;
+  }
+  if (parent) {
+    wnode *old = node_child(w, parent, name);
+    if (old) node_drop(w, old);
+  }
+  wnode *n = calloc(1, sizeof *n);
+  if (n) n->name = strdup(name);
+  if (!n || !n->name) {
+    free(n);
+    return NULL;
+  }
+  n->wd = wd;
+  n->parent = parent;
+  kid_link(n);
+  wd_insert(w, n);
+  name_insert(w, n);
+  w->nnodes++;
+  return n;
+}
+
+/* n (with its subtree) now is `name` under parent.  -1 (nothing changed)
+ * when parent is n or below it, or out of memory. */
+static int node_move(fs_watch *w, wnode *n, wnode *parent, const char *name) {
+  if (node_within(parent, n)) return -1;
+  char *nm = strdup(name);
+  if (!nm) return -1;
+  wnode *old = node_child(w, parent, name);
+  if (old && old != n) {
+    if (node_within(n, old)) return -1; /* (a stale tree: leave it) */
+    node_drop(w, old); /* replaced by the rename */
+  }
+  cdir_forget(w);
+  name_remove(w, n);
+  kid_unlink(n);
+  free(n->name);
+  n->name = nm;
+  n->parent = parent;
+  kid_link(n);
+  name_insert(w, n);
+  return 0;
+}
+
+static size_t node_depth(const wnode *n) {
+  size_t d = 0;
+  for (; n && n->parent; n = n->parent) d++;
+  return d;
+}
+
+/* The relative name of n ("" for the root), malloc'd. */
+static char *node_rel(const wnode *n) {
+  size_t len = 0;
+  for (const wnode *x = n; x->parent; x = x->parent) len += strlen(x->name) + 1;
+  char *r = malloc(len ? len : 1);
+  if (!r) return NULL;
+  if (!len) {
+    r[0] = 0;
+    return r;
+  }
+  size_t at = len - 1;
+  r[at] = 0;
+  for (const wnode *x = n; x->parent; x = x->parent) {
+    size_t l = strlen(x->name);
+    at -= l;
+    memcpy(r + at, x->name, l);
+    if (at) r[--at] = '/';
+  }
+  return r;
+}
+
+/* The root, reopened by its path for this job and accepted only if it is
+ * still the directory the stream watches; -1 otherwise. */
+static int root_fd(fs_watch *w) {
+  if (w->rootfd >= 0) return w->rootfd;
+  int fd = open(w->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+  struct stat sb;
+  if (fd >= 0 && (fstat(fd, &sb) != 0 || sb.st_dev != w->root_dev || sb.st_ino != w->root_ino)) {
+    close(fd);
+    fd = -1;
+  }
+  return w->rootfd = fd;
+}
+
+/* A job ends: it holds no descriptor past it. */
+static void job_release(fs_watch *w) {
+  cdir_forget(w);
+  if (w->rootfd >= 0) close(w->rootfd);
+  w->rootfd = -1;
+}
+
+/* The directory of n, opened component by component from the root fd
+ * (O_NOFOLLOW: a component swapped for a symlink fails, it is never
+ * followed).  Cached until the tree changes or the job ends; -1 when it
+ * is no longer where the tree says. */
+static int node_dirfd(fs_watch *w, wnode *n) {
+  if (w->cdir_node == n && w->cdir_fd >= 0) return w->cdir_fd;
+  cdir_forget(w);
+  if (root_fd(w) < 0) return -1;
+  size_t d = node_depth(n);
+  int fd;
+  if (!d) {
+    fd = fcntl(w->rootfd, F_DUPFD_CLOEXEC, 0);
+  } else {
+    const wnode **v = malloc(d * sizeof *v);
+    if (!v) return -1;
+    size_t i = 0;
+    for (const wnode *x = n; x->parent; x = x->parent) v[i++] = x;
+    fd = w->rootfd;
+    while (i-- > 0) {
+      int nfd = openat(fd, v[i]->name, WD_OPEN_DIR);
+      if (fd != w->rootfd) close(fd);
+      fd = nfd;
+      if (fd < 0) break;
+    }
+    free(v);
+  }
+  if (fd < 0) return -1;
+  w->cdir_node = n;
+  w->cdir_fd = fd;
+  return fd;
 }
 
 /* root + "/" + rel (rel "" → root). */
@@ -303,144 +775,252 @@ static int seen_take(fs_watch *w, const char *rel) {
 
 static int watch_canceled(fs_watch *w) { return atomic_load_explicit(&w->cancel, memory_order_relaxed); }
 
-/* Watch directory `rel` and (recursive) everything below it; with `out`,
- * append a synthetic CREATE for each entry found (a new directory's
- * contents).  Returns 0, or -1 with st set (setup only cares). */
-static int watch_tree(fs_watch *w, const char *rel, wd_item ***out, wd_item *owner, int depth) {
+/* A directory that cannot be opened for the walk: gone or not a directory
+ * (any more) is nothing to watch; anything else leaves it uncovered. */
+static int open_failed(fs_watch *w, const char *rel, int e) {
+  if (e == ENOENT || e == ENOTDIR || e == ELOOP) return 0;
   char *full = join_full(w, rel);
-  if (!full) goto nomem;
-  if (w->map_used >= WD_MAX_WATCHES) {
-    free(full);
-    fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "watch directory %s: more than %d directories",
-                  w->root, WD_MAX_WATCHES);
+  fs_status_os(&w->st, "watch directory", full ? full : w->root, e);
+  if (e == EMFILE || e == ENFILE || e == ENOMEM) w->st.code = RPC_RESOURCE_EXHAUSTED;
+  free(full);
+  return -1;
+}
+
+/* A synthetic CREATE for entry `name` (lstat'ed as sb) of the directory
+ * open at dfd, whose relative name is crel. */
+static void scan_report(fs_watch *w, int dfd, const char *name, const char *crel, const struct stat *sb,
+                        wd_item ***out, wd_item *owner) {
+  if (w->scan_left == 0) {
+    owner->ovf_after = 1;
+    return;
+  }
+  wd_item *x = calloc(1, sizeof *x);
+  if (x) x->full = join_full(w, crel);
+  if (!x || !x->full) {
+    free(x);
+    return;
+  }
+  w->scan_left--;
+  x->kind = WI_FS;
+  x->type = PB__EVENT_TYPE__EVENT_TYPE_CREATE;
+  x->rel = x->full + (strlen(x->full) - strlen(crel));
+  struct stat fb;
+  if (fstatat(dfd, name, &fb, 0) != 0) fb = *sb; /* a link to nowhere: itself */
+  fs_entry_fill(&x->e, &fb);
+  x->e.path = x->full;
+  x->e.name = fs_path_base(x->full);
+  x->has_entry = 1;
+  seen_add(w, x->rel);
+  **out = x;
+  *out = &x->next;
+}
+
+/* Watch the directory open at dfd (taken: closed here), `depth` levels
+ * below the root, as `name` under `parent` (NULL: the root itself), and,
+ * recursive, every directory below it; with `out`, append a synthetic
+ * CREATE for each entry found (a new directory's contents).  0 when all of
+ * it is watched, -1 when some of it could not be (w->st says why; the
+ * rest is watched). */
+static int watch_dir(fs_watch *w, int dfd, wnode *parent, const char *name, size_t depth, wd_item ***out,
+                     wd_item *owner) {
+  if (depth > WD_MAX_DEPTH) {
+    close(dfd);
+    fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "watch directory %s: directory tree deeper than %d levels",
+                  w->root, WD_MAX_DEPTH);
     return -1;
   }
-  int wd = inotify_add_watch(w->fd, full, WD_MASK | (depth ? IN_DONT_FOLLOW : 0));
+  if (w->nnodes >= WD_MAX_WATCHES) {
+    close(dfd);
+    fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "watch directory %s: more than %d directories", w->root,
+                  WD_MAX_WATCHES);
+    return -1;
+  }
+  char proc[40];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", dfd);
+  int wd = hub_add(w, proc, parent == NULL);
   if (wd < 0) {
     int e = errno;
-    if (e == ENOSPC) {
-      fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "watch directory %s: inotify watch limit reached",
-                    full);
-    } else if (depth == 0) {
-      fs_status_os(&w->st, "watch directory", full, e);
-    } else { /* below the root: vanished or unreadable, skip it */
-      free(full);
-      return 0;
-    }
-    free(full);
+    close(dfd);
+    if (e == ENOSPC)
+      fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "watch directory %s: inotify watch limit reached", w->root);
+    else if (e == ENOMEM)
+      fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory watching %s", w->root);
+    else
+      fs_status_os(&w->st, "watch directory", w->root, e);
     return -1;
   }
-  char *r = strdup(rel);
-  if (!r || map_put(w, wd, r) != 0) {
-    free(full);
-    goto nomem;
-  }
-  if (depth == 0 && !*rel) w->root_wd = wd;
-  if (!w->recursive && depth == 0 && !*rel) {
-    free(full);
+  wnode *n = node_by_wd(w, wd);
+  if (n) {
+    /* this directory is in the tree already (moved without our seeing
+     * both halves, or a bind mount): it takes the new name unless that
+     * would put it inside itself; its subtree is watched already */
+    close(dfd);
+    if (parent && n->parent) node_move(w, n, parent, name);
     return 0;
   }
-  DIR *d = opendir(full);
-  free(full);
-  if (!d) return 0;
-  struct dirent *de;
+  n = node_add(w, parent, name, wd);
+  if (!n) {
+    close(dfd);
+    hub_drop(w, wd);
+    fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory watching %s", w->root);
+    return -1;
+  }
+  if (!parent) w->rootn = n;
+  if (!w->recursive && !parent) {
+    close(dfd);
+    return 0;
+  }
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    int e = errno;
+    close(dfd);
+    fs_status_os(&w->st, "watch directory", w->root, e);
+    return -1;
+  }
+  char *rel = node_rel(n);
+  if (!rel) {
+    closedir(d);
+    fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory watching %s", w->root);
+    return -1;
+  }
   int rc = 0;
-  while (rc == 0 && (de = readdir(d)) != NULL) {
-    const char *n = de->d_name;
-    if (n[0] == '.' && (!n[1] || (n[1] == '.' && !n[2]))) continue;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    const char *cn = de->d_name;
+    if (cn[0] == '.' && (!cn[1] || (cn[1] == '.' && !cn[2]))) continue;
     if (watch_canceled(w)) break;
-    char *crel = join_rel(rel, n, strlen(n));
-    if (!crel) break;
-    char *cfull = join_full(w, crel);
     struct stat sb;
-    int ok = cfull && lstat(cfull, &sb) == 0;
-    if (ok && out) {
-      if (w->scan_left == 0) {
-        owner->ovf_after = 1;
-      } else {
-        wd_item *x = calloc(1, sizeof *x);
-        if (x) {
-          w->scan_left--;
-          x->kind = WI_FS;
-          x->type = PB__EVENT_TYPE__EVENT_TYPE_CREATE;
-          x->full = cfull;
-          cfull = NULL;
-          x->rel = x->full + (strlen(x->full) - strlen(crel));
-          struct stat fb;
-          if (stat(x->full, &fb) != 0) fb = sb; /* a link to nowhere: itself */
-          fs_entry_fill(&x->e, &fb);
-          x->e.path = x->full;
-          x->e.name = fs_path_base(x->full);
-          x->has_entry = 1;
-          seen_add(w, x->rel);
-          **out = x;
-          *out = &x->next;
-        }
+    if (fstatat(dirfd(d), cn, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue; /* gone */
+    int isdir = S_ISDIR(sb.st_mode);
+    if (!out && !(isdir && w->recursive)) continue;
+    char *crel = join_rel(rel, cn, strlen(cn));
+    if (!crel) break;
+    if (out) scan_report(w, dirfd(d), cn, crel, &sb, out, owner);
+    if (isdir && w->recursive) {
+      int cfd = openat(dirfd(d), cn, WD_OPEN_DIR);
+      if (cfd < 0) {
+        if (open_failed(w, crel, errno) != 0) rc = -1;
+      } else if (watch_dir(w, cfd, n, cn, depth + 1, out, owner) != 0) {
+        rc = -1;
       }
     }
-    free(cfull);
-    if (ok && S_ISDIR(sb.st_mode) && w->recursive) rc = watch_tree(w, crel, out, owner, depth + 1);
     free(crel);
+    if (rc != 0 && !out) break; /* setup fails anyway */
   }
+  free(rel);
   closedir(d);
   return rc;
-nomem:
-  fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory watching %s", w->root);
-  return -1;
 }
 
 static void watch_setup_work(void *data) {
   fs_watch *w = data;
-  struct stat sb;
-  if (stat(w->root, &sb) != 0) {
+  /* the root's own path may hold symlinks (the client named it); below it
+   * nothing is followed */
+  w->rootfd = open(w->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+  if (w->rootfd < 0) {
     int e = errno;
-    if (e == ENOENT || e == ENOTDIR)
+    struct stat sb;
+    if (e == ENOTDIR && stat(w->root, &sb) == 0 && !S_ISDIR(sb.st_mode))
+      fs_status_set(&w->st, RPC_INVALID_ARGUMENT, "path is not a directory: %s", w->root);
+    else if (e == ENOENT || e == ENOTDIR)
       fs_status_set(&w->st, RPC_NOT_FOUND, "path not found: %s", w->root);
     else
       fs_status_os(&w->st, "stat path", w->root, e);
     return;
   }
-  if (!S_ISDIR(sb.st_mode)) {
-    fs_status_set(&w->st, RPC_INVALID_ARGUMENT, "path is not a directory: %s", w->root);
+  struct stat sb;
+  if (fstat(w->rootfd, &sb) != 0) {
+    fs_status_os(&w->st, "stat path", w->root, errno);
+    job_release(w);
     return;
   }
-  w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  if (w->fd < 0) {
-    int e = errno;
-    if (e == EMFILE || e == ENFILE || e == ENOMEM)
-      fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "watch directory %s: too many inotify instances",
-                    w->root);
-    else
-      fs_status_os(&w->st, "watch directory", w->root, e);
-    return;
-  }
+  w->root_dev = sb.st_dev;
+  w->root_ino = sb.st_ino;
   fs_status_clear(&w->st);
-  watch_tree(w, "", NULL, NULL, 0);
+  int fd = fcntl(w->rootfd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) fs_status_os(&w->st, "watch directory", w->root, errno);
+  else watch_dir(w, fd, NULL, "", 0, NULL, NULL);
+  job_release(w);
+}
+
+/* A directory created or moved in, `name` in dir (open at dfd): watch it
+ * and below (with out: report what it holds).  -1 when some of it could
+ * not be watched. */
+static int watch_new_dir(fs_watch *w, wnode *dir, int dfd, const char *name, const char *rel, wd_item ***out,
+                         wd_item *owner) {
+  int cfd = openat(dfd, name, WD_OPEN_DIR);
+  int rc = cfd < 0 ? open_failed(w, rel, errno) : watch_dir(w, cfd, dir, name, node_depth(dir) + 1, out, owner);
+  if (rc != 0) LOG_DEBUG("watch: %s", w->st.msg ? w->st.msg : "out of memory");
+  fs_status_clear(&w->st);
+  return rc;
+}
+
+/* The subdirectories of n (open at dfd) not in the tree yet: watched, what
+ * they hold reported.  -1 when some could not be. */
+static int watch_missing(fs_watch *w, wnode *n, int dfd, wd_item ***out, wd_item *owner) {
+  int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  char *rel = node_rel(n);
+  int rc = rel ? 0 : -1;
+  struct dirent *de;
+  while (rel && (de = readdir(d)) != NULL) {
+    const char *cn = de->d_name;
+    struct stat sb;
+    if (cn[0] == '.' && (!cn[1] || (cn[1] == '.' && !cn[2]))) continue;
+    if (fstatat(dirfd(d), cn, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) || node_child(w, n, cn))
+      continue;
+    char *crel = join_rel(rel, cn, strlen(cn));
+    if (!crel || watch_new_dir(w, n, dirfd(d), cn, crel, out, owner) != 0) rc = -1;
+    free(crel);
+  }
+  free(rel);
+  closedir(d);
+  return rc;
+}
+
+/* A rename was followed: the lost directories that can be reopened now get
+ * their missing subdirectories watched (reported after `it`). */
+static void lost_retry(fs_watch *w, wd_item *it) {
+  wd_item **out = &it->extra;
+  while (*out) out = &(*out)->next;
+  for (;;) {
+    size_t i = 0;
+    int dfd = -1;
+    for (; i < w->nlost && (dfd = node_dirfd(w, w->lost[i])) < 0; i++) {
+    }
+    if (i == w->nlost) return;
+    wnode *n = w->lost[i];
+    w->lost[i] = w->lost[--w->nlost];
+    if (watch_missing(w, n, dfd, &out, it) != 0) it->ovf_after = 1;
+  }
 }
 
 /* Resolve, stat and (recursive) follow one item; pool thread. */
 static void watch_item_work(fs_watch *w, wd_item *it) {
   if (it->kind != WI_FS) return;
   if (w->from_pending && !((it->mask & IN_MOVED_TO) && it->cookie == w->from_cookie)) {
-    map_drop_under(w, w->from_rel); /* that directory left the tree */
-    free(w->from_rel);
-    w->from_rel = NULL;
+    if (w->from_node) node_drop(w, w->from_node); /* that directory left the tree */
+    w->from_node = NULL;
     w->from_pending = 0;
   }
-  wd_slot *s = map_find(w, it->wd);
-  if (!s) {
+  wnode *dir = node_by_wd(w, it->wd);
+  if (!dir) {
     it->kind = WI_SKIP; /* a watch already dropped */
     return;
   }
   uint32_t m = it->mask;
   if (m & IN_IGNORED) {
-    int is_root = it->wd == w->root_wd;
-    map_del(w, it->wd);
+    int is_root = dir == w->rootn;
+    if (!is_root) node_drop(w, dir); /* (the root's go with the stream) */
     it->kind = is_root ? WI_END : WI_SKIP;
     return;
   }
   if (m & (IN_DELETE_SELF | IN_MOVE_SELF)) {
-    if (it->wd != w->root_wd) {
+    if (dir != w->rootn) {
       it->kind = WI_SKIP; /* the parent's event tells */
       return;
     }
@@ -453,7 +1033,9 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
     it->kind = WI_SKIP; /* IN_UNMOUNT and the like: IN_IGNORED follows */
     return;
   }
-  char *rel = join_rel(s->rel, it->name, strlen(it->name));
+  char *drel = node_rel(dir);
+  char *rel = drel ? join_rel(drel, it->name, it->namelen) : NULL;
+  free(drel);
   it->full = rel ? join_full(w, rel) : NULL;
   if (!it->full) {
     free(rel);
@@ -475,31 +1057,43 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
   else if (m & IN_MOVED_FROM) it->type = PB__EVENT_TYPE__EVENT_TYPE_RENAME, want_entry = 0;
   else if (m & IN_MOVED_TO) it->type = PB__EVENT_TYPE__EVENT_TYPE_RENAME;
   else it->kind = WI_SKIP;
-  if (want_entry && it->kind == WI_FS) {
+  int follow = w->recursive && (m & IN_ISDIR) && it->kind == WI_FS;
+  /* the directory is reached from the root by descriptor, never by path */
+  int dfd = (want_entry && it->kind == WI_FS) || (follow && !(m & IN_MOVED_FROM)) ? node_dirfd(w, dir) : -1;
+  if (want_entry && it->kind == WI_FS && dfd >= 0) {
     struct stat sb;
-    if (stat(it->full, &sb) == 0 || lstat(it->full, &sb) == 0) {
+    if (fstatat(dfd, it->name, &sb, 0) == 0 || fstatat(dfd, it->name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
       fs_entry_fill(&it->e, &sb);
       it->e.path = it->full;
       it->e.name = fs_path_base(it->full);
       it->has_entry = 1;
     }
   }
-  if (w->recursive && (m & IN_ISDIR) && it->kind == WI_FS) {
+  if (follow) {
     if (m & IN_MOVED_FROM) {
       w->from_pending = 1;
       w->from_cookie = it->cookie;
-      w->from_rel = rel;
-      rel = NULL;
-    } else if ((m & IN_MOVED_TO) && w->from_pending && it->cookie == w->from_cookie) {
-      map_rename(w, w->from_rel, rel); /* moved inside the tree */
-      free(w->from_rel);
-      w->from_rel = NULL;
+      w->from_node = node_child(w, dir, it->name);
+    } else if ((m & IN_MOVED_TO) && w->from_pending && it->cookie == w->from_cookie && w->from_node) {
+      /* moved inside the tree: the subtree keeps its watches */
+      if (node_move(w, w->from_node, dir, it->name) != 0) node_drop(w, w->from_node);
+      w->from_node = NULL;
       w->from_pending = 0;
+      if (w->nlost) lost_retry(w, it);
     } else if (m & (IN_CREATE | IN_MOVED_TO)) {
+      w->from_pending = 0; /* (a pending one whose directory was not watched) */
       wd_item **out = &it->extra;
-      /* past a limit the subtree goes unwatched: say events were lost */
-      if (watch_tree(w, rel, (m & IN_CREATE) ? &out : NULL, it, 1) != 0) it->ovf_after = 1;
-      fs_status_clear(&w->st);
+      /* a part that cannot be watched: say events may be lost */
+      if (dfd < 0) {
+        /* the parent is not where the tree says: removed or moved, and its
+         * own events follow — if it was renamed, retry after that */
+        size_t i = 0;
+        while (i < w->nlost && w->lost[i] != dir) i++;
+        if (i == w->nlost && w->nlost < WD_LOST_MAX) w->lost[w->nlost++] = dir;
+        else if (i == w->nlost) it->ovf_after = 1;
+      } else if (watch_new_dir(w, dir, dfd, it->name, rel, (m & IN_CREATE) ? &out : NULL, it) != 0) {
+        it->ovf_after = 1;
+      }
     }
   }
   free(rel);
@@ -514,6 +1108,7 @@ static void watch_items_work(void *data) {
     watch_item_work(w, it);
     if (i + 1 < w->job_n) it = it->next; /* the last one's next is the loop's */
   }
+  job_release(w);
 }
 
 /* ---- loop side ---- */
@@ -533,10 +1128,8 @@ static void watch_free(fs_watch *w) {
     n = it->next;
     item_free(it);
   }
-  for (size_t i = 0; i < w->map_cap; i++) free(w->map[i].rel);
   for (size_t i = 0; i < w->nseen; i++) free(w->seen[i].rel);
-  free(w->map);
-  free(w->from_rel);
+  hub_leave(w);
   free(w->root);
   fs_status_clear(&w->st);
   free(w);
@@ -547,20 +1140,26 @@ static void watch_submit(fs_watch *w, void (*run)(void *), void (*done)(void *, 
   if (!rpc_work_submit(w->call, run, done, w)) done(w, 1);
 }
 
+/* Drop every watch of the stream (the hub removes those no other stream
+ * holds) and its tree: linear in the tree. */
 static void watch_close_work(void *data) {
   fs_watch *w = data;
-  if (w->fd >= 0) close(w->fd); /* drops every watch; may wait for RCU */
-  w->fd = -1;
+  job_release(w);
+  if (w->rootn) node_drop(w, w->rootn);
+  free(w->by_wd);
+  free(w->by_name);
+  w->by_wd = w->by_name = NULL;
+  w->tab_cap = 0;
 }
 
 static void watch_closed(void *data, int canceled) {
   fs_watch *w = data;
-  if (w->fd >= 0) close(w->fd); /* the job could not run */
+  if (canceled) watch_close_work(w); /* the job could not run */
   watch_free(w);
 }
 
-/* Free once nothing is in flight: handles closed, no job; the fd goes in
- * the pool. */
+/* Free once nothing is in flight: handles closed, no job; the watches go
+ * in the pool. */
 static void watch_maybe_free(fs_watch *w) {
   if (!w->closing || w->busy || w->handles) return;
   w->busy = 1;
@@ -579,9 +1178,7 @@ static void watch_teardown(fs_watch *w) {
   w->closing = 1;
   w->call = NULL;
   atomic_store(&w->cancel, 1);
-  if (w->polling) uv_poll_stop(&w->poll);
-  w->polling = 0;
-  if (w->started) uv_close((uv_handle_t *)&w->poll, watch_on_handle_closed);
+  if (w->hub) hub_unpause(w);
   uv_close((uv_handle_t *)&w->ka, watch_on_handle_closed);
   watch_maybe_free(w);
 }
@@ -659,9 +1256,10 @@ static void watch_owe_overflow(fs_watch *w) {
   w->ovf_pending = 0;
 }
 
-/* One inotify event from the loop's read. */
+/* One inotify event from the hub's read (under hub->mu, but for
+ * IN_Q_OVERFLOW). */
 static void watch_push(fs_watch *w, const struct inotify_event *ev) {
-  if (w->ending) return;
+  if (w->ending || w->closing || !w->call) return;
   if (ev->mask & IN_Q_OVERFLOW) {
     w->ovf_pending = 1; /* folds into one already owed */
     watch_owe_overflow(w);
@@ -694,39 +1292,10 @@ static void watch_push(fs_watch *w, const struct inotify_event *ev) {
   it->wd = ev->wd;
   memcpy(it->name, ev->name, nl);
   queue_append(w, it);
-}
-
-static void watch_on_poll(uv_poll_t *h, int status, int events) {
-  fs_watch *w = h->data;
-  if (!w->call || w->closing) return;
-  if (status < 0) {
-    watch_finish(w, RPC_INTERNAL, "watch directory: inotify read failed");
-    return;
-  }
-  char *buf = malloc(WD_READ_BUF);
-  if (!buf) return;
-  for (int r = 0; r < WD_READS; r++) {
-    /* No room for a whole read: while the client keeps up the daemon is
-     * the one behind, so leave the events in the kernel's queue (bounded;
-     * past it IN_Q_OVERFLOW) until the pool job catches up; a client that
-     * does not read makes us read and drop instead (one overflow). */
-    if (w->count + WD_READ_EVENTS > WD_QUEUE_MAX && rpc_outq_bytes(w->call) <= RPC_OUTQ_HIGH) {
-      uv_poll_stop(&w->poll);
-      w->polling = 0;
-      w->read_paused = 1;
-      break;
-    }
-    ssize_t n = read(w->fd, buf, WD_READ_BUF);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    for (ssize_t off = 0; off + (ssize_t)sizeof(struct inotify_event) <= n;) {
-      const struct inotify_event *ev = (const struct inotify_event *)(buf + off);
-      watch_push(w, ev);
-      off += (ssize_t)(sizeof *ev + ev->len);
-    }
-  }
-  free(buf);
-  watch_pump(w);
+  /* no room for another whole read while the client keeps up: the hub
+   * waits (not while the setup walk runs: that may be long) */
+  if (w->started && w->count + WD_READ_EVENTS > WD_QUEUE_MAX && rpc_outq_bytes(w->call) <= RPC_OUTQ_HIGH)
+    hub_pause(w);
 }
 
 static void watch_items_done(void *data, int canceled) {
@@ -778,6 +1347,7 @@ static void watch_on_drain(rpc_call *c) {
 static void watch_send(fs_watch *w) {
   while (w->call && w->head && w->head != w->raw) {
     if (rpc_outq_bytes(w->call) > RPC_OUTQ_HIGH) {
+      hub_unpause(w); /* the client is behind: never hold the hub for it */
       if (!w->drain_armed) {
         w->drain_armed = 1;
         rpc_on_drain(w->call, watch_on_drain);
@@ -813,11 +1383,7 @@ static void watch_send(fs_watch *w) {
     }
   }
   watch_owe_overflow(w);
-  if (w->read_paused && w->call && w->count + WD_READ_EVENTS <= WD_QUEUE_MAX) {
-    w->read_paused = 0;
-    w->polling = 1;
-    uv_poll_start(&w->poll, UV_READABLE, watch_on_poll);
-  }
+  if (w->read_paused && w->call && w->count + WD_READ_EVENTS <= WD_QUEUE_MAX) hub_unpause(w);
 }
 
 static void watch_on_ka(uv_timer_t *t) {
@@ -853,22 +1419,15 @@ static void watch_setup_done(void *data, int canceled) {
     free(msg);
     return;
   }
-  if (uv_poll_init(fs_loop, &w->poll, w->fd) != 0) {
-    watch_finish(w, RPC_INTERNAL, "watch directory: cannot poll inotify");
-    return;
-  }
-  w->poll.data = w;
-  w->handles++;
   w->started = 1;
-  LOG_DEBUG("watch started root=%s recursive=%d watches=%zu", w->root, w->recursive, w->map_used);
+  LOG_DEBUG("watch started root=%s recursive=%d watches=%zu", w->root, w->recursive, w->nnodes);
   Pb__WatchDirEvent ev = PB__WATCH_DIR_EVENT__INIT;
   Pb__WatchDirStart s = PB__WATCH_DIR_START__INIT;
   ev.event_case = PB__WATCH_DIR_EVENT__EVENT_START;
   ev.start = &s;
   if (watch_send_msg(w, &ev) != 0) return;
-  w->polling = 1;
-  uv_poll_start(&w->poll, UV_READABLE, watch_on_poll);
-  if (w->ka_ms) uv_timer_start(&w->ka, watch_on_ka, w->ka_ms, 0);
+  watch_pump(w); /* what the hub queued during the walk */
+  if (w->call && w->ka_ms) uv_timer_start(&w->ka, watch_on_ka, w->ka_ms, 0);
 }
 
 static uint64_t watch_ka_ms(void) {
@@ -895,8 +1454,19 @@ void fs_watch_on_request(rpc_call *c, const ProtobufCMessage *msg) {
   }
   w->rootlen = strlen(w->root);
   w->recursive = req->recursive ? 1 : 0;
-  w->fd = -1;
+  w->rootfd = -1;
+  w->cdir_fd = -1;
   w->root_wd = -1;
+  if (!hub_join(w)) {
+    int e = errno;
+    free(w->root);
+    free(w);
+    if (e == EMFILE || e == ENFILE || e == ENOMEM)
+      rpc_finishf(c, RPC_RESOURCE_EXHAUSTED, "watch directory %s: too many inotify instances", req->path);
+    else
+      rpc_finishf(c, RPC_INTERNAL, "watch directory %s: inotify: %s", req->path, strerror(e));
+    return;
+  }
   w->call = c;
   w->ka_ms = watch_ka_ms();
   atomic_init(&w->cancel, 0);
