@@ -298,6 +298,39 @@ TEST(restore_keys_valid) {
   initmsg_plan_free(&p);
 }
 
+/* boot.md §12: the workload keys, after timestampMs/entropy. */
+TEST(workload_keys) {
+  initmsg_plan p;
+  initmsg_set_mem_total(512ull << 20);
+  expect_ok("{" HEAD "," NET ",\"workloadMemoryMaxBytes\":16777216,\"workloadPidsMax\":64}", &p);
+  ASSERT_EQ(p.workload_memory_max, 16777216u);
+  ASSERT_EQ(p.workload_pids_max, 64u);
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"workloadMemoryMaxBytes\":null}", &p);
+  ASSERT_EQ(p.workload_memory_max, 0u);
+  ASSERT_EQ(p.workload_pids_max, 0u);
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"workloadMemoryMaxBytes\":536870912}", &p); /* = MemTotal */
+  initmsg_plan_free(&p);
+  static const char *const bad_mem[] = {"16777215", "536870913", "0", "-1", "1.5e8", "\"268435456\"", "true",
+                                        "99999999999999999999"};
+  char msg[512];
+  for (size_t i = 0; i < sizeof bad_mem / sizeof bad_mem[0]; i++) {
+    snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"workloadMemoryMaxBytes\":%s}", bad_mem[i]);
+    expect_text(msg, "invalid workloadMemoryMaxBytes");
+  }
+  static const char *const bad_pids[] = {"63", "0", "-64", "64.0", "\"100\"", "[]"};
+  for (size_t i = 0; i < sizeof bad_pids / sizeof bad_pids[0]; i++) {
+    snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"workloadPidsMax\":%s}", bad_pids[i]);
+    expect_text(msg, "invalid workloadPidsMax");
+  }
+  /* order: after entropy; memory before pids */
+  expect_text("{" HEAD "," NET ",\"entropy\":\"x\",\"workloadMemoryMaxBytes\":1}", "invalid entropy");
+  expect_text("{" HEAD "," NET ",\"workloadPidsMax\":1,\"workloadMemoryMaxBytes\":1}",
+              "invalid workloadMemoryMaxBytes");
+  initmsg_set_mem_total(0);
+}
+
 TEST(restore_keys_invalid_texts) {
   static const char *const bad_ts[] = {"0", "-5", "1.5", "1e12", "\"1764590000123\"", "true",
                                        "{}", "99999999999999999999"};
@@ -353,6 +386,7 @@ int main(void) {
   RUN(response_json);
   RUN(restore_keys_valid);
   RUN(restore_keys_invalid_texts);
+  RUN(workload_keys);
   RUN(clock_step_rule);
   return test_summary();
 }

@@ -268,6 +268,33 @@ TEST(validate_selector_signal) {
   ASSERT_EQ(proc_validate_signal(64, msg, sizeof msg), RPC_OK);
 }
 
+/* api.md §9: limits after step 4, memory first, then cpu, then the controllers. */
+TEST(validate_limits) {
+  char msg[160];
+  Pb__ResourceLimits l = PB__RESOURCE_LIMITS__INIT;
+  ASSERT_EQ(proc_validate_limits(NULL, 2, "no", msg, sizeof msg), RPC_OK);
+  ASSERT_EQ(proc_validate_limits(&l, 2, "no", msg, sizeof msg), RPC_OK); /* all 0: none */
+  l.memory_max_bytes = 1048575;
+  l.cpu_millis = 5000;
+  ASSERT_EQ(proc_validate_limits(&l, 2, "no", msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  ASSERT_STR_EQ(msg, "invalid limits: memoryMaxBytes must be at least 1048576");
+  l.memory_max_bytes = 1048576;
+  ASSERT_EQ(proc_validate_limits(&l, 2, "no", msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  ASSERT_STR_EQ(msg, "invalid limits: cpuMillis must not exceed 2000");
+  l.cpu_millis = 2000;
+  ASSERT_EQ(proc_validate_limits(&l, 2, "why not", msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  ASSERT_STR_EQ(msg, "resource limits are not available: why not");
+  ASSERT_EQ(proc_validate_limits(&l, 2, NULL, msg, sizeof msg), RPC_OK);
+  l.memory_max_bytes = l.cpu_millis = 0;
+  l.pids_max = 1;
+  ASSERT_EQ(proc_validate_limits(&l, 4, "x", msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  Pb__ProcessSelector s = PB__PROCESS_SELECTOR__INIT;
+  s.all = 1;
+  s.pid = 7;
+  ASSERT_EQ(proc_validate_selector(&s, msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  ASSERT_STR_EQ(msg, "process selector all is only valid for SendSignal");
+}
+
 TEST(validate_pty_size) {
   char msg[128];
   Pb__PTY pty = PB__PTY__INIT;
@@ -296,6 +323,7 @@ int main(void) {
   RUN(script_write);
   RUN(lookup);
   RUN(errstr);
+  RUN(validate_limits);
   RUN(validate_start_order);
   RUN(validate_selector_signal);
   RUN(validate_pty_size);

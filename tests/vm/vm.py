@@ -98,8 +98,8 @@ def overlay_initrd(workdir):
 
 
 class VM:
-    def __init__(self, layout="pmem", workdir=None, name="vm", mem="512M", sandbox_id="vm-test"):
-        self.layout, self.name, self.mem, self.sandbox_id = layout, name, mem, sandbox_id
+    def __init__(self, layout="pmem", workdir=None, name="vm", mem="512M", sandbox_id="vm-test", smp=1):
+        self.layout, self.name, self.mem, self.sandbox_id, self.smp = layout, name, mem, sandbox_id, smp
         self.workdir = workdir or tempfile.mkdtemp(prefix="conch-vm-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -119,7 +119,7 @@ class VM:
     def args(self, incoming=None):
         img = lambda n: os.path.join(IMAGES, n)  # noqa: E731
         a = [QEMU, "-machine", "q35", "-accel", accel(), "-m", f"{self.mem},slots=4,maxmem=4G",
-             "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+             "-smp", str(self.smp), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
              "-kernel", img("vmlinuz"), "-initrd", overlay_initrd(self.workdir),
              "-serial", "file:" + self.console,
              "-serial", f"unix:{self.bridge_path},server=on,wait=off",
