@@ -228,3 +228,58 @@ def test_without_cgroups_usage_still_from_wait4(nocg_server):
     assert running(marker)
     assert c.unary(SIGNAL, {"process": {"all": True}, "signal": 9})[:2] == (200, {})
     assert wait_gone(marker)
+
+
+def test_foreground_found_by_pid_for_send_signal(client):
+    s = Stream(client, SP, {"cmd": "sleep", "args": ["317"]})
+    pid = s.next()[1]
+    assert client.unary(SIGNAL, {"process": {"pid": pid}, "signal": 15})[:2] == (200, {})
+    ev = s.all()
+    s.close()
+    assert ev[-1][:5] == ("end", -1, True, "error", "signal: terminated"), ev
+
+
+def test_usage_of_2000_processes_read_off_the_loop(fresh_server):
+    """List reads every process's usage (here /proc of each: 4000 file
+    reads per List) in the pool; ten at once, and /metrics, keep /health
+    under 1 s (timed by curl, a separate process)."""
+    import threading
+    c = Client(fresh_server.url, fresh_server.token)
+    n = 2000
+    conn = c.conn(timeout=60)
+    for i in range(n):  # one keep-alive connection: read each stream to its start, then drop it
+        s = Stream(c, SP, {"cmd": "sleep", "args": ["121.25"], "background": True, "tag": f"many{i}"})
+        assert s.next()[0] == "start"
+        s.close()
+    conn.close()
+    out = []
+
+    def lst():
+        cc = c.conn(timeout=120)
+        cc.request("POST", LIST, body=b"{}", headers=c.headers())
+        r = cc.getresponse()
+        out.append((r.status, r.read()))
+        cc.close()
+
+    ths = [threading.Thread(target=lst) for _ in range(10)]
+    for th in ths:
+        th.start()
+    worst = 0.0
+    while any(th.is_alive() for th in ths):
+        p = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{time_total}", "--max-time", "10",
+                            fresh_server.url + "/health"], capture_output=True, text=True)
+        worst = max(worst, float(p.stdout or 99))
+        m = subprocess.run(["curl", "-s", "--max-time", "10", "-H", f"conch-init-token: {fresh_server.token}",
+                            fresh_server.url + "/metrics"], capture_output=True)
+        assert json.loads(m.stdout)["processes"] >= n
+    for th in ths:
+        th.join()
+    print(f"10 Lists of {n} processes: worst /health {worst:.3f} s")
+    assert worst < 1.0
+    assert len(out) == 10
+    for st, body in out:
+        ps = json.loads(body)["processes"]
+        assert st == 200 and len(ps) == n, st
+        assert all(int(p["usage"]["memoryPeakBytes"]) > 0 for p in ps)
+    assert c.unary(SIGNAL, {"process": {"all": True}, "signal": 9})[:2] == (200, {})
+    assert wait_gone("sleep 121.25", 30)
