@@ -98,8 +98,11 @@ def overlay_initrd(workdir):
 
 
 class VM:
-    def __init__(self, layout="pmem", workdir=None, name="vm", mem="512M", sandbox_id="vm-test", smp=1):
+    def __init__(self, layout="pmem", workdir=None, name="vm", mem="512M", sandbox_id="vm-test", smp=1,
+                 init_env=None):
         self.layout, self.name, self.mem, self.sandbox_id, self.smp = layout, name, mem, sandbox_id, smp
+        # KEY=VALUE words the kernel hands to PID 1 as its environment
+        self.init_env = " ".join(f"{k}={v}" for k, v in (init_env or {}).items())
         self.workdir = workdir or tempfile.mkdtemp(prefix="conch-vm-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -133,13 +136,13 @@ class VM:
                 a += ["-object", f"memory-backend-file,id=pm{i},share=off,mem-path={img(n)},"
                                  f"size={os.path.getsize(img(n))}",
                       "-device", f"virtio-pmem-pci,memdev=pm{i},id=pmem{i}"]
-            append = f"console=ttyS0 panic=-1 -- conch.sandbox_id={self.sandbox_id}"
+            append = f"console=ttyS0 panic=-1 {self.init_env} -- conch.sandbox_id={self.sandbox_id}"
         else:
             a += ["-drive", f"file={self.disk},if=none,id=d0,format=raw", "-device", "virtio-blk-pci,drive=d0"]
             for i, n in enumerate(["top.erofs", "rootfs.erofs"]):
                 a += ["-drive", f"file={img(n)},if=none,id=l{i},format=raw,readonly=on",
                       "-device", f"virtio-blk-pci,drive=l{i}"]
-            append = (f"console=ttyS0 panic=-1 conch.sandbox_id={self.sandbox_id} "
+            append = (f"console=ttyS0 panic=-1 {self.init_env} conch.sandbox_id={self.sandbox_id} "
                       f"conch.layers=/dev/vdb,/dev/vdc")
         a += ["-append", append]
         if incoming:
