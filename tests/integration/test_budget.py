@@ -128,3 +128,46 @@ def test_json_downloads_are_encoded_off_the_loop(srv, tmp_path, kind):
         att.check()
         assert att.stats["conns"] == 100, att.stats
 
+
+# ---------------------------------------------------------------- row 4
+
+def h2_window_shut_streams(att, srv, path, reqs, ctype="application/connect+proto"):
+    """One HTTP/2 connection, stream window 0: one streaming call per
+    request in reqs, whose answers are never let through."""
+    c = H2Client("127.0.0.1", srv.port, stream_window=0, auto_ack=False)
+    att.add("conns")
+    try:
+        for r in reqs:
+            c.connect_stream(path, [r], srv.token, ctype=ctype)
+            att.add("sent")
+        while not att.stop.is_set():
+            c.pump(0.1)  # read (HEADERS, SETTINGS): the window stays shut
+            if c.closed:
+                raise AssertionError("server closed the connection")
+    finally:
+        c.close()
+
+
+def test_foreground_output_stops_while_the_stream_is_held(srv):
+    """Row 4: 100 foreground `head -c 64M /dev/zero` on one HTTP/2
+    connection whose stream window stays 0: once a stream holds a few
+    hundred KiB its pipe is not read until the transport has room, so the
+    connection holds a bounded total (the old code read each pipe until
+    its stream held 4 MiB: +434 MiB)."""
+    req = pb.StartProcessRequest(cmd="head", args=["-c", "64M", "/dev/zero"]).SerializeToString()
+    att = Attack(srv, [lambda a: h2_window_shut_streams(a, srv, PROC + "StartProcess", [req] * 100)],
+                 seconds=6, limit_kib=OUT_BOUND_KIB).run()
+    att.check()
+    assert att.stats["sent"] == 100, att.stats
+    # and the output still flows to a reader, to the end
+    c = H2Client("127.0.0.1", srv.port, conn_window=64 * MiB, stream_window=16 * MiB)
+    try:
+        sid = c.connect_stream(PROC + "StartProcess", [pb.StartProcessRequest(
+            cmd="head", args=["-c", "8M", "/dev/zero"]).SerializeToString()], srv.token)
+        st = c.wait(sid, timeout=60)[0]
+    finally:
+        c.close()
+    evs = [pb.ProcessEvent.FromString(e) for f, e in H2Client.envelopes(st.body) if f == 0]
+    assert sum(len(e.data.stdout) for e in evs if e.HasField("data")) == 8 * MiB
+    assert evs[-1].HasField("end") and evs[-1].end.exit_code == 0
+
