@@ -171,3 +171,118 @@ def test_foreground_output_stops_while_the_stream_is_held(srv):
     assert sum(len(e.data.stdout) for e in evs if e.HasField("data")) == 8 * MiB
     assert evs[-1].HasField("end") and evs[-1].end.exit_code == 0
 
+
+# ---------------------------------------------------------------- row 5
+
+BUSY_INPUT = b"server is busy: too much input queued for processes"
+BUSY_REQUEST = b"server is busy: too much request data buffered"
+
+
+def h1_unary(srv, path, body):
+    """A Connect unary proto request over HTTP/1.1, as bytes."""
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/proto\r\n"
+            b"Connect-Protocol-Version: 1\r\nconch-init-token: %s\r\nContent-Length: %d\r\n\r\n"
+            % (path.encode(), srv.token.encode(), len(body))) + body
+
+
+def start_background(srv, reqs):
+    """Start background processes (StartProcess streams over HTTP/2, 100 a
+    connection); returns the clients once every start event arrived."""
+    cs = []
+    for i in range(0, len(reqs), 100):
+        c = H2Client("127.0.0.1", srv.port, conn_window=64 * MiB, stream_window=1 * MiB)
+        ids = [c.connect_stream(PROC + "StartProcess", [r.SerializeToString()], srv.token)
+               for r in reqs[i:i + 100]]
+        deadline = time.monotonic() + 60
+        while any(len(c.streams[s].body) < 5 + 2 for s in ids):
+            assert time.monotonic() < deadline, "background processes did not start"
+            c.pump(1)
+        cs.append(c)
+    return cs
+
+
+def h2_send_inputs(att, srv, tags, answers):
+    """One HTTP/2 connection: a SendInput of 1 MiB to each tag; the answers
+    (the error texts of those refused) are collected once the attack ends."""
+    c = H2Client("127.0.0.1", srv.port, conn_window=64 * MiB, stream_window=1 * MiB)
+    try:
+        ids = []
+        for t in tags:
+            if att.stop.is_set():
+                break
+            body = pb.SendInputRequest(process=pb.ProcessSelector(tag=t),
+                                       input=pb.ProcessInput(stdin=b"x" * MiB)).SerializeToString()
+            sid = c.request("POST", PROC + "SendInput", c.connect_headers(srv.token, "application/proto"),
+                            None, end_stream=False)
+            c.send(sid, body, end_stream=True)
+            ids.append(sid)
+            att.add("sent")
+        while not att.stop.is_set():
+            c.pump(0.1)
+        for sid in ids:
+            answers.append(bytes(c.streams[sid].body))
+    finally:
+        c.close()
+
+
+def h1_senders(att, srv, reqs, answers):
+    """One HTTP/1.1 connection per request, sent whole, answers left unread
+    until the attack ends; then what each answered (bytes, up to 4 KiB)."""
+    socks = []
+    try:
+        for r in reqs:
+            if att.stop.is_set():
+                break
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(r())
+            socks.append(s)
+            att.add("sent")
+        att.stop.wait()
+        for s in socks:
+            s.setblocking(False)
+            try:
+                answers.append(s.recv(4096))
+            except OSError:
+                answers.append(b"")
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("kind", ["send-input", "one-shot-stdin"])
+def test_input_for_processes_that_never_read_is_bounded_in_total(srv, kind):
+    """Row 5: 200 background `sleep` with stdin kept open, each sent two
+    SendInput of 1 MiB; or 40 background `sleep` with 15 MiB of one-shot
+    stdin.  The children never read: input queued for processes counts in
+    the daemon-wide budget with everything else held for clients, and a
+    call past it fails resource_exhausted (the old code bounded it per
+    process only: +439 / +601 MiB)."""
+    answers, cs = [], []
+    try:
+        if kind == "send-input":
+            cs = start_background(srv, [pb.StartProcessRequest(
+                cmd="sleep", args=["30"], background=True, stdin_open=True, tag=f"s{i}") for i in range(200)])
+            # 4 HTTP/2 connections x 100 SendInput calls, two per process
+            attackers = [lambda a, k=k: h2_send_inputs(a, srv, [f"s{(100 * k + i) % 200}" for i in range(100)],
+                                                        answers) for k in range(4)]
+        else:
+            stdin = b"y" * (15 * MiB)
+
+            def start_with_stdin(i):
+                body = pb.StartProcessRequest(cmd="sleep", args=["30"], background=True, tag=f"b{i}",
+                                              stdin=stdin).SerializeToString()
+                env = bytes([0]) + len(body).to_bytes(4, "big") + body
+                return lambda: (b"POST %sStartProcess HTTP/1.1\r\nHost: x\r\n"
+                                b"Content-Type: application/connect+proto\r\nconch-init-token: %s\r\n"
+                                b"Content-Length: %d\r\n\r\n" % (PROC.encode(), srv.token.encode(), len(env))) + env
+            reqs = [start_with_stdin(i) for i in range(40)]
+            attackers = [lambda a: h1_senders(a, srv, reqs, answers)]
+        att = Attack(srv, attackers, seconds=8, limit_kib=IN_BOUND_KIB).run()
+        att.check()
+        assert att.stats["sent"] == (400 if kind == "send-input" else 40), att.stats
+        # the budget is what refused some (the process input's own text, or
+        # the request input's when the bytes cannot even be buffered)
+        assert any(BUSY_INPUT in a or BUSY_REQUEST in a for a in answers), [a[-200:] for a in answers]
+    finally:
+        for c in cs:
+            c.close()
