@@ -27,16 +27,19 @@
  * names it); unmounted → ends OK.  An entry gone before its stat is sent
  * without entry.
  *
- * Bounds: at most WD_QUEUE_MAX events (and WD_QUEUE_BYTES of names) wait per
- * stream.  When the queue has no room for another read and the client
+ * Bounds: at most WD_QUEUE_MAX events and WD_QUEUE_BYTES bytes wait per
+ * stream — bytes of memory (the item, its name, its full path and those
+ * of the CREATEs a scan found), so a long root path cannot make a queue of
+ * 4096 events hold 24 MiB.  When the queue has no room for another read and the client
  * keeps up (the pool job is what is behind), reading pauses and the events
  * wait in the kernel's queue; when the client is what is behind, events
  * past the bound are dropped and one `overflow` event takes their place
  * once the queue is down to half, then events resume.  IN_Q_OVERFLOW (the
  * kernel's own queue) becomes `overflow` too (folded into a pending one).
- * Sending stops while rpc_outq_bytes() > RPC_OUTQ_HIGH and resumes on
- * drain, so a client that does not read costs at most the queue plus
- * RPC_OUTQ_HIGH.  `keepalive` after keepalive_ms (CONCH_FS_WATCH_KEEPALIVE_MS,
+ * Sending stops once the call holds WD_OUTQ_MAX unsent bytes (or the
+ * daemon-wide budget is past its half) and the transport has no room
+ * (rpc_out_room), and resumes when it has, so a client that does not read
+ * costs at most the queue plus WD_OUTQ_MAX and an event per stream.  `keepalive` after keepalive_ms (CONCH_FS_WATCH_KEEPALIVE_MS,
  * default 30000, 0 = never) with nothing sent and nothing queued.
  */
 #include <dirent.h>
@@ -59,7 +62,8 @@
 #include "proto/agent.pb-c.h"
 
 #define WD_QUEUE_MAX 4096
-#define WD_QUEUE_BYTES (1u << 20)
+#define WD_QUEUE_BYTES (256u * 1024)
+#define WD_OUTQ_MAX (64u * 1024) /* unsent bytes before asking the transport for room */
 #define WD_MAX_WATCHES 65536
 #define WD_BATCH 512        /* items per pool job */
 #define WD_SCAN_MAX 1024    /* synthetic CREATEs per pool job */
@@ -89,6 +93,7 @@ typedef struct wd_item {
   int ovf_after; /* the scan budget ran out: an overflow after the extras */
   int has_entry;
   int handed;    /* given to a job (loop-side flag) */
+  size_t cost;   /* bytes it counts in the queue's bound (loop-side) */
   fs_entry e;         /* e.path = full (the logical path) */
   char *full;         /* malloc'd root + "/" + rel */
   const char *rel;    /* inside full, or "." */
@@ -639,13 +644,20 @@ static wd_item *item_new(size_t namelen) {
   return it;
 }
 
+/* Memory an item holds once its job made it: the item, its name and its
+ * full path (root + "/" + name, before the job knows the subdirectory). */
+static size_t item_cost(const fs_watch *w, size_t namelen) {
+  return sizeof(wd_item) + namelen + 1 + w->rootlen + 2 + namelen;
+}
+
 static void queue_append(fs_watch *w, wd_item *it) {
   if (w->tail) w->tail->next = it;
   else w->head = it;
   w->tail = it;
   if (!w->raw) w->raw = it;
   w->count++;
-  w->bytes += it->namelen;
+  it->cost = item_cost(w, it->namelen);
+  w->bytes += it->cost;
 }
 
 /* The owed overflow, once the queue is down to half (so that a slow
@@ -678,7 +690,7 @@ static void watch_push(fs_watch *w, const struct inotify_event *ev) {
   int vital = ev->wd == w->root_wd && (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF));
   if (!vital) {
     watch_owe_overflow(w);
-    if (w->ovf_pending || w->count + 1 > WD_QUEUE_MAX || w->bytes + nl > WD_QUEUE_BYTES) {
+    if (w->ovf_pending || w->count + 1 > WD_QUEUE_MAX || w->bytes + item_cost(w, nl) > WD_QUEUE_BYTES) {
       w->ovf_pending = 1; /* dropped */
       return;
     }
@@ -696,6 +708,20 @@ static void watch_push(fs_watch *w, const struct inotify_event *ev) {
   queue_append(w, it);
 }
 
+/* A read of rdsize bytes holds at most rdsize / 16 events, each costing
+ * at most item_cost(w, 0) per 16 bytes read (an event without a name);
+ * reads are sized so that one fits in half the queue's bytes. */
+static size_t watch_read_size(const fs_watch *w) {
+  size_t b = WD_QUEUE_BYTES / 2 * sizeof(struct inotify_event) / item_cost(w, 0);
+  size_t min = sizeof(struct inotify_event) + NAME_MAX + 1; /* one event always fits */
+  return b < min ? min : b > WD_READ_BUF ? WD_READ_BUF : b;
+}
+
+/* Room for a whole read in the queue. */
+static int watch_read_room(const fs_watch *w) {
+  return w->count + WD_READ_EVENTS <= WD_QUEUE_MAX && w->bytes <= WD_QUEUE_BYTES / 2;
+}
+
 static void watch_on_poll(uv_poll_t *h, int status, int events) {
   fs_watch *w = h->data;
   if (!w->call || w->closing) return;
@@ -705,18 +731,19 @@ static void watch_on_poll(uv_poll_t *h, int status, int events) {
   }
   char *buf = malloc(WD_READ_BUF);
   if (!buf) return;
+  size_t rdsize = watch_read_size(w);
   for (int r = 0; r < WD_READS; r++) {
     /* No room for a whole read: while the client keeps up the daemon is
      * the one behind, so leave the events in the kernel's queue (bounded;
      * past it IN_Q_OVERFLOW) until the pool job catches up; a client that
      * does not read makes us read and drop instead (one overflow). */
-    if (w->count + WD_READ_EVENTS > WD_QUEUE_MAX && rpc_outq_bytes(w->call) <= RPC_OUTQ_HIGH) {
+    if (!watch_read_room(w) && !w->drain_armed) {
       uv_poll_stop(&w->poll);
       w->polling = 0;
       w->read_paused = 1;
       break;
     }
-    ssize_t n = read(w->fd, buf, WD_READ_BUF);
+    ssize_t n = read(w->fd, buf, rdsize);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     for (ssize_t off = 0; off + (ssize_t)sizeof(struct inotify_event) <= n;) {
@@ -740,10 +767,17 @@ static void watch_items_done(void *data, int canceled) {
     watch_finish(w, RPC_INTERNAL, "watch directory: pool job canceled");
     return;
   }
-  /* the job's items are ready; count the extras the scans found */
+  /* the job's items are ready; count the extras the scans found, and
+   * what each holds now that its path is known */
   wd_item *it = w->job_first;
   for (size_t i = 0; i < w->job_n; i++) {
-    for (wd_item *x = it->extra; x; x = x->next) w->count++;
+    size_t cost = sizeof *it + it->namelen + 1 + (it->full ? strlen(it->full) + 1 : 0);
+    for (wd_item *x = it->extra; x; x = x->next) {
+      w->count++;
+      cost += sizeof *x + strlen(x->full) + 1;
+    }
+    w->bytes += cost - it->cost;
+    it->cost = cost;
     if (i + 1 < w->job_n) it = it->next;
   }
   w->raw = it->next;
@@ -777,11 +811,10 @@ static void watch_on_drain(rpc_call *c) {
 /* Send ready items in order while the client keeps up. */
 static void watch_send(fs_watch *w) {
   while (w->call && w->head && w->head != w->raw) {
-    if (rpc_outq_bytes(w->call) > RPC_OUTQ_HIGH) {
-      if (!w->drain_armed) {
-        w->drain_armed = 1;
-        rpc_on_drain(w->call, watch_on_drain);
-      }
+    if (w->drain_armed) return; /* watch_on_drain comes */
+    if ((rpc_outq_bytes(w->call) > WD_OUTQ_MAX || rpc_budget_over()) &&
+        !rpc_out_room(w->call, WD_OUTQ_MAX, watch_on_drain)) {
+      w->drain_armed = 1;
       return;
     }
     wd_item *it = w->head;
@@ -803,7 +836,7 @@ static void watch_send(fs_watch *w) {
     w->head = it->next;
     if (!w->head) w->tail = NULL;
     w->count--;
-    w->bytes -= it->namelen;
+    w->bytes -= it->cost;
     item_free(it);
     if (end) {
       w->ending = 1;
@@ -813,7 +846,7 @@ static void watch_send(fs_watch *w) {
     }
   }
   watch_owe_overflow(w);
-  if (w->read_paused && w->call && w->count + WD_READ_EVENTS <= WD_QUEUE_MAX) {
+  if (w->read_paused && w->call && watch_read_room(w)) {
     w->read_paused = 0;
     w->polling = 1;
     uv_poll_start(&w->poll, UV_READABLE, watch_on_poll);

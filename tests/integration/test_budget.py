@@ -286,3 +286,85 @@ def test_input_for_processes_that_never_read_is_bounded_in_total(srv, kind):
     finally:
         for c in cs:
             c.close()
+
+
+# ---------------------------------------------------------------- row 2
+
+def long_root(tmp_path, length=3000):
+    """A directory whose path is about `length` characters long."""
+    p = str(tmp_path)
+    while len(p) < length - 201:
+        p = os.path.join(p, "d" * 200)
+    os.makedirs(p)
+    return p
+
+
+def create_files(att, root, n):
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        time.sleep(0.5)  # the attack's baseline first
+        for i in range(n):
+            os.close(os.open(f"f{i:05d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+        att.add("sent", n)
+    finally:
+        os.close(fd)
+
+
+def inotify_fds(srv):
+    n = 0
+    for fd in os.listdir(f"/proc/{srv.proc.pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{srv.proc.pid}/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            pass
+    return n
+
+
+def test_watch_queues_are_bounded_in_bytes(srv, tmp_path):
+    """Row 2: 100 WatchDir streams of a directory whose path is 3000
+    characters long, on one HTTP/2 connection whose stream window stays 0,
+    then 6000 files created in it.  Each stream's queue is bounded in bytes
+    (item, name and full path counted), not only in events, and sending
+    stops once the stream holds a little: the events past the bound are
+    dropped for one overflow (the old code queued 4096 events per stream,
+    ~24 MiB each: +2386 MiB)."""
+    root = long_root(tmp_path)
+    req = pb.WatchDirRequest(path=root).SerializeToString()
+    c = H2Client("127.0.0.1", srv.port, stream_window=0, auto_ack=False)
+    try:
+        for _ in range(100):
+            c.connect_stream(FS + "WatchDir", [req], srv.token)
+        deadline = time.monotonic() + 30
+        while inotify_fds(srv) < 100:  # the 100 watches are set up in the pool
+            assert time.monotonic() < deadline, inotify_fds(srv)
+            c.pump(0.1)
+
+        def hold(a):
+            while not a.stop.is_set():
+                c.pump(0.1)
+                if c.closed:
+                    raise AssertionError("server closed the connection")
+        att = Attack(srv, [hold, lambda a: create_files(a, root, 6000)], seconds=6,
+                     limit_kib=OUT_BOUND_KIB).run()
+        att.check()
+        assert att.stats["sent"] == 6000, att.stats
+    finally:
+        c.close()
+    # a watcher that reads still sees every create, in order
+    c = H2Client("127.0.0.1", srv.port, conn_window=64 * MiB, stream_window=16 * MiB)
+    try:
+        sid = c.connect_stream(FS + "WatchDir", [req], srv.token)
+        while len(c.streams[sid].body) < 7:
+            c.pump(1)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        for i in range(200):
+            os.close(os.open(f"g{i:05d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+        os.close(fd)
+        names, deadline = [], time.monotonic() + 30
+        while len(names) < 200 and time.monotonic() < deadline:
+            c.pump(1)
+            evs = [pb.WatchDirEvent.FromString(e) for f, e in H2Client.envelopes(c.streams[sid].body) if f == 0]
+            names = [e.filesystem.name for e in evs if e.HasField("filesystem")]
+        assert names == [f"g{i:05d}" for i in range(200)], names[:5]
+    finally:
+        c.close()
