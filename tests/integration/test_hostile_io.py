@@ -832,14 +832,25 @@ def chunk_msg(path, data):
     return b'{"filepath":"%s","content":"%s"}' % (path.encode(), base64.b64encode(data))
 
 
-def test_big_messages_are_decoded_off_the_loop(one, tmp_path):
+@pytest.fixture()
+def roomy():
+    """A server whose memory budget (CONCH_MEM_BUDGET, 64 MiB by default)
+    holds six 16 MiB request buffers at once, as the old 256 MiB request
+    budget did: for a test of where big messages are decoded, not of the
+    budget (test_budget.py)."""
+    srv = start("hostile-roomy", env={"CONCH_MEM_BUDGET": str(256 * MiB)})
+    yield srv
+    finish(srv)
+
+
+def test_big_messages_are_decoded_off_the_loop(roomy, tmp_path):
     """Messages of 64 KiB or more are decoded in the thread pool whatever
     the RPC.  Six ~15 MiB JSON upload messages at once (each ~150 ms of
     decoding on the dev build, several times that under ASan; refused after
     decoding: over the 1 MiB chunk limit) leave /health answered within 1 s
     throughout; and an upload of 1 MiB chunks, each decoded in the pool,
     arrives whole and in order."""
-    srv = one
+    srv = roomy
     results = [None] * 6
 
     def up(i):
