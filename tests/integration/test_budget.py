@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from conftest import ROOT
 from h2conn import H2Client
 from test_hostile_io import ASAN_ENV, FS, MiB, Attack, finish, start, tcp_small
 
@@ -368,3 +369,57 @@ def test_watch_queues_are_bounded_in_bytes(srv, tmp_path):
         assert names == [f"g{i:05d}" for i in range(200)], names[:5]
     finally:
         c.close()
+
+
+# ---------------------------------------------------------------- row 3
+
+REFLECT = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+
+
+def h2_big_reflection_requests(att, srv, nstreams, size):
+    """One HTTP/2 connection, stream window 0: nstreams reflection streams,
+    each sending one request of `size` bytes (its answer echoes it) as fast
+    as the server's windows let through, answers never let through."""
+    gen = os.path.join(ROOT, "build", "py")
+    subprocess.run(["protoc", f"--python_out={gen}", "-Iproto", "proto/reflection.proto"], cwd=ROOT, check=True)
+    import reflection_pb2 as rp
+    msg = rp.ServerReflectionRequest(host="h" * size, list_services="*").SerializeToString()
+    body = H2Client.envelope(msg)
+    c = H2Client("127.0.0.1", srv.port, stream_window=0, auto_ack=False)
+    att.add("conns")
+    try:
+        left = {}
+        for _ in range(nstreams):
+            sid = c.request("POST", REFLECT, c.connect_headers(srv.token, "application/connect+proto"),
+                            None, end_stream=False)
+            left[sid] = memoryview(body)
+        while not att.stop.is_set():
+            for sid, data in list(left.items()):
+                win = min(c.conn.local_flow_control_window(sid), c.conn.max_outbound_frame_size)
+                while win > 0 and data:
+                    n = min(win, len(data))
+                    c.conn.send_data(sid, data[:n].tobytes(), end_stream=n == len(data))
+                    att.add("sent", n)
+                    data = data[n:]
+                    win = min(c.conn.local_flow_control_window(sid), c.conn.max_outbound_frame_size)
+                left[sid] = data
+                if not data:
+                    del left[sid]
+            c.flush()
+            c.pump(0.05)
+            if c.closed:
+                raise AssertionError("server closed the connection")
+    finally:
+        c.close()
+
+
+def test_reflection_reads_a_request_only_when_its_answer_has_room(srv):
+    """Row 3: 40 reflection streams on one HTTP/2 connection whose stream
+    window stays 0, each sending a 15 MiB request (the answer echoes it as
+    original_request).  A stream reads its request only once the
+    connection has room for the answer: one such answer is held per
+    connection, not one per stream (the old code: +498 MiB)."""
+    att = Attack(srv, [lambda a: h2_big_reflection_requests(a, srv, 40, 15 * MiB)], seconds=6,
+                 limit_kib=OUT_BOUND_KIB).run()
+    att.check()
+    assert att.stats["sent"] > 15 * MiB, att.stats  # at least one whole request went in
