@@ -404,7 +404,9 @@ static void dl_on_room(rpc_call *c) {
 /* The next chunk, once the transport has room for it (else dl_on_room
  * comes back here): a pool read or map, or (special files) polling. */
 static void dl_go(fs_download *d) {
-  if (!rpc_out_room(d->call, d->map_mode ? DL_WINDOW : FS_CHUNK_MAX, dl_on_room)) {
+  /* the room asked is what the next send holds: a JSON chunk is base64 */
+  size_t room = d->map_mode ? DL_WINDOW : d->json ? FS_CHUNK_MAX / 3 * 4 + 4096 : FS_CHUNK_MAX;
+  if (!rpc_out_room(d->call, room, dl_on_room)) {
     if (d->polling) {
       uv_poll_stop(&d->poll);
       d->polling = 0;
