@@ -10,7 +10,8 @@
  * for its chunk (rpc_out_room): the previous chunk has left for the socket
  * (HTTP/2: into the peer's flow-control window) and the connection's queue
  * is about empty — so a client that stops reading, or holds its window at
- * 0, costs about one chunk per connection, however many streams it opens.
+ * 0, costs about one chunk per connection, however many streams it opens
+ * (and nothing is read while half the daemon-wide budget is held).
  * Disk and network still overlap through the kernel's socket buffer.
  *
  * A regular file that ends before the size it had at open (or at the last
