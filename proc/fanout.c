@@ -100,11 +100,20 @@ void proc_sub_send_start(struct proc_sub *s, int pid) {
   proc_sub_arm_ka(s, s->f->keepalive_ms);
 }
 
-static void proc_sub_on_drain(rpc_call *c) {
+static void proc_sub_on_room(rpc_call *c) {
   struct proc_sub *s = rpc_user(c);
   if (!s) return;
   s->drain_armed = 0;
   s->f->flow(s->f, 0);
+}
+
+/* After a lossless send: stop reading the outputs while the stream's bytes
+ * are held (see fanout.h). */
+static void proc_sub_hold(struct proc_sub *s) {
+  if (s->drain_armed || (rpc_outq_bytes(s->call) <= PROC_SUB_HELD && !rpc_budget_over())) return;
+  if (rpc_out_room(s->call, PROC_SUB_HELD, proc_sub_on_room)) return;
+  s->drain_armed = 1;
+  s->f->flow(s->f, 1);
 }
 
 void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n) {
@@ -133,12 +142,8 @@ void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n
     next = s->next;
     if (s->lossless) {
       if (proc_sub_send(s, &ev) != 0) continue;
-      if (rpc_outq_bytes(s->call) > RPC_OUTQ_HIGH && !s->drain_armed) {
-        s->drain_armed = 1;
-        f->flow(f, 1);
-        rpc_on_drain(s->call, proc_sub_on_drain);
-      }
-    } else if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES) {
+      proc_sub_hold(s);
+    } else if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || rpc_budget_over()) {
       s->dropped++;
     } else {
       proc_sub_send(s, &ev);
@@ -159,11 +164,7 @@ void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size
   off = wire_prepend_len(buf, off, 2, PROC_HEADROOM + n - off); /* ProcessEvent.data */
   s->last_send = uv_now(f->loop);
   if (rpc_send_bytes(s->call, buf, buf + off, PROC_HEADROOM + n - off) != 0) return;
-  if (rpc_outq_bytes(s->call) > RPC_OUTQ_HIGH && !s->drain_armed) {
-    s->drain_armed = 1;
-    f->flow(f, 1);
-    rpc_on_drain(s->call, proc_sub_on_drain);
-  }
+  proc_sub_hold(s);
 }
 
 /* Send the end event on c. */

@@ -6,14 +6,18 @@
  * that): what an event says (pid, exit status) comes in as arguments, and
  * what the record must do about its subscribers goes back through the two
  * callbacks given at init — flow(f, 1/0): stop/resume reading the outputs
- * (the lossless subscriber's queue passed RPC_OUTQ_HIGH / drained, or it
+ * (the lossless subscriber's bytes are held / have room again, or it
  * left); left(f): a subscriber left (the record may be free to go).
  *
- * Subscribers: the foreground starter is lossless — flow(f, 1) when its
- * call's queue passes RPC_OUTQ_HIGH, flow(f, 0) once rpc_on_drain fires.
+ * Subscribers: the foreground starter is lossless — once its call holds
+ * more than PROC_SUB_HELD unsent bytes (or the daemon-wide budget is past
+ * its half, rpc_budget_over) it asks rpc_out_room, and when the transport
+ * has no room, flow(f, 1) until the room callback, then flow(f, 0): the
+ * pipe is not read while the stream's bytes are held, so a connection of
+ * 128 such streams holds about 128 x PROC_SUB_HELD.
  * The others are lossy: an output event for a subscriber whose call
- * already holds PROC_SUB_QUEUE_BYTES unsent bytes is dropped for it and
- * counted; nobody waits for them.  Start/end/keepalive events are never
+ * already holds PROC_SUB_QUEUE_BYTES unsent bytes (or while the budget is
+ * past its half) is dropped for it and counted; nobody waits for them.  Start/end/keepalive events are never
  * dropped.  Every subscriber gets a keepalive after keepalive_ms of
  * silence (0: never).  Loop thread only.
  */
@@ -31,6 +35,7 @@
 /* Room in front of output read for in-place framing (envelope + event tags). */
 #define PROC_HEADROOM 16
 #define PROC_SUB_QUEUE_BYTES (64u * PROC_READ_MAX) /* ≈ the reference's 64 events */
+#define PROC_SUB_HELD (8u * PROC_READ_MAX) /* lossless: bytes held before asking room */
 #define PROC_MAX_SUBS 256 /* subscribers per process */
 
 enum proc_out_kind { PROC_OUT_STDOUT, PROC_OUT_STDERR, PROC_OUT_PTY };

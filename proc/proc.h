@@ -68,6 +68,8 @@
 #define PROC_KEEPALIVE_MS 30000
 #define PROC_MAX_PROCS 4096   /* live records (any state) */
 #define PROC_INPUT_MAX (1024u * 1024) /* pending input per process; also the largest input message */
+/* input refused because everything held for clients reached the daemon-wide budget */
+#define PROC_INPUT_BUSY "server is busy: too much input queued for processes"
 
 enum proc_state { PROC_PREP, PROC_RUNNING, PROC_EXITED, PROC_ENDED };
 
@@ -117,6 +119,7 @@ struct proc {
   size_t content_len;
   unsigned char *stdin_buf;
   size_t stdin_len;
+  size_t stdin_budget; /* rpc_budget_take'n for the one-shot stdin, until its chunk holds it */
   char **envp;    /* senv_merge() result, freed after spawn */
   char **base_env; /* sandbox env snapshot (loop) the request env overlays */
   char *home;      /* default cwd: the sandbox env's HOME */

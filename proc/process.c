@@ -92,6 +92,7 @@ static void proc_free(struct proc *p) {
   free(p->script);
   free(p->content);
   free(p->stdin_buf);
+  rpc_budget_give(p->stdin_budget);
   free(p->envp);
   free(p->buf);
   proc_cg_release(p->cg); /* never started (PREP failure) */

@@ -289,11 +289,19 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "too many processes");
     return;
   }
+  /* the one-shot stdin counts in the daemon-wide budget from here until
+   * the child has read it (input.c) */
+  if (req->stdin.len && rpc_budget_take(req->stdin.len) != 0) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, PROC_INPUT_BUSY);
+    return;
+  }
   struct proc *p = proc_new(t);
   if (!p) {
+    rpc_budget_give(req->stdin.len);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
+  p->stdin_budget = req->stdin.len;
   int ok = 1;
   p->background = req->background ? 1 : 0;
   p->tag = proc_strdup_ok(tag, &ok);
