@@ -55,6 +55,7 @@
 #include "agent/rpc.h"
 #include "proc/fanout.h"
 #include "proc/reaper.h"
+#include "proc/ring.h"
 #include "proc/spawn.h"
 
 #define PROC_EXIT_GRACE_MS 100
@@ -67,6 +68,13 @@
 #define PROC_KEEPALIVE_MS 30000
 #define PROC_MAX_PROCS 4096   /* live records (any state) */
 #define PROC_INPUT_MAX (1024u * 1024) /* pending input per process; also the largest input message */
+/* Retained output of background processes (api.md §9, ring.h): per
+ * channel, and what the rings of all records may take together; past the
+ * budget they are cut to PROC_RING_SLACK below it, so the cutting (a sort
+ * of the rings) runs once per MiB of output at most, not per read. */
+#define PROC_RING_MAX (256u * 1024)
+#define PROC_RING_BUDGET (32u * 1024 * 1024)
+#define PROC_RING_SLACK (1024u * 1024)
 
 enum proc_state { PROC_PREP, PROC_RUNNING, PROC_EXITED, PROC_ENDED };
 
@@ -84,6 +92,8 @@ struct proc_out {
   uint64_t read_at_tick;
   int silent_ticks;
   int64_t pending_at_exit;
+  uint64_t offset;        /* bytes of this channel sent as data events so far */
+  struct proc_ring ring;  /* background: its most recent output */
 };
 
 struct proc {
@@ -177,6 +187,7 @@ struct proc_table {
   struct proc *fg_head;     /* running foreground records (input RPCs find them by pid) */
   size_t nrecords;          /* every live record */
   size_t nretained;         /* ended background records still in the table */
+  size_t ring_mem;          /* what the output rings of all records take (ring.h) */
   uint64_t keepalive_ms;
   uint64_t retain_ms;
   /* the record's input (input.c, above process.c, which calls it only
@@ -226,6 +237,13 @@ void proc_check_free(struct proc *p);
  * env): it is not freed until unpinned (on the loop). */
 void proc_pin(struct proc *p);
 void proc_unpin(struct proc *p);
+/* Replay (Connect with ReplayFrom): the output produced so far on a
+ * channel (enum proc_out_kind; 0 for a channel the process has not), and
+ * the retained bytes of each channel from from[kind] on, to subscriber s,
+ * as data events with their offsets (loop: the live output that follows
+ * goes to s too, so nothing is lost or repeated between the two). */
+uint64_t proc_out_total(const struct proc *p, int kind);
+void proc_replay(struct proc *p, struct proc_sub *s, const uint64_t from[3]);
 /* Foreground list of the table (running foreground records, found by pid
  * by the input RPCs). */
 void proc_fg_link(struct proc *p);
