@@ -21,6 +21,7 @@ int proc_ring_drop(struct proc_ring *r) {
   if (!b) return -1;
   r->head = b->next;
   if (!r->head) r->tail = NULL;
+  if (r->tail_link == &b->next) r->tail_link = &r->head;
   r->bytes -= b->len;
   r->mem -= blk_mem(b);
   b->next = NULL;
@@ -33,9 +34,27 @@ void proc_ring_clear(struct proc_ring *r) {
   }
 }
 
+/* The newest block is full for the next event: give its unused end back
+ * (events of 20 KiB would otherwise leave 12 KiB of every 32 KiB block
+ * empty, and the budget counts what blocks take).  Only while no send
+ * points into it: realloc may move it. */
+static void blk_close(struct proc_ring *r) {
+  struct proc_ring_blk *b = r->tail, *nb;
+  if (!b || b->refs != 1 || b->cap - b->len < b->cap / 8) return;
+  nb = realloc(b, sizeof *b + b->len);
+  if (!nb) return;
+  r->mem -= nb->cap - nb->len;
+  nb->cap = nb->len;
+  if (nb != b) {
+    *r->tail_link = nb;
+    r->tail = nb;
+  }
+}
+
 int proc_ring_append(struct proc_ring *r, uint64_t off, const uint8_t *buf, size_t n, size_t max_bytes) {
   struct proc_ring_blk *b = r->tail;
   if (!b || b->cap - b->len < n) {
+    blk_close(r);
     size_t cap = r->bytes > PROC_RING_MIN_BLOCK ? r->bytes : PROC_RING_MIN_BLOCK;
     if (cap > PROC_RING_BLOCK) cap = PROC_RING_BLOCK;
     if (cap < n) cap = n;
@@ -50,7 +69,8 @@ int proc_ring_append(struct proc_ring *r, uint64_t off, const uint8_t *buf, size
     b->off = off;
     b->len = 0;
     b->cap = cap;
-    if (r->tail) r->tail->next = b; else r->head = b;
+    r->tail_link = r->tail ? &r->tail->next : &r->head;
+    *r->tail_link = b;
     r->tail = b;
     r->mem += blk_mem(b);
   }

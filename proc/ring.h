@@ -11,8 +11,10 @@
  *
  * Block sizes follow the output: max(event, min(PROC_RING_BLOCK, max(512,
  * bytes retained))), so a channel that printed a line holds ~512 bytes, a
- * busy one 32 KiB blocks.  `mem` (what the blocks take, headers included)
- * is what a budget counts; `bytes` the output retained.
+ * busy one 32 KiB blocks; a block that is full for the next event gives
+ * its unused end back (realloc, while no send points into it).  `mem`
+ * (what the blocks take, headers included) is what a budget counts;
+ * `bytes` the output retained.
  *
  * Knows nothing of the record (process.c owns the rings and the budget);
  * no allocation but the blocks.  Loop thread only (releases included).
@@ -39,6 +41,7 @@ struct proc_ring_blk {
 
 struct proc_ring {
   struct proc_ring_blk *head, *tail; /* oldest, newest */
+  struct proc_ring_blk **tail_link;  /* what points at tail (&head or the previous block's next) */
   size_t bytes; /* output retained */
   size_t mem;   /* bytes the blocks take (headers included) */
 };
