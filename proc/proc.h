@@ -19,6 +19,12 @@
  * event.  EOF = read() 0, or EIO on a PTY master.  rpc_send() serialises the message at once, so the buffer is
  * reused.
  *
+ * Offsets and retention (api.md §9): each output counts the bytes it sent
+ * as data events (ProcessDataEvent.offset); a background record also
+ * keeps the most recent in a ring per output (ring.h), within a budget
+ * across the table (PROC_RING_*), freed at proc_release.  Connect with
+ * replay sends a ring's bytes and subscribes in one go (proc_replay).
+ *
  * Subscribers (fanout.h): the foreground starter is lossless — when its
  * queue passes RPC_OUTQ_HIGH both outputs stop reading (the child blocks on
  * a full pipe) until it drains (the fanout's flow callback, proc_pause).

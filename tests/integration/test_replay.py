@@ -3,7 +3,9 @@ data event, the retained output of background processes, Connect with
 `replay` — over HTTP/1.1 and h2c, in the JSON and proto codecs.
 """
 import json
+import os
 import re
+import subprocess
 import struct
 import threading
 import time
@@ -12,7 +14,7 @@ import pytest
 from google.protobuf import json_format
 
 from conch import Client, envelope, parse_envelopes, unb64
-from conftest import Server, sanitizer_report, status_kib
+from conftest import ROOT, Server, sanitizer_report, status_kib
 from h2conn import H2Client
 
 import agent_pb2 as pb  # noqa: E402  (conftest makes it when run alone)
@@ -592,3 +594,43 @@ def test_retention_budget_150_processes():
     finally:
         text = srv.stop()
     assert sanitizer_report(text) is None
+
+
+# ---------------------------------------------------------------- README
+def readme_resume_section():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    start = text.index("\n### Resuming a stream")
+    return text[start:text.index("\n## ", start)]
+
+
+def test_readme_resume_examples(fresh_server):
+    """README "Resuming a stream": the curl lines (with the Routes set-up)
+    and the Python follow(), run as written against a daemon of its own."""
+    srv = fresh_server
+    sec = readme_resume_section()
+    block = [ln[4:] for ln in sec.splitlines() if ln.startswith("    ")]
+    routes = open(os.path.join(ROOT, "README.md")).read().split("\n## Routes\n", 1)[1]
+    setup = [ln[4:] for ln in routes.splitlines() if ln.startswith("    S=(") or ln.startswith("    frame() {")]
+    assert len(setup) == 2
+    script = "\n".join([f"u={srv.url} tok={srv.token}"] + setup + block)
+    r = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30)
+    out = r.stdout.decode()
+    lines = [json.loads(x) for x in out.split()]
+    # the first stream: start and 8 bytes; the Connect: start, the rest from offset 8, end, {}
+    starts = [i for i, m in enumerate(lines) if "start" in m]
+    assert len(starts) == 2, out
+    first, second = lines[:starts[1]], lines[starts[1]:]
+    assert b"".join(unb64(m["data"]["stdout"]) for m in first if "data" in m) == b"one\ntwo\n"
+    assert second[1:] == [{"data": {"stdout": "dGhyZWUK", "offset": "8"}},
+                          {"end": {"exited": True, "status": "exited"}}, {}], out
+    # Python: the module as written, pointed at this daemon
+    code = sec[sec.index("```python\n") + 10:sec.index("\n```", sec.index("```python"))]
+    code = code.replace('port=4064, token="TOKEN"', f'port={srv.port}, token="{srv.token}"')
+    body, loop = code.split("\nfor channel, data in follow(")
+    ns = {}
+    exec(compile(body, "README.md", "exec"), ns)
+    got = b"".join(d for ch, d in ns["follow"]("build", {"stdout": 4}))
+    assert got == b"two\nthree\n"
+    assert b"".join(d for ch, d in ns["follow"]("build")) == b"one\ntwo\nthree\n"
+    with pytest.raises(RuntimeError, match=r"replay offset 99 is beyond the stdout output \(14 bytes\)"):
+        list(ns["follow"]("build", {"stdout": 99}))
