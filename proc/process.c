@@ -124,6 +124,8 @@ static void proc_ring_budget(struct proc_table *t) {
     while (r[j]->mem > level) proc_ring_drop(r[j]);
     t->ring_mem -= before - r[j]->mem;
   }
+  LOG_DEBUG("retained output over budget: %zu of %zu rings cut to %zu bytes, %zu bytes kept", i, n, level,
+            t->ring_mem);
   free(r);
 }
 
