@@ -28,12 +28,14 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "agent/bufref.h"
 #include "agent/rpc.h"
 
 #define PROC_READ_MAX (32u * 1024)
 #define PROC_PTY_READ_MAX (16u * 1024)
-/* Room in front of output read for in-place framing (envelope + event tags). */
-#define PROC_HEADROOM 16
+/* Room in front of output read for in-place framing (envelope + event
+ * tags + the offset field: 5 + 4 + 11 + 4, rounded up). */
+#define PROC_HEADROOM 32
 #define PROC_SUB_QUEUE_BYTES (64u * PROC_READ_MAX) /* ≈ the reference's 64 events */
 #define PROC_SUB_HELD (8u * PROC_READ_MAX) /* lossless: bytes held before asking room */
 #define PROC_MAX_SUBS 256 /* subscribers per process */
@@ -77,13 +79,22 @@ void proc_fanout_fail(struct proc_fanout *f, rpc_code code, const char *msg);
 
 /* The start event to s (a new subscriber of a running process). */
 void proc_sub_send_start(struct proc_sub *s, int pid);
-/* An output event (enum proc_out_kind) to every subscriber. */
-void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n);
+/* An output event (enum proc_out_kind) to every subscriber; offset: the
+ * bytes of that channel sent before it (ProcessDataEvent.offset). */
+void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n, uint64_t offset);
 /* 1 when the one subscriber is the lossless starter speaking the binary
  * codec: output can be framed in place by proc_fanout_data_packed, which
  * takes a malloc'd buf holding n bytes at PROC_HEADROOM. */
 int proc_fanout_direct(const struct proc_fanout *f);
-void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n);
+void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n, uint64_t offset);
+/* A replayed output event to the lossy subscriber s, under the same rule
+ * as live output (dropped and counted past PROC_SUB_QUEUE_BYTES or while
+ * the budget is past its half).  ref
+ * holds one reference on the bytes, given up here: a binary, uncompressed
+ * call sends them as they are (rpc_send_bytes_tail, no copy), others get
+ * them encoded. */
+void proc_sub_send_replay(struct proc_sub *s, int kind, const uint8_t *data, size_t n, uint64_t offset,
+                          bufref *ref);
 /* What the end event says (api.md §6, §9): the leader's wait status, and
  * what the command's cgroup (or wait4) tells. */
 typedef struct proc_end_info {

@@ -355,7 +355,21 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
     proc_finish_not_found(c, req->process);
     return;
   }
-  if (p->state == PROC_ENDED) {
+  uint64_t from[3];
+  if (req->replay) {
+    static const char *const names[3] = {"stdout", "stderr", "pty"};
+    from[PROC_OUT_STDOUT] = req->replay->stdout;
+    from[PROC_OUT_STDERR] = req->replay->stderr;
+    from[PROC_OUT_PTY] = req->replay->pty;
+    for (int k = PROC_OUT_STDOUT; k <= PROC_OUT_PTY; k++) {
+      uint64_t total = proc_out_total(p, k);
+      if (from[k] > total) {
+        rpc_finishf(c, RPC_OUT_OF_RANGE, "replay offset %llu is beyond the %s output (%llu bytes)",
+                    (unsigned long long)from[k], names[k], (unsigned long long)total);
+        return;
+      }
+    }
+  } else if (p->state == PROC_ENDED) {
     proc_send_final(c, (int)p->pid, &p->end);
     return;
   }
@@ -365,6 +379,11 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   proc_sub_send_start(s, (int)p->pid);
+  if (!req->replay) return;
+  /* the retained bytes, then (same loop turn: nothing in between) live
+   * output or, the process having ended, its end event */
+  proc_replay(p, s, from);
+  if (p->state == PROC_ENDED) proc_fanout_end(&p->fan, (int)p->pid, &p->end);
 }
 
 /* ---- List ---- */
