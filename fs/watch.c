@@ -1290,10 +1290,11 @@ static void watch_gate(fs_watch *w) {
   else if (w->started) hub_pause(w);
 }
 
-/* The owed overflow, once the queue is down to half (so that a slow
- * reader gets one overflow per stall, not one per freed slot). */
+/* The owed overflow, once the queue is down to half, in events and in
+ * bytes (so that a slow reader gets one overflow per stall, not one per
+ * freed slot: the hub drops for a client that is behind rather than wait). */
 static void watch_owe_overflow(fs_watch *w) {
-  if (!w->ovf_pending || w->count > WD_QUEUE_MAX / 2) return;
+  if (!w->ovf_pending || w->count > WD_QUEUE_MAX / 2 || w->bytes > WD_QUEUE_BYTES / 2) return;
   wd_item *o = item_new(0);
   if (!o) return;
   o->kind = WI_OVERFLOW;

@@ -372,12 +372,16 @@ def test_watch_queues_are_bounded_in_bytes(srv, tmp_path):
     req = pb.WatchDirRequest(path=root).SerializeToString()
     c = H2Client("127.0.0.1", srv.port, stream_window=0, auto_ack=False)
     try:
-        for _ in range(100):
-            c.connect_stream(FS + "WatchDir", [req], srv.token)
+        sids = [c.connect_stream(FS + "WatchDir", [req], srv.token) for _ in range(100)]
         deadline = time.monotonic() + 30
-        while inotify_fds(srv) < 100:  # the 100 watches are set up in the pool
-            assert time.monotonic() < deadline, inotify_fds(srv)
+
+        def started():  # the response head goes out with `start` (not flow-controlled)
+            return sum(c.streams[s].status is not None for s in sids)
+        while started() < 100:  # the 100 watches are set up in the pool
+            assert time.monotonic() < deadline, started()
             c.pump(0.1)
+        assert all(c.streams[s].status == 200 for s in sids)
+        assert inotify_fds(srv) == 1  # one instance shared by the 100 streams
 
         def hold(a):
             while not a.stop.is_set():
