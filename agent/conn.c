@@ -142,6 +142,7 @@ static void conn_wreq_release(conn *c, wreq *w) {
 /* A batch's bytes reached the kernel: give back what it owned. */
 static void conn_batch_written(conn *c, wreq *w) {
   c->s.outq -= w->bytes;
+  conch.held -= w->bytes;
   for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
   conn_wreq_release(c, w);
   if (c->s.outq == 0 && c->nlater) conn_free_later_run(c);
@@ -173,6 +174,7 @@ static int conn_submit(conn *c) {
   if (r < 0) {
     /* the callback never runs: undo, and close from the loop (next prepare) */
     c->s.outq -= w->bytes;
+    conch.held -= w->bytes;
     for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
     free(w);
     if (!c->s.closing) {
@@ -197,6 +199,7 @@ static int conn_try_batch(conn *c) {
   size_t done = (size_t)n;
   if (done < w->bytes) { /* partly written: drop what went out */
     c->s.outq -= done;
+    conch.held -= done;
     w->bytes -= done;
     unsigned k = 0;
     while (done >= w->bufs[k].len) done -= w->bufs[k++].len;
@@ -244,6 +247,7 @@ static void conn_batch_free(conn *c) {
   c->batch = NULL;
   if (!w) return;
   c->s.outq -= w->bytes;
+  conch.held -= w->bytes;
   for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
   free(w);
 }
@@ -282,11 +286,13 @@ static int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_
     w->prelen += prelen;
     w->bytes += prelen;
     c->s.outq += prelen;
+    conch.held += prelen;
   }
   for (unsigned i = 0; i < n; i++) {
     w->bufs[w->nbuf++] = bufs[i];
     w->bytes += bufs[i].len;
     c->s.outq += bufs[i].len;
+    conch.held += bufs[i].len;
   }
   for (unsigned i = 0; i < nowned; i++) w->owned[w->nowned++] = owned[i];
   return 0;

@@ -67,6 +67,11 @@ struct rpc_call {
   int end_pending;            /* the final answer waits for the deflates */
   rpc_code pend_code;
   char *pend_msg;
+  /* rpc_out_room refused for the daemon-wide budget: in the budget FIFO */
+  rpc_call *bnext, *bprev;
+  int bwait;
+  size_t bneed;
+  size_t breserved; /* rpc_out_room granted this much: counted in conch.held until the next send */
 };
 
 /* Client streaming and bidi: messages go to on_message as they arrive. */
@@ -86,11 +91,16 @@ static const char *ct_for(const rpc_call *c) {
 
 /* ---------------------------------------------------------------- lifetime */
 
+static void budget_unwait(rpc_call *c);
+
 static void call_closed(uv_handle_t *h) {
   rpc_call *c = h->data;
   if (--c->handles == 0) {
+    budget_unwait(c);
+    conch.held -= c->breserved;
     free(c->in);
     conch.rx_buffered -= c->in_cap;
+    conch.held -= c->in_cap;
     bufref_owner_free(c->unary_owner);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
     free(c->pend_msg);
@@ -447,6 +457,8 @@ static int gz_hold_end(rpc_call *c, rpc_code code, const char *msg) {
  * bytes in the same message (streaming only). */
 int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, const uint8_t *tail,
                         size_t tail_len, bufref *tail_ref) {
+  conch.held -= c->breserved; /* the room it asked for is now these bytes */
+  c->breserved = 0;
   if (!data || c->finished || !c->hx_live || len > RPC_MAX_MESSAGE ||
       tail_len > RPC_MAX_MESSAGE - len || (tail_ref && (c->w == W_CONNECT_UNARY || c->json))) {
     bufref_owner_free(owner);
@@ -528,10 +540,81 @@ void rpc_finishf(rpc_call *c, rpc_code code, const char *fmt, ...) {
 
 size_t rpc_outq_bytes(const rpc_call *c) { return c->hx_live ? hx_outq(c->x) + c->gzq_bytes : 0; }
 
+/* ---- the daemon-wide budget (daemon.h: conch.held, conch.budget) ----
+ * Producers that can wait stop once everything held for clients is past
+ * half the budget: the other half stays for requests and for answers that
+ * cannot wait.  They wait in one FIFO; a 10 ms timer runs while it is not
+ * empty and wakes them in order, as many as fit (the bytes they free come
+ * from writes on any connection, which know nothing of the waiters). */
+#define BUDGET_POLL_MS 10
+
+static rpc_call *bw_head, *bw_tail;
+static uv_timer_t bw_timer;
+static int bw_timer_init;
+
+static size_t budget_out_limit(void) { return conch.budget / 2; }
+
+static void budget_unwait(rpc_call *c) {
+  if (!c->bwait) return;
+  c->bwait = 0;
+  if (c->bprev) c->bprev->bnext = c->bnext; else bw_head = c->bnext;
+  if (c->bnext) c->bnext->bprev = c->bprev; else bw_tail = c->bprev;
+  c->bnext = c->bprev = NULL;
+  if (!bw_head && bw_timer_init) uv_timer_stop(&bw_timer);
+}
+
+static void budget_on_timer(uv_timer_t *t) {
+  (void)t;
+  size_t q = conch.held;
+  while (bw_head && q + bw_head->bneed <= budget_out_limit()) {
+    rpc_call *c = bw_head;
+    q += c->bneed;
+    budget_unwait(c);
+    if (c->finished || !c->svc_live || !c->room_cb) continue;
+    void (*rcb)(rpc_call *) = c->room_cb;
+    c->room_cb = NULL;
+    rcb(c); /* asks rpc_out_room again: the transport's own bounds next */
+  }
+}
+
+static void budget_wait(rpc_call *c, size_t n) {
+  c->bneed = n;
+  if (c->bwait) return; /* keeps its place */
+  if (!bw_timer_init) {
+    uv_timer_init(conch.loop, &bw_timer);
+    uv_unref((uv_handle_t *)&bw_timer);
+    bw_timer_init = 1;
+  }
+  c->bwait = 1;
+  c->bprev = bw_tail;
+  c->bnext = NULL;
+  if (bw_tail) bw_tail->bnext = c; else bw_head = c;
+  bw_tail = c;
+  if (!uv_is_active((uv_handle_t *)&bw_timer))
+    uv_timer_start(&bw_timer, budget_on_timer, BUDGET_POLL_MS, BUDGET_POLL_MS);
+}
+
+int rpc_budget_take(size_t n) {
+  if (n && conch.held + n > conch.budget) return -1;
+  conch.held += n;
+  return 0;
+}
+
+void rpc_budget_give(size_t n) { conch.held -= n; }
+
+int rpc_budget_over(void) { return conch.held > budget_out_limit(); }
+
 int rpc_out_room(rpc_call *c, size_t n, void (*cb)(rpc_call *c)) {
   if (c->finished || !c->hx_live) return 1; /* the send will say */
+  if (c->bwait || conch.held + n > budget_out_limit()) { /* behind those already waiting */
+    c->room_cb = cb;
+    budget_wait(c, n);
+    return 0;
+  }
   if (!c->gzq_head && hx_room(c->x, n)) {
     c->room_cb = NULL;
+    conch.held += n - c->breserved;
+    c->breserved = n;
     return 1;
   }
   c->room_cb = cb;
@@ -690,6 +773,7 @@ static void decode_job_run(uv_work_t *w) {
 static void call_drop_input(rpc_call *c) {
   free(c->in);
   conch.rx_buffered -= c->in_cap;
+  conch.held -= c->in_cap;
   c->in = NULL;
   c->in_len = c->in_cap = 0;
 }
@@ -878,8 +962,10 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
     }
     while (cap < c->in_len + n) cap *= 2;
     /* all calls together hold at most conch.rx_budget bytes of request
-     * input (128 streams x 16 MiB on one connection would be 2 GiB) */
-    if (conch.rx_buffered - c->in_cap + cap > conch.rx_budget) {
+     * input (128 streams x 16 MiB on one connection would be 2 GiB), and
+     * it counts in the one budget of everything held for clients */
+    if (conch.rx_buffered - c->in_cap + cap > conch.rx_budget ||
+        conch.held - c->in_cap + cap > conch.budget) {
       call_fail(c, RPC_RESOURCE_EXHAUSTED, "server is busy: too much request data buffered");
       return;
     }
@@ -889,6 +975,7 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
       return;
     }
     conch.rx_buffered += cap - c->in_cap;
+    conch.held += cap - c->in_cap;
     c->in = q;
     c->in_cap = cap;
   }

@@ -6,7 +6,8 @@
 #include <string.h>
 
 conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */, .http_header_ms = 10000, .http_idle_ms = 60000, .max_conns = 1024,
-                      .rx_budget = 256u * 1024 * 1024};
+                      .rx_budget = 256u * 1024 * 1024,
+                      .budget = 64u * 1024 * 1024};
 
 void daemon_set_token(const char *tok, size_t len) {
   if (len > CONCH_TOKEN_MAX) len = CONCH_TOKEN_MAX;

@@ -59,8 +59,16 @@ typedef struct conch_daemon {
    * output before any request was authenticated (agent/conn.c) */
   unsigned long long unauth_closed;
   uv_timer_t *trim_timer; /* agent/conn.c: malloc_trim after connections closed */
-  /* request input buffered by all RPC calls, and its cap (CONCH_RX_BUDGET,
-   * default 256 MiB): a call that would pass it fails resource_exhausted */
+  /* One memory budget for everything held on behalf of clients
+   * (CONCH_MEM_BUDGET, default 64 MiB): `held` counts request input
+   * buffered by RPC calls, output queued on every connection (conn.c's
+   * outq, HTTP/2 stream queues) and input queued for processes.  Input
+   * that would pass `budget` fails resource_exhausted; producers that can
+   * wait (downloads, process output, watch events, reflection) stop
+   * reading their source once `held` is past half of it (rpc_out_room),
+   * so requests and small answers always find room.  Request input alone
+   * is further capped by rx_budget (CONCH_RX_BUDGET, default 256 MiB). */
+  size_t held, budget;
   size_t rx_buffered, rx_budget;
 
   /* GET /metrics (agent/metrics.c): the /proc/stat cpu sample of the last

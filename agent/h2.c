@@ -205,6 +205,7 @@ static void h2_stream_free(h2s *st) {
     if (sc->atail == st) sc->atail = prev;
   }
   sc->held -= st->outq + st->reserved;
+  conch.held -= st->outq; /* the daemon-wide budget (daemon.h) */
   if (st->room_wait) { /* out of the room FIFO */
     h2s **pp = &sc->whead, *prev = NULL;
     while (*pp != st) {
@@ -540,6 +541,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   b->off += length;
   st->outq -= length;
   sc->held -= length;
+  conch.held -= length; /* now counted in the conn's outq */
   if (st->out_ended) {
     sc->done_held -= length;
     if (sc->ahead && sc->done_held < H2_DONE_HELD_MAX) sink_defer(sc->c, h2_deferred);
@@ -787,6 +789,7 @@ static int h2_write(hx *x, const hx_part *parts, unsigned n) {
     st->qtail = b[i];
     st->outq += parts[i].len;
     sc->held += parts[i].len;
+    conch.held += parts[i].len;
   }
   sc->held -= st->reserved; /* the room it asked for is now these bytes */
   st->reserved = 0;

@@ -106,6 +106,8 @@ static void main_common_setup(void) {
   if (im && atol(im) > 0 && atol(im) <= 3600000) conch.http_idle_ms = (unsigned)atol(im);
   const char *rb = getenv("CONCH_RX_BUDGET");
   if (rb && atol(rb) > 0) conch.rx_budget = (size_t)atol(rb);
+  const char *mb = getenv("CONCH_MEM_BUDGET");
+  if (mb && atol(mb) > 0) conch.budget = (size_t)atol(mb);
   const char *mc = getenv("CONCH_MAX_CONNS");
   if (mc && atol(mc) > 0 && atol(mc) <= 1000000) conch.max_conns = (unsigned)atol(mc);
   const char *lvl = getenv("CONCH_LOG_LEVEL");

@@ -199,6 +199,19 @@ void rpc_on_drain(rpc_call *c, void (*cb)(rpc_call *c));
  * and the connection's queue is about empty, so a connection holds about
  * one chunk at a time however many calls it carries. */
 int rpc_out_room(rpc_call *c, size_t n, void (*cb)(rpc_call *c));
+/* rpc_out_room also says no while everything the daemon holds for clients
+ * (request input, queued output, process input: CONCH_MEM_BUDGET) is past
+ * half of that budget; such producers wait in one FIFO and are woken in
+ * order as the bytes leave.  Input held for a client that cannot wait
+ * (bytes queued for a process) takes its part of the budget with
+ * rpc_budget_take (0, or -1 when it would pass the budget: fail the call
+ * RPC_RESOURCE_EXHAUSTED) and gives it back with rpc_budget_give. */
+int rpc_budget_take(size_t n);
+void rpc_budget_give(size_t n);
+/* 1 while the budget is past the half where rpc_out_room says no: a
+ * producer that sends without asking room first (process output) asks it
+ * then, and a lossy one drops. */
+int rpc_budget_over(void);
 
 /* From inside on_cancel only: hold the call's final answer (the error the
  * layer raised — bad input, deadline) until the service has undone what the

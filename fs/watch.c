@@ -49,17 +49,23 @@
  * names it); unmounted → ends OK.  An entry gone before its stat is sent
  * without entry.
  *
- * Bounds: at most WD_QUEUE_MAX events (and WD_QUEUE_BYTES of names) wait per
- * stream.  When a stream's queue has no room for another read and its
- * client keeps up (the pool job is what is behind), the hub stops reading
- * and the events wait in the kernel's queue; when the client is what is
- * behind, that stream drops events past the bound and one `overflow` event
- * takes their place once its queue is down to half, then events resume — a
- * client that stops reading never holds the hub (its pause is lifted at
- * once).  IN_Q_OVERFLOW (the kernel's queue, shared by all streams) becomes
+ * Bounds: at most WD_QUEUE_MAX events and WD_QUEUE_BYTES bytes wait per
+ * stream — bytes of memory (the item, its name, its full path and those
+ * of the CREATEs a scan found), so a long root path cannot make a queue of
+ * 4096 events hold 24 MiB.  The hub's reads are sized so that one fits in
+ * half of every stream's queue (the longest root sets it).  When a
+ * stream's queue has no room for another read and its client keeps up
+ * (the pool job is what is behind), the hub stops reading and the events
+ * wait in the kernel's queue; when the client is what is behind, that
+ * stream drops events past the bound and one `overflow` event takes their
+ * place once its queue is down to half, then events resume — a client
+ * that stops reading never holds the hub (its pause is lifted at once).
+ * IN_Q_OVERFLOW (the kernel's queue, shared by all streams) becomes
  * `overflow` on every stream (folded into a pending one).  Sending stops
- * while rpc_outq_bytes() > RPC_OUTQ_HIGH and resumes on drain, so a client
- * that does not read costs at most the queue plus RPC_OUTQ_HIGH.
+ * once the call holds WD_OUTQ_MAX unsent bytes (or the daemon-wide budget
+ * is past its half) and the transport has no room (rpc_out_room), and
+ * resumes when it has, so a client that does not read costs at most the
+ * queue plus WD_OUTQ_MAX and an event per stream.
  * `keepalive` after keepalive_ms (CONCH_FS_WATCH_KEEPALIVE_MS, default
  * 30000, 0 = never) with nothing sent and nothing queued.
  */
@@ -83,7 +89,8 @@
 #include "proto/agent.pb-c.h"
 
 #define WD_QUEUE_MAX 4096
-#define WD_QUEUE_BYTES (1u << 20)
+#define WD_QUEUE_BYTES (256u * 1024)
+#define WD_OUTQ_MAX (64u * 1024) /* unsent bytes before asking the transport for room */
 #define WD_MAX_WATCHES 65536
 /* A walk holds one open directory per level (fd and readdir buffer). */
 #define WD_MAX_DEPTH 128
@@ -120,6 +127,7 @@ typedef struct wd_item {
   int ovf_after; /* part of a new directory could not be covered: an overflow after the extras */
   int has_entry;
   int handed;    /* given to a job (loop-side flag) */
+  size_t cost;   /* bytes it counts in the queue's bound (loop-side) */
   fs_entry e;         /* e.path = full (the logical path) */
   char *full;         /* malloc'd root + "/" + rel */
   const char *rel;    /* inside full, or "." */
@@ -210,6 +218,7 @@ static void watch_pump(fs_watch *w);
 static void watch_send(fs_watch *w);
 static void watch_push(fs_watch *w, const struct inotify_event *ev);
 static void watch_finish(fs_watch *w, rpc_code code, const char *msg);
+static size_t watch_read_size(const fs_watch *w);
 
 /* ---- the hub: its table (pool jobs add and drop, the loop dispatches) ---- */
 
@@ -344,6 +353,12 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
     return;
   }
   static char buf[WD_READ_BUF] __attribute__((aligned(__alignof__(struct inotify_event))));
+  /* one read fits in half of every stream's queue */
+  size_t rdsize = WD_READ_BUF;
+  for (fs_watch *w = h->streams; w; w = w->hnext) {
+    size_t r = watch_read_size(w);
+    if (r < rdsize) rdsize = r;
+  }
   for (int r = 0; r < WD_READS; r++) {
     /* A stream whose queue has no room for a whole read while its client
      * keeps up: the daemon is the one behind, so leave the events in the
@@ -354,7 +369,7 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
       h->polling = 0;
       break;
     }
-    ssize_t n = read(h->fd, buf, sizeof buf);
+    ssize_t n = read(h->fd, buf, rdsize);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     for (ssize_t off = 0; off + (ssize_t)sizeof(struct inotify_event) <= n;) {
@@ -1236,19 +1251,50 @@ static wd_item *item_new(size_t namelen) {
   return it;
 }
 
+/* Memory an item holds once its job made it: the item, its name and its
+ * full path (root + "/" + name, before the job knows the subdirectory). */
+static size_t item_cost(const fs_watch *w, size_t namelen) {
+  return sizeof(wd_item) + namelen + 1 + w->rootlen + 2 + namelen;
+}
+
 static void queue_append(fs_watch *w, wd_item *it) {
   if (w->tail) w->tail->next = it;
   else w->head = it;
   w->tail = it;
   if (!w->raw) w->raw = it;
   w->count++;
-  w->bytes += it->namelen;
+  it->cost = item_cost(w, it->namelen);
+  w->bytes += it->cost;
 }
 
-/* The owed overflow, once the queue is down to half (so that a slow
- * reader gets one overflow per stall, not one per freed slot). */
+/* A read of rdsize bytes holds at most rdsize / 16 events, each costing
+ * at most item_cost(w, 0) per 16 bytes read (an event without a name);
+ * reads are sized so that one fits in half the queue's bytes. */
+static size_t watch_read_size(const fs_watch *w) {
+  size_t b = WD_QUEUE_BYTES / 2 * sizeof(struct inotify_event) / item_cost(w, 0);
+  size_t min = sizeof(struct inotify_event) + NAME_MAX + 1; /* one event always fits */
+  return b < min ? min : b > WD_READ_BUF ? WD_READ_BUF : b;
+}
+
+/* Room for a whole read in the queue. */
+static int watch_read_room(const fs_watch *w) {
+  return w->count + WD_READ_EVENTS <= WD_QUEUE_MAX && w->bytes <= WD_QUEUE_BYTES / 2;
+}
+
+/* The hub reads on for w while its queue has room for a whole read or its
+ * client is what is behind (then w drops instead: a client that does not
+ * read never holds the hub); not held while the setup walk runs. */
+static void watch_gate(fs_watch *w) {
+  if (!w->hub) return;
+  if (!w->call || w->drain_armed || watch_read_room(w)) hub_unpause(w);
+  else if (w->started) hub_pause(w);
+}
+
+/* The owed overflow, once the queue is down to half, in events and in
+ * bytes (so that a slow reader gets one overflow per stall, not one per
+ * freed slot: the hub drops for a client that is behind rather than wait). */
 static void watch_owe_overflow(fs_watch *w) {
-  if (!w->ovf_pending || w->count > WD_QUEUE_MAX / 2) return;
+  if (!w->ovf_pending || w->count > WD_QUEUE_MAX / 2 || w->bytes > WD_QUEUE_BYTES / 2) return;
   wd_item *o = item_new(0);
   if (!o) return;
   o->kind = WI_OVERFLOW;
@@ -1276,7 +1322,7 @@ static void watch_push(fs_watch *w, const struct inotify_event *ev) {
   int vital = ev->wd == w->root_wd && (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF));
   if (!vital) {
     watch_owe_overflow(w);
-    if (w->ovf_pending || w->count + 1 > WD_QUEUE_MAX || w->bytes + nl > WD_QUEUE_BYTES) {
+    if (w->ovf_pending || w->count + 1 > WD_QUEUE_MAX || w->bytes + item_cost(w, nl) > WD_QUEUE_BYTES) {
       w->ovf_pending = 1; /* dropped */
       return;
     }
@@ -1294,8 +1340,7 @@ static void watch_push(fs_watch *w, const struct inotify_event *ev) {
   queue_append(w, it);
   /* no room for another whole read while the client keeps up: the hub
    * waits (not while the setup walk runs: that may be long) */
-  if (w->started && w->count + WD_READ_EVENTS > WD_QUEUE_MAX && rpc_outq_bytes(w->call) <= RPC_OUTQ_HIGH)
-    hub_pause(w);
+  watch_gate(w);
 }
 
 static void watch_items_done(void *data, int canceled) {
@@ -1309,10 +1354,17 @@ static void watch_items_done(void *data, int canceled) {
     watch_finish(w, RPC_INTERNAL, "watch directory: pool job canceled");
     return;
   }
-  /* the job's items are ready; count the extras the scans found */
+  /* the job's items are ready; count the extras the scans found, and
+   * what each holds now that its path is known */
   wd_item *it = w->job_first;
   for (size_t i = 0; i < w->job_n; i++) {
-    for (wd_item *x = it->extra; x; x = x->next) w->count++;
+    size_t cost = sizeof *it + it->namelen + 1 + (it->full ? strlen(it->full) + 1 : 0);
+    for (wd_item *x = it->extra; x; x = x->next) {
+      w->count++;
+      cost += sizeof *x + strlen(x->full) + 1;
+    }
+    w->bytes += cost - it->cost;
+    it->cost = cost;
     if (i + 1 < w->job_n) it = it->next;
   }
   w->raw = it->next;
@@ -1346,12 +1398,11 @@ static void watch_on_drain(rpc_call *c) {
 /* Send ready items in order while the client keeps up. */
 static void watch_send(fs_watch *w) {
   while (w->call && w->head && w->head != w->raw) {
-    if (rpc_outq_bytes(w->call) > RPC_OUTQ_HIGH) {
+    if (w->drain_armed) return; /* watch_on_drain comes */
+    if ((rpc_outq_bytes(w->call) > WD_OUTQ_MAX || rpc_budget_over()) &&
+        !rpc_out_room(w->call, WD_OUTQ_MAX, watch_on_drain)) {
+      w->drain_armed = 1;
       hub_unpause(w); /* the client is behind: never hold the hub for it */
-      if (!w->drain_armed) {
-        w->drain_armed = 1;
-        rpc_on_drain(w->call, watch_on_drain);
-      }
       return;
     }
     wd_item *it = w->head;
@@ -1373,7 +1424,7 @@ static void watch_send(fs_watch *w) {
     w->head = it->next;
     if (!w->head) w->tail = NULL;
     w->count--;
-    w->bytes -= it->namelen;
+    w->bytes -= it->cost;
     item_free(it);
     if (end) {
       w->ending = 1;
@@ -1383,7 +1434,7 @@ static void watch_send(fs_watch *w) {
     }
   }
   watch_owe_overflow(w);
-  if (w->read_paused && w->call && w->count + WD_READ_EVENTS <= WD_QUEUE_MAX) hub_unpause(w);
+  if (w->call) watch_gate(w);
 }
 
 static void watch_on_ka(uv_timer_t *t) {

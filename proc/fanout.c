@@ -100,45 +100,58 @@ void proc_sub_send_start(struct proc_sub *s, int pid) {
   proc_sub_arm_ka(s, s->f->keepalive_ms);
 }
 
-static void proc_sub_on_drain(rpc_call *c) {
+static void proc_sub_on_room(rpc_call *c) {
   struct proc_sub *s = rpc_user(c);
   if (!s) return;
   s->drain_armed = 0;
   s->f->flow(s->f, 0);
 }
 
-void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n) {
-  Pb__ProcessDataEvent d;
-  pb__process_data_event__init(&d);
-  Pb__ProcessEvent ev = PB__PROCESS_EVENT__INIT;
+/* After a lossless send: stop reading the outputs while the stream's bytes
+ * are held (see fanout.h). */
+static void proc_sub_hold(struct proc_sub *s) {
+  if (s->drain_armed || (rpc_outq_bytes(s->call) <= PROC_SUB_HELD && !rpc_budget_over())) return;
+  if (rpc_out_room(s->call, PROC_SUB_HELD, proc_sub_on_room)) return;
+  s->drain_armed = 1;
+  s->f->flow(s->f, 1);
+}
+
+/* ProcessEvent{data{<kind>: buf[0, n), offset}} into ev and d. */
+static void proc_data_event(Pb__ProcessEvent *ev, Pb__ProcessDataEvent *d, int kind, const uint8_t *buf,
+                            size_t n, uint64_t offset) {
+  pb__process_data_event__init(d);
+  pb__process_event__init(ev);
   ProtobufCBinaryData bin = {n, (uint8_t *)buf};
+  d->offset = offset;
   switch (kind) {
   case PROC_OUT_STDOUT:
-    d.output_case = PB__PROCESS_DATA_EVENT__OUTPUT_STDOUT;
-    d.stdout = bin;
+    d->output_case = PB__PROCESS_DATA_EVENT__OUTPUT_STDOUT;
+    d->stdout = bin;
     break;
   case PROC_OUT_STDERR:
-    d.output_case = PB__PROCESS_DATA_EVENT__OUTPUT_STDERR;
-    d.stderr = bin;
+    d->output_case = PB__PROCESS_DATA_EVENT__OUTPUT_STDERR;
+    d->stderr = bin;
     break;
   default:
-    d.output_case = PB__PROCESS_DATA_EVENT__OUTPUT_PTY;
-    d.pty = bin;
+    d->output_case = PB__PROCESS_DATA_EVENT__OUTPUT_PTY;
+    d->pty = bin;
     break;
   }
-  ev.event_case = PB__PROCESS_EVENT__EVENT_DATA;
-  ev.data = &d;
+  ev->event_case = PB__PROCESS_EVENT__EVENT_DATA;
+  ev->data = d;
+}
+
+void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n, uint64_t offset) {
+  Pb__ProcessDataEvent d;
+  Pb__ProcessEvent ev;
+  proc_data_event(&ev, &d, kind, (const uint8_t *)buf, n, offset);
   struct proc_sub *s = f->subs, *next;
   for (; s; s = next) {
     next = s->next;
     if (s->lossless) {
       if (proc_sub_send(s, &ev) != 0) continue;
-      if (rpc_outq_bytes(s->call) > RPC_OUTQ_HIGH && !s->drain_armed) {
-        s->drain_armed = 1;
-        f->flow(f, 1);
-        rpc_on_drain(s->call, proc_sub_on_drain);
-      }
-    } else if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES) {
+      proc_sub_hold(s);
+    } else if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || rpc_budget_over()) {
       s->dropped++;
     } else {
       proc_sub_send(s, &ev);
@@ -150,20 +163,57 @@ int proc_fanout_direct(const struct proc_fanout *f) {
   return f->nsubs == 1 && f->subs->lossless && !rpc_is_json(f->subs->call);
 }
 
-/* Frame ProcessEvent{data{<kind>: buf[PROC_HEADROOM, +n)}} in place, in the
- * headroom in front of the bytes, and hand buf over: no copy of the output. */
-void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n) {
-  struct proc_sub *s = f->subs;
+/* ProcessEvent{data{offset, <kind>: n bytes}} up to the bytes (which
+ * follow at buf + end: in the buffer, or as a send's tail), written so
+ * that it ends at buf + end (at most 19 bytes, and RPC_HEADROOM more stay
+ * free in front when end = PROC_HEADROOM); returns where it starts.  offset
+ * goes first (0 is omitted, as protobuf-c does): the bytes must come last. */
+static size_t proc_data_frame(uint8_t *buf, size_t end, int kind, size_t n, uint64_t offset) {
   uint32_t field = kind == PROC_OUT_STDOUT ? 1 : kind == PROC_OUT_STDERR ? 2 : 3;
-  size_t off = wire_prepend_len(buf, PROC_HEADROOM, field, n);
-  off = wire_prepend_len(buf, off, 2, PROC_HEADROOM + n - off); /* ProcessEvent.data */
+  size_t off = wire_prepend_len(buf, end, field, n);
+  if (offset) {
+    uint8_t v[WIRE_VARINT_MAX];
+    size_t vl = wire_varint_put(v, offset);
+    off -= vl;
+    memcpy(buf + off, v, vl);
+    buf[--off] = (uint8_t)wire_key(4, WIRE_T_VARINT); /* ProcessDataEvent.offset */
+  }
+  return wire_prepend_len(buf, off, 2, end + n - off); /* ProcessEvent.data */
+}
+
+/* Frame the event in place, in the headroom in front of the bytes at
+ * buf + PROC_HEADROOM, and hand buf over: no copy of the output. */
+void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n, uint64_t offset) {
+  struct proc_sub *s = f->subs;
+  size_t off = proc_data_frame(buf, PROC_HEADROOM, kind, n, offset);
   s->last_send = uv_now(f->loop);
   if (rpc_send_bytes(s->call, buf, buf + off, PROC_HEADROOM + n - off) != 0) return;
-  if (rpc_outq_bytes(s->call) > RPC_OUTQ_HIGH && !s->drain_armed) {
-    s->drain_armed = 1;
-    f->flow(f, 1);
-    rpc_on_drain(s->call, proc_sub_on_drain);
+  proc_sub_hold(s);
+}
+
+void proc_sub_send_replay(struct proc_sub *s, int kind, const uint8_t *data, size_t n, uint64_t offset,
+                          bufref *ref) {
+  if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || rpc_budget_over()) { /* as live output to a lossy subscriber */
+    s->dropped++;
+    ref->release(ref);
+    return;
   }
+  s->last_send = uv_now(s->f->loop);
+  if (!rpc_is_json(s->call) && !rpc_compresses(s->call)) {
+    uint8_t *head = malloc(PROC_HEADROOM);
+    if (!head) {
+      ref->release(ref);
+      return;
+    }
+    size_t off = proc_data_frame(head, PROC_HEADROOM, kind, n, offset);
+    rpc_send_bytes_tail(s->call, head, head + off, PROC_HEADROOM - off, data, n, ref);
+    return;
+  }
+  Pb__ProcessDataEvent d;
+  Pb__ProcessEvent ev;
+  proc_data_event(&ev, &d, kind, data, n, offset);
+  rpc_send(s->call, &ev.base);
+  ref->release(ref);
 }
 
 /* Send the end event on c. */

@@ -6,14 +6,18 @@
  * that): what an event says (pid, exit status) comes in as arguments, and
  * what the record must do about its subscribers goes back through the two
  * callbacks given at init — flow(f, 1/0): stop/resume reading the outputs
- * (the lossless subscriber's queue passed RPC_OUTQ_HIGH / drained, or it
+ * (the lossless subscriber's bytes are held / have room again, or it
  * left); left(f): a subscriber left (the record may be free to go).
  *
- * Subscribers: the foreground starter is lossless — flow(f, 1) when its
- * call's queue passes RPC_OUTQ_HIGH, flow(f, 0) once rpc_on_drain fires.
+ * Subscribers: the foreground starter is lossless — once its call holds
+ * more than PROC_SUB_HELD unsent bytes (or the daemon-wide budget is past
+ * its half, rpc_budget_over) it asks rpc_out_room, and when the transport
+ * has no room, flow(f, 1) until the room callback, then flow(f, 0): the
+ * pipe is not read while the stream's bytes are held, so a connection of
+ * 128 such streams holds about 128 x PROC_SUB_HELD.
  * The others are lossy: an output event for a subscriber whose call
- * already holds PROC_SUB_QUEUE_BYTES unsent bytes is dropped for it and
- * counted; nobody waits for them.  Start/end/keepalive events are never
+ * already holds PROC_SUB_QUEUE_BYTES unsent bytes (or while the budget is
+ * past its half) is dropped for it and counted; nobody waits for them.  Start/end/keepalive events are never
  * dropped.  Every subscriber gets a keepalive after keepalive_ms of
  * silence (0: never).  Loop thread only.
  */
@@ -24,13 +28,16 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "agent/bufref.h"
 #include "agent/rpc.h"
 
 #define PROC_READ_MAX (32u * 1024)
 #define PROC_PTY_READ_MAX (16u * 1024)
-/* Room in front of output read for in-place framing (envelope + event tags). */
-#define PROC_HEADROOM 16
+/* Room in front of output read for in-place framing (envelope + event
+ * tags + the offset field: 5 + 4 + 11 + 4, rounded up). */
+#define PROC_HEADROOM 32
 #define PROC_SUB_QUEUE_BYTES (64u * PROC_READ_MAX) /* ≈ the reference's 64 events */
+#define PROC_SUB_HELD (8u * PROC_READ_MAX) /* lossless: bytes held before asking room */
 #define PROC_MAX_SUBS 256 /* subscribers per process */
 
 enum proc_out_kind { PROC_OUT_STDOUT, PROC_OUT_STDERR, PROC_OUT_PTY };
@@ -72,13 +79,22 @@ void proc_fanout_fail(struct proc_fanout *f, rpc_code code, const char *msg);
 
 /* The start event to s (a new subscriber of a running process). */
 void proc_sub_send_start(struct proc_sub *s, int pid);
-/* An output event (enum proc_out_kind) to every subscriber. */
-void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n);
+/* An output event (enum proc_out_kind) to every subscriber; offset: the
+ * bytes of that channel sent before it (ProcessDataEvent.offset). */
+void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n, uint64_t offset);
 /* 1 when the one subscriber is the lossless starter speaking the binary
  * codec: output can be framed in place by proc_fanout_data_packed, which
  * takes a malloc'd buf holding n bytes at PROC_HEADROOM. */
 int proc_fanout_direct(const struct proc_fanout *f);
-void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n);
+void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n, uint64_t offset);
+/* A replayed output event to the lossy subscriber s, under the same rule
+ * as live output (dropped and counted past PROC_SUB_QUEUE_BYTES or while
+ * the budget is past its half).  ref
+ * holds one reference on the bytes, given up here: a binary, uncompressed
+ * call sends them as they are (rpc_send_bytes_tail, no copy), others get
+ * them encoded. */
+void proc_sub_send_replay(struct proc_sub *s, int kind, const uint8_t *data, size_t n, uint64_t offset,
+                          bufref *ref);
 /* What the end event says (api.md §6, §9): the leader's wait status, and
  * what the command's cgroup (or wait4) tells. */
 typedef struct proc_end_info {

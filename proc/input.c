@@ -12,6 +12,10 @@
  * (≤ PROC_INPUT_MAX), and parking stops at PROC_INPUT_MAX parked bytes per
  * process (a call past that fails `resource_exhausted` `process input
  * queue full`), so a process holds at most 1 MiB queued + 2 MiB parked.
+ * Every chunk (the one-shot stdin too, from the StartProcess request on)
+ * also holds its bytes of the daemon-wide budget (rpc_budget_take): input
+ * for processes that never read is bounded in total, not only per
+ * process; past it a call fails `resource_exhausted` PROC_INPUT_BUSY.
  *
  * Writes are nonblocking: write() until EAGAIN, then a uv_poll on the fd
  * for writable.  For a PTY the fd is a dup of the master, so this poll
@@ -41,12 +45,15 @@ struct proc_in_chunk {
   struct proc_in_chunk *next;
   struct proc_input *owner; /* the call answered once these bytes are written, or NULL */
   size_t len, off;
+  size_t budget;  /* bytes of the daemon-wide budget it holds */
   uint8_t *bytes; /* data, or the request's one-shot stdin buffer (taken, not copied) */
   uint8_t data[];
 };
 
 static void proc_chunk_free(struct proc_in_chunk *ch) {
-  if (ch && ch->bytes != ch->data) free(ch->bytes);
+  if (!ch) return;
+  if (ch->bytes != ch->data) free(ch->bytes);
+  rpc_budget_give(ch->budget);
   free(ch);
 }
 
@@ -136,12 +143,23 @@ static void proc_input_detach(struct proc_input *in) {
 }
 
 /* ---- the queue ---- */
-static struct proc_in_chunk *proc_chunk_new(const uint8_t *data, size_t len, struct proc_input *owner) {
+/* NULL with *busy set when the budget is spent, or out of memory. */
+static struct proc_in_chunk *proc_chunk_new(const uint8_t *data, size_t len, struct proc_input *owner,
+                                            int *busy) {
+  *busy = 0;
+  if (rpc_budget_take(len) != 0) {
+    *busy = 1;
+    return NULL;
+  }
   struct proc_in_chunk *ch = malloc(sizeof *ch + len);
-  if (!ch) return NULL;
+  if (!ch) {
+    rpc_budget_give(len);
+    return NULL;
+  }
   ch->next = NULL;
   ch->owner = owner;
   ch->len = len;
+  ch->budget = len;
   ch->off = 0;
   ch->bytes = ch->data;
   if (len) memcpy(ch->data, data, len);
@@ -302,10 +320,13 @@ int proc_input_open(struct proc *p, int fd) {
     p->in_open = 1;
     p->in_fd = fd;
     if (p->stdin_len) {
-      struct proc_in_chunk *ch = proc_chunk_new(NULL, 0, NULL);
+      int busy;
+      struct proc_in_chunk *ch = proc_chunk_new(NULL, 0, NULL, &busy);
       if (ch) { /* may exceed PROC_INPUT_MAX alone: it is the request's own */
         ch->bytes = p->stdin_buf;
         ch->len = p->stdin_len;
+        ch->budget = p->stdin_budget; /* taken with the request (service.c) */
+        p->stdin_budget = 0;
         p->stdin_buf = NULL;
         proc_in_append(p, ch);
       } else {
@@ -408,10 +429,11 @@ static void proc_send_input_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   struct proc_input *in = proc_input_new(c, p, 0);
-  struct proc_in_chunk *ch = in ? proc_chunk_new(data.data, data.len, in) : NULL;
+  int busy = 0;
+  struct proc_in_chunk *ch = in ? proc_chunk_new(data.data, data.len, in, &busy) : NULL;
   if (!ch) {
     if (in) proc_input_detach(in);
-    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, busy ? PROC_INPUT_BUSY : "out of memory");
     return;
   }
   in->input_end = 1;
@@ -468,9 +490,10 @@ static void proc_stream_input_on_message(rpc_call *c, const ProtobufCMessage *m)
     proc_stream_input_fail(in, code, msg);
     return;
   }
-  struct proc_in_chunk *ch = proc_chunk_new(data.data, data.len, in);
+  int busy;
+  struct proc_in_chunk *ch = proc_chunk_new(data.data, data.len, in, &busy);
   if (!ch) {
-    proc_stream_input_fail(in, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    proc_stream_input_fail(in, RPC_RESOURCE_EXHAUSTED, busy ? PROC_INPUT_BUSY : "out of memory");
     return;
   }
   int r = proc_in_submit(p, in, ch);

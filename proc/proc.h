@@ -19,6 +19,12 @@
  * event.  EOF = read() 0, or EIO on a PTY master.  rpc_send() serialises the message at once, so the buffer is
  * reused.
  *
+ * Offsets and retention (api.md §9): each output counts the bytes it sent
+ * as data events (ProcessDataEvent.offset); a background record also
+ * keeps the most recent in a ring per output (ring.h), within a budget
+ * across the table (PROC_RING_*), freed at proc_release.  Connect with
+ * replay sends a ring's bytes and subscribes in one go (proc_replay).
+ *
  * Subscribers (fanout.h): the foreground starter is lossless — when its
  * queue passes RPC_OUTQ_HIGH both outputs stop reading (the child blocks on
  * a full pipe) until it drains (the fanout's flow callback, proc_pause).
@@ -56,6 +62,7 @@
 #include "proc/cgroup.h"
 #include "proc/fanout.h"
 #include "proc/reaper.h"
+#include "proc/ring.h"
 #include "proc/spawn.h"
 
 #define PROC_EXIT_GRACE_MS 100
@@ -68,6 +75,15 @@
 #define PROC_KEEPALIVE_MS 30000
 #define PROC_MAX_PROCS 4096   /* live records (any state) */
 #define PROC_INPUT_MAX (1024u * 1024) /* pending input per process; also the largest input message */
+/* input refused because everything held for clients reached the daemon-wide budget */
+#define PROC_INPUT_BUSY "server is busy: too much input queued for processes"
+/* Retained output of background processes (api.md §9, ring.h): per
+ * channel, and what the rings of all records may take together; past the
+ * budget they are cut to PROC_RING_SLACK below it, so the cutting (a sort
+ * of the rings) runs once per MiB of output at most, not per read. */
+#define PROC_RING_MAX (256u * 1024)
+#define PROC_RING_BUDGET (32u * 1024 * 1024)
+#define PROC_RING_SLACK (1024u * 1024)
 
 enum proc_state { PROC_PREP, PROC_RUNNING, PROC_EXITED, PROC_ENDED };
 
@@ -85,6 +101,8 @@ struct proc_out {
   uint64_t read_at_tick;
   int silent_ticks;
   int64_t pending_at_exit;
+  uint64_t offset;        /* bytes of this channel sent as data events so far */
+  struct proc_ring ring;  /* background: its most recent output */
 };
 
 struct proc {
@@ -117,6 +135,7 @@ struct proc {
   size_t content_len;
   unsigned char *stdin_buf;
   size_t stdin_len;
+  size_t stdin_budget; /* rpc_budget_take'n for the one-shot stdin, until its chunk holds it */
   char **envp;    /* senv_merge() result, freed after spawn */
   char **base_env; /* sandbox env snapshot (loop) the request env overlays */
   char *home;      /* default cwd: the sandbox env's HOME */
@@ -188,6 +207,7 @@ struct proc_table {
   struct proc *linger_head; /* records whose leader exited with processes left in its cgroup */
   size_t nrecords;          /* every live record */
   size_t nretained;         /* ended background records still in the table */
+  size_t ring_mem;          /* what the output rings of all records take (ring.h) */
   uint64_t keepalive_ms;
   uint64_t retain_ms;
   /* the record's input (input.c, above process.c, which calls it only
@@ -241,6 +261,13 @@ void proc_unpin(struct proc *p);
 /* Usage of a running or lingering record now, from its cgroup or /proc
  * (thread pool; the record pinned, its cgroup pinned by the caller). */
 void proc_usage_now(struct proc_cg *cg, pid_t pid, proc_end_info *u);
+/* Replay (Connect with ReplayFrom): the output produced so far on a
+ * channel (enum proc_out_kind; 0 for a channel the process has not), and
+ * the retained bytes of each channel from from[kind] on, to subscriber s,
+ * as data events with their offsets (loop: the live output that follows
+ * goes to s too, so nothing is lost or repeated between the two). */
+uint64_t proc_out_total(const struct proc *p, int kind);
+void proc_replay(struct proc *p, struct proc_sub *s, const uint64_t from[3]);
 /* Foreground list of the table (running foreground records, found by pid
  * by the input RPCs). */
 void proc_fg_link(struct proc *p);

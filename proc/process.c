@@ -72,6 +72,100 @@ struct proc *proc_new(struct proc_table *t) {
   return p;
 }
 
+/* ---- retained output (api.md §9) ---- */
+static void proc_rings_free(struct proc *p) {
+  for (int i = 0; i < p->nout; i++) {
+    p->t->ring_mem -= p->out[i].ring.mem;
+    proc_ring_clear(&p->out[i].ring);
+  }
+}
+
+static int proc_ring_cmp(const void *a, const void *b) {
+  size_t x = (*(struct proc_ring *const *)a)->mem, y = (*(struct proc_ring *const *)b)->mem;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Over the budget: down to PROC_RING_SLACK below it.  First the rings of
+ * ended records, oldest first; then the largest rings are cut to one
+ * level L (block by block: each ends at or below it), the lowest L that
+ * brings the total there. */
+static void proc_ring_budget(struct proc_table *t) {
+  size_t target = PROC_RING_BUDGET - PROC_RING_SLACK;
+  size_t k = 0;
+  for (struct proc *q = t->head; q && t->ring_mem > target; q = q->next) {
+    if (q->state == PROC_ENDED) proc_rings_free(q);
+    else k += (size_t)q->nout;
+  }
+  if (t->ring_mem <= target) return;
+  struct proc_ring **r = malloc((k + 1) * sizeof *r);
+  if (!r) { /* cannot choose: give all of it back rather than pass the budget */
+    LOG_WARN("out of memory: dropping all retained output");
+    for (struct proc *q = t->head; q; q = q->next) proc_rings_free(q);
+    return;
+  }
+  size_t n = 0, total = 0;
+  for (struct proc *q = t->head; q; q = q->next)
+    for (int i = 0; i < q->nout; i++)
+      if (q->out[i].ring.mem) {
+        r[n++] = &q->out[i].ring;
+        total += q->out[i].ring.mem;
+      }
+  qsort(r, n, sizeof *r, proc_ring_cmp);
+  /* the top i rings cut to the next one's size leave rest + i * next */
+  size_t top = 0, level = 0, i = 0;
+  while (i < n) {
+    top += r[i]->mem;
+    i++;
+    size_t next = i < n ? r[i]->mem : 0;
+    if (total - top + i * next <= target) {
+      level = (target - (total - top)) / i;
+      break;
+    }
+  }
+  for (size_t j = 0; j < i; j++) {
+    size_t before = r[j]->mem;
+    while (r[j]->mem > level) proc_ring_drop(r[j]);
+    t->ring_mem -= before - r[j]->mem;
+  }
+  LOG_DEBUG("retained output over budget: %zu of %zu rings cut to %zu bytes, %zu bytes kept", i, n, level,
+            t->ring_mem);
+  free(r);
+}
+
+/* A background output event into its channel's ring. */
+static void proc_retain(struct proc *p, struct proc_out *o, const uint8_t *buf, size_t n) {
+  struct proc_table *t = p->t;
+  size_t before = o->ring.mem;
+  if (proc_ring_append(&o->ring, o->offset, buf, n, PROC_RING_MAX) != 0)
+    LOG_WARN("out of memory: output of pid=%d no longer retained before offset %llu", (int)p->pid,
+             (unsigned long long)o->offset);
+  t->ring_mem = t->ring_mem - before + o->ring.mem;
+  if (t->ring_mem > PROC_RING_BUDGET) proc_ring_budget(t);
+}
+
+static const struct proc_out *proc_out_of(const struct proc *p, int kind) {
+  for (int i = 0; i < p->nout; i++)
+    if (p->out[i].kind == kind) return &p->out[i];
+  return NULL;
+}
+
+uint64_t proc_out_total(const struct proc *p, int kind) {
+  const struct proc_out *o = proc_out_of(p, kind);
+  return o ? o->offset : 0;
+}
+
+void proc_replay(struct proc *p, struct proc_sub *s, const uint64_t from[3]) {
+  for (int kind = PROC_OUT_STDOUT; kind <= PROC_OUT_PTY; kind++) {
+    const struct proc_out *o = proc_out_of(p, kind);
+    if (!o) continue;
+    for (struct proc_ring_blk *b = o->ring.head; b; b = b->next) {
+      if (b->off + b->len <= from[kind]) continue;
+      size_t skip = from[kind] > b->off ? (size_t)(from[kind] - b->off) : 0;
+      proc_sub_send_replay(s, kind, b->data + skip, b->len - skip, b->off + skip, proc_ring_blk_ref(b));
+    }
+  }
+}
+
 static void proc_free(struct proc *p) {
   free(p->tag);
   free(p->cmd);
@@ -92,8 +186,10 @@ static void proc_free(struct proc *p) {
   free(p->script);
   free(p->content);
   free(p->stdin_buf);
+  rpc_budget_give(p->stdin_budget);
   free(p->envp);
   free(p->buf);
+  proc_rings_free(p);
   proc_cg_release(p->cg); /* never started (PREP failure) */
   p->t->nrecords--;
   free(p);
@@ -143,6 +239,7 @@ static void proc_table_unlink(struct proc *p) {
 void proc_release(struct proc *p) {
   if (p->released) return;
   p->released = 1;
+  proc_rings_free(p); /* retention lives as long as the record is findable */
   proc_table_unlink(p);
   proc_fg_unlink(p);
   p->t->input_shutdown(p);
@@ -234,10 +331,15 @@ static void proc_on_readable(uv_poll_t *h, int status, int events) {
     if (direct && n <= 0) free(direct);
     if (n > 0) {
       if (p->state == PROC_EXITED) o->read_since_exit += (uint64_t)n;
-      if (direct)
-        proc_fanout_data_packed(&p->fan, o->kind, direct, (size_t)n);
-      else if (!o->done)
-        proc_fanout_data(&p->fan, o->kind, p->buf, (size_t)n);
+      uint64_t at = o->offset;
+      if (direct) {
+        o->offset += (uint64_t)n;
+        proc_fanout_data_packed(&p->fan, o->kind, direct, (size_t)n, at);
+      } else if (!o->done) {
+        if (p->background) proc_retain(p, o, (const uint8_t *)p->buf, (size_t)n);
+        o->offset += (uint64_t)n;
+        proc_fanout_data(&p->fan, o->kind, p->buf, (size_t)n, at);
+      }
       if (!o->reading) return; /* paused by flow control */
       continue;
     }

@@ -289,11 +289,19 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "too many processes");
     return;
   }
+  /* the one-shot stdin counts in the daemon-wide budget from here until
+   * the child has read it (input.c) */
+  if (req->stdin.len && rpc_budget_take(req->stdin.len) != 0) {
+    rpc_finish(c, RPC_RESOURCE_EXHAUSTED, PROC_INPUT_BUSY);
+    return;
+  }
   struct proc *p = proc_new(t);
   if (!p) {
+    rpc_budget_give(req->stdin.len);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
+  p->stdin_budget = req->stdin.len;
   int ok = 1;
   p->background = req->background ? 1 : 0;
   p->tag = proc_strdup_ok(tag, &ok);
@@ -347,7 +355,21 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
     proc_finish_not_found(c, req->process);
     return;
   }
-  if (p->state == PROC_ENDED) {
+  uint64_t from[3];
+  if (req->replay) {
+    static const char *const names[3] = {"stdout", "stderr", "pty"};
+    from[PROC_OUT_STDOUT] = req->replay->stdout;
+    from[PROC_OUT_STDERR] = req->replay->stderr;
+    from[PROC_OUT_PTY] = req->replay->pty;
+    for (int k = PROC_OUT_STDOUT; k <= PROC_OUT_PTY; k++) {
+      uint64_t total = proc_out_total(p, k);
+      if (from[k] > total) {
+        rpc_finishf(c, RPC_OUT_OF_RANGE, "replay offset %llu is beyond the %s output (%llu bytes)",
+                    (unsigned long long)from[k], names[k], (unsigned long long)total);
+        return;
+      }
+    }
+  } else if (p->state == PROC_ENDED) {
     proc_send_final(c, (int)p->pid, &p->end);
     return;
   }
@@ -357,6 +379,11 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   proc_sub_send_start(s, (int)p->pid);
+  if (!req->replay) return;
+  /* the retained bytes, then (same loop turn: nothing in between) live
+   * output or, the process having ended, its end event */
+  proc_replay(p, s, from);
+  if (p->state == PROC_ENDED) proc_fanout_end(&p->fan, (int)p->pid, &p->end);
 }
 
 /* ---- List ---- */

@@ -29,6 +29,20 @@ static void stream_free(rpc_call *c) {
   rpc_set_user(c, NULL);
 }
 
+/* A request is read only once the transport has room for its answer
+ * (rpc_out_room), which echoes the request itself (original_request: up to
+ * 16 MiB): the answer held behind a peer's shut window is one per
+ * connection at a time, and within the daemon-wide budget, not one per
+ * stream.  1 MiB asks for the connection's output to be about empty. */
+#define REFLECT_ROOM (1u << 20)
+
+static void want_room(rpc_call *c);
+static void on_room(rpc_call *c) { want_room(c); }
+
+static void want_room(rpc_call *c) {
+  rpc_pause_input(c, !rpc_out_room(c, REFLECT_ROOM, on_room));
+}
+
 static void on_open(rpc_call *c, const ProtobufCMessage *req) {
   (void)req;
   stream *s = calloc(1, sizeof *s);
@@ -39,6 +53,7 @@ static void on_open(rpc_call *c, const ProtobufCMessage *req) {
     return;
   }
   rpc_set_user(c, s);
+  want_room(c);
 }
 
 /* The file, then its transitive imports not yet sent on this stream, into
@@ -74,8 +89,6 @@ static size_t file_closure(stream *s, int file, ProtobufCBinaryData *out) {
   free(todo);
   return n;
 }
-
-static void on_drained(rpc_call *c) { rpc_pause_input(c, 0); }
 
 static void on_message(rpc_call *c, const ProtobufCMessage *msg) {
   const Req *req = (const Req *)msg;
@@ -197,10 +210,7 @@ static void on_message(rpc_call *c, const ProtobufCMessage *msg) {
     return;
   }
   /* a client that sends requests without reading the answers stops being read */
-  if (rpc_outq_bytes(c) > RPC_OUTQ_HIGH) {
-    rpc_pause_input(c, 1);
-    rpc_on_drain(c, on_drained);
-  }
+  want_room(c);
 }
 
 static void on_input_end(rpc_call *c) {

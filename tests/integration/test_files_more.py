@@ -891,7 +891,10 @@ def test_metrics(server, mode):
         assert code == "200" and ctype == "application/json"
         m = json.loads(body)
         assert set(m) == {"ts", "cpuCount", "cpuUsedPct", "memTotal", "memUsed", "diskTotal", "diskUsed",
-                          "processes", "connections", "agentRss"}
+                          "processes", "connections", "agentRss",
+                          "workloadMemoryMax", "workloadPidsMax", "oomKills"}  # api.md §9, the envelope
+        for k in ("workloadMemoryMax", "workloadPidsMax", "oomKills"):
+            assert isinstance(m[k], int) and m[k] >= 0, (k, m[k])
         mi = meminfo()
         sv = os.statvfs("/")
         assert abs(m["ts"] - time.time()) < 5

@@ -156,7 +156,9 @@ def test_100k_env_does_not_hold_the_loop(lone_server):
     assert "e" not in out, out.get("e")
     msgs, end = out["r"]
     assert end == {}, end
-    assert msgs[-1] == {"end": {"exited": True, "status": "exited"}}
+    # the §6 fields exactly; the envelope's usage (api.md §9) is there too
+    assert "usage" in msgs[-1].get("end", {}), msgs[-1]
+    assert {k: v for k, v in msgs[-1]["end"].items() if k != "usage"} == {"exited": True, "status": "exited"}
     assert stdout_of(msgs) == b"first middle last /root\n"
     # the pool decode's other paths: errors, a second message, vanishing clients
     big_request_errors_as_small_ones(server)
@@ -370,7 +372,14 @@ def test_fork_bomb_is_bounded_by_its_timeout():
         msgs, end = start_stream(srv, {"cmd": "sh", "args": ["-c", script]},
                                  headers={"Connect-Timeout-Ms": "3000"})
         took = time.monotonic() - t0
-        assert end == {} and msgs[-1] == {"end": {"exited": True, "status": "exited"}}, (msgs[-1:], end)
+        assert end == {} and "end" in msgs[-1], (msgs[-1:], end)
+        # the §6 fields exactly; the envelope adds usage and, the bomb left
+        # behind, leftRunning (api.md §9)
+        e = msgs[-1]["end"]
+        assert "usage" in e, e
+        assert "leftRunning" not in e or e["leftRunning"] > 0, e
+        assert {k: v for k, v in e.items() if k not in ("usage", "leftRunning")} == {
+            "exited": True, "status": "exited"}, e
         assert took < 2.5, f"the stream should end with the leader, took {took:.1f} s"
         cg = command_cgroup(stdout_of(msgs))
         # before the deadline the bomb lives on: it filled the pids cgroup

@@ -149,7 +149,11 @@ def test_buf_start_process_stream(server, protocol, rproto):
     assert "pid" in docs[0]["start"]
     data = [d["data"] for d in docs[1:-1]]
     assert {"stdout": "aGkK"} in data and {"stderr": "b29wcwo="} in data
-    assert docs[-1] == {"end": {"exitCode": 3, "exited": True, "status": "error", "error": "exit status 3"}}
+    # the §6 fields exactly; the envelope's usage (api.md §9) is there too
+    end = docs[-1]["end"]
+    assert "usage" in end, end
+    assert {k: v for k, v in end.items() if k != "usage"} == {
+        "exitCode": 3, "exited": True, "status": "error", "error": "exit status 3"}
 
 
 def test_buf_without_reflect_header_is_unauthenticated(server):

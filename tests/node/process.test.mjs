@@ -144,6 +144,30 @@ for (const t of transports(srv.url)) {
         Code.NotFound, `process pid ${pid} not found`);
     });
 
+    test("offsets, Connect with replay, out_of_range (api.md §9)", async () => {
+      const tag = `node-replay-${process.pid}-${seq++}`;
+      const script = "printf one; sleep 0.1; printf two; printf E >&2; sleep 0.1; printf three; exit 2";
+      // foreground: offset (a bigint) counts each channel's bytes before the event
+      const fg = [];
+      for await (const ev of client.startProcess({ cmd: "sh", args: ["-c", script] }, { headers }))
+        if (ev.event.case === "data") fg.push([ev.event.value.output.case, ev.event.value.offset]);
+      assert.deepEqual(fg, [["stdout", 0n], ["stdout", 3n], ["stderr", 0n], ["stdout", 6n]]);
+      // background, ended: replay from the middle of stdout, all of stderr, then the end
+      const starter = client.startProcess({ cmd: "sh", args: ["-c", script], background: true, tag }, { headers });
+      const all = await events(starter);
+      assert.deepEqual(all.at(-1), ["end", 2, true, "error", "exit status 2"]);
+      const got = [];
+      for await (const ev of client.connect({ process: { tag }, replay: { stdout: 4n } }, { headers })) {
+        const e = ev.event;
+        if (e.case === "data") got.push([e.value.output.case, e.value.offset, Buffer.from(e.value.output.value).toString()]);
+        else if (e.case === "end") got.push(["end", e.value.exitCode]);
+      }
+      // (replayed events may join what was read in pieces: up to 32 KiB each)
+      assert.deepEqual(got, [["stdout", 4n, "wothree"], ["stderr", 0n, "E"], ["end", 2]]);
+      await expectError(events(client.connect({ process: { tag }, replay: { stderr: 2n } }, { headers })),
+        Code.OutOfRange, "replay offset 2 is beyond the stderr output (1 bytes)");
+    });
+
     test("Connect / SendSignal errors", async () => {
       await expectError(events(client.connect({ process: {} }, { headers })),
         Code.InvalidArgument, "process pid or tag is required");
