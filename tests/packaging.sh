@@ -5,8 +5,12 @@
 #                   a streamed StartProcess, clean stop on SIGTERM;
 #   make install  DESTDIR=<tmp> → <tmp>/sbin/conch-init, executable, the
 #                   static binary;
-#   make rpm      → an RPM listing only /sbin/conch-init whose payload is the
-#                   static binary (rpm --dump digest = sha256 of the file).
+#   make dist     → build/conch-init-VERSION.tar.gz, the same bytes twice,
+#                   exactly the tracked files but the fuzz corpora and .ci/,
+#                   sorted, 0/0, the last commit's mtime, gzip -n;
+#   make rpm      → a .src.rpm holding that tarball and the binary RPM
+#                   rebuilt from it (%check = the unit tests): /sbin/conch-init
+#                   and docs, no requires, the payload runs (rpm2cpio | cpio).
 # Prints "N passed, N failed"; exits non-zero on any failure.
 # Run from anywhere: tests/packaging.sh   (MAKE=… to pick the make binary).
 set -u
@@ -122,29 +126,73 @@ check "<dest>/sbin/conch-init exists and is executable" test -f "$dest/sbin/conc
 check "<dest>/sbin/conch-init is the static binary" cmp -s "$dest/sbin/conch-init" "$BIN"
 check "nothing else installed" test "$(cd "$dest" && find . -type f)" = "./sbin/conch-init"
 
+# ---------------------------------------------------------------- make dist
+TAR=build/conch-init-$VERSION.tar.gz
+if $MAKE dist >"$tmp/dist.log" 2>&1 && [ -f "$TAR" ]; then
+  ok "make dist builds $TAR"
+else
+  bad "make dist builds $TAR"
+  tail -20 "$tmp/dist.log"
+fi
+sha1=$(sha256sum "$TAR" 2>/dev/null | cut -d' ' -f1)
+touch Makefile # a newer mtime on a tracked file must not matter
+$MAKE dist >>"$tmp/dist.log" 2>&1
+sha2=$(sha256sum "$TAR" 2>/dev/null | cut -d' ' -f1)
+check "two make dist runs give the same bytes (sha256 $sha1)" test -n "$sha1" -a "$sha1" = "$sha2"
+# the names: every tracked file but the fuzz corpora and .ci/, under conch-init-VERSION/
+tar -tzf "$TAR" | grep -v '/$' >"$tmp/dist.names"
+git ls-files | grep -v -e '^tests/fuzz/corpus/' -e '^\.ci/' | sed "s|^|conch-init-$VERSION/|" | LC_ALL=C sort >"$tmp/want.names"
+check "the tarball holds exactly the tracked files but fuzz corpora and .ci/" cmp -s "$tmp/dist.names" "$tmp/want.names"
+check "the tarball's names are sorted" cmp -s "$tmp/dist.names" <(LC_ALL=C sort "$tmp/dist.names")
+check "no build outputs or node_modules in the tarball" \
+  test -z "$(grep -E -e "^conch-init-$VERSION/build/" -e node_modules -e '\.o$' "$tmp/dist.names")"
+ct=$(git log -1 --format=%ct)
+tar -tzvf "$TAR" --numeric-owner --full-time --utc >"$tmp/dist.long"
+check "every entry is owned 0/0" test -z "$(awk '$2 != "0/0"' "$tmp/dist.long")"
+when=$(date -u -d "@$ct" '+%Y-%m-%d %H:%M:%S')
+check "every entry's mtime is the last commit's ($when)" \
+  test -z "$(awk -v w="$when" '($4 " " $5) != w' "$tmp/dist.long")"
+check "gzip header carries no name and no time" test "$(head -c 8 "$TAR" | od -An -tx1 | tr -d ' \n')" = 1f8b080000000000
+spec_ver=$(tar -xzOf "$TAR" "conch-init-$VERSION/conch-init.spec" | sed -n 's/^Version: *//p')
+check "the spec in the tarball says Version: $VERSION (got '$spec_ver')" test "$spec_ver" = "$VERSION"
+
 # ---------------------------------------------------------------- make rpm
-rm -rf build/rpm/RPMS
+# .src.rpm from the tarball, the binary RPM by rpmbuild --rebuild of it
+# (%build the static build, %check the unit tests, from the tarball alone).
 if $MAKE rpm >"$tmp/rpm.log" 2>&1; then
-  ok "make rpm"
+  ok "make rpm (rpmbuild -ts, then rpmbuild --rebuild --nodeps of the .src.rpm)"
 else
   bad "make rpm"
-  tail -20 "$tmp/rpm.log"
+  tail -30 "$tmp/rpm.log"
 fi
+srpms=$(find build/rpm/SRPMS -name '*.src.rpm' 2>/dev/null)
 rpms=$(find build/rpm/RPMS -name '*.rpm' 2>/dev/null)
+check "exactly one .src.rpm ($srpms)" test "$(printf '%s' "$srpms" | grep -c .)" -eq 1
 nrpm=$(printf '%s' "$rpms" | grep -c .)
-check "exactly one RPM built ($rpms)" test "$nrpm" -eq 1
+check "exactly one binary RPM ($rpms)" test "$nrpm" -eq 1
+check "%check ran the unit tests (Executing(%check), check-links, N passed lines)" \
+  grep -q 'Executing(%check)' "$tmp/rpm.log"
+check "no unit test failed in %check" test -z "$(grep -E ' [1-9][0-9]* failed' "$tmp/rpm.log")"
+if [ "$(printf '%s' "$srpms" | grep -c .)" -eq 1 ]; then
+  mkdir -p "$tmp/srpm" && (cd "$tmp/srpm" && rpm2cpio "$OLDPWD/$srpms" | cpio -id --quiet)
+  check "the .src.rpm holds the make dist tarball, byte for byte" cmp -s "$tmp/srpm/conch-init-$VERSION.tar.gz" "$TAR"
+fi
 if [ "$nrpm" -eq 1 ]; then
   files=$(rpm -qlp "$rpms" 2>/dev/null)
-  check "rpm -qlp lists /sbin/conch-init and nothing else (got '$files')" test "$files" = "/sbin/conch-init"
+  check "rpm -qlp: /sbin/conch-init and docs only" \
+    test -z "$(grep -v -e '^/sbin/conch-init$' -e "^/usr/share/doc/conch-init-$VERSION\(/\|$\)" <<<"$files")"
+  check "rpm -qlp lists /sbin/conch-init and README.md" \
+    test "$(grep -c -e '^/sbin/conch-init$' -e "^/usr/share/doc/conch-init-$VERSION/README.md$" <<<"$files")" -eq 2
   rpmver=$(rpm -qp --qf '%{VERSION}' "$rpms" 2>/dev/null)
   check "RPM version is $VERSION (got '$rpmver')" test "$rpmver" = "$VERSION"
-  # --dump: path size mtime digest mode owner group isconfig isdoc rdev symlink
-  read -r dpath dsize _ ddigest dmode _ <<<"$(rpm -qp --dump "$rpms" 2>/dev/null)"
-  sha=$(sha256sum "$BIN" | cut -d' ' -f1)
-  size=$(stat -c %s "$BIN")
-  check "payload /sbin/conch-init has the static binary's sha256 and size" \
-    test "$dpath" = /sbin/conch-init -a "$ddigest" = "$sha" -a "$dsize" = "$size"
-  check "payload mode is 0100755 (got $dmode)" test "$dmode" = 0100755
+  check "RPM requires nothing but rpmlib features" test -z "$(rpm -qpR "$rpms" | grep -v '^rpmlib(')"
+  dmode=$(rpm -qp --dump "$rpms" 2>/dev/null | awk '$1 == "/sbin/conch-init" {print $5}')
+  check "payload /sbin/conch-init mode is 0100755 (got $dmode)" test "$dmode" = 0100755
+  mkdir -p "$tmp/rpmroot" && (cd "$tmp/rpmroot" && rpm2cpio "$OLDPWD/$rpms" | cpio -idm --quiet)
+  rbin=$tmp/rpmroot/sbin/conch-init
+  check "the RPM's binary is statically linked" grep -q "statically linked" <<<"$(file -L "$rbin")"
+  rver=$("$rbin" --version 2>&1)
+  check "the RPM's binary runs: --version → 'conch-init $VERSION' (got '$rver')" test "$rver" = "conch-init $VERSION"
 fi
 
 summary
