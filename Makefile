@@ -5,11 +5,12 @@
 #   make static     static release binary         build/static/conch-init
 #   make run        build and serve on :4064 in standalone mode (prints a token)
 #   make check      build and run every test (unit, integration, namespaces, microVM)
-#   make vm-image   bake the static binary into a bootable guest (build/vm)
+#   make vm-image   bake the static binary (from the .deb) into a bootable guest (build/vm)
 #   make unit       unit tests only
 #   make install    [PREFIX=/usr/local] [DESTDIR=…] → $(DESTDIR)$(PREFIX)/sbin/conch-init
 #   make dist       reproducible source tarball   build/conch-init-$(VERSION).tar.gz
 #   make rpm        .src.rpm and binary RPM built from that tarball (build/rpm)
+#   make deb        Debian package of the static binary   build/conch-init_$(VERSION)_<arch>.deb
 #
 # Missing Debian build dependencies are installed automatically when run as
 # root (see the `deps` target); set CONCH_NO_APT=1 to skip that.
@@ -59,7 +60,7 @@ else
 Q := @
 endif
 
-.PHONY: all dev asan static run check unit integration packaging install rpm dist pkg-deps clean deps test-deps bench \
+.PHONY: all dev asan static run check unit integration packaging install rpm dist deb pkg-deps clean deps test-deps bench \
         vm-image vm-check fuzz fuzz-build fuzz-smoke tsan-check
 all: dev
 
@@ -223,8 +224,8 @@ fuzz-smoke: fuzz-build
 
 # The microVM suite (tests/vm): Debian's stock kernel under qemu, booting
 # the image of vm-image.  Runs alone: TCG wants both cores.
-vm-image: static
-	init/image/mkimage.sh build/static/conch-init build/vm
+vm-image: static deb
+	init/image/mkimage.sh $(DEB) build/vm
 
 vm-check: vm-image test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
@@ -273,6 +274,14 @@ rpm: dist pkg-deps
 	rpmbuild -ts --nodeps --define "_topdir $(RPM_TOP)" $(DIST_TAR)
 	rpmbuild --rebuild --nodeps --define "_topdir $(RPM_TOP)" build/rpm/SRPMS/conch-init-$(VERSION)-*.src.rpm
 	@find build/rpm/SRPMS build/rpm/RPMS -name '*.rpm'
+
+# The Debian package (packaging/deb/mkdeb.sh, dpkg-deb): /sbin/conch-init,
+# docs, copyright.
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
+DEB      := build/conch-init_$(VERSION)_$(DEB_ARCH).deb
+deb: $(DEB)
+$(DEB): build/static/conch-init packaging/deb/mkdeb.sh packaging/deb/copyright packaging/deb/changelog packaging/deb/lintian-overrides README.md | $(PKG_DEPS_STAMP)
+	packaging/deb/mkdeb.sh build/static/conch-init $(VERSION) $(DEB_ARCH) build
 
 clean:
 	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/tsan build/rpm  # build/vm (the image cache) is kept

@@ -10,7 +10,11 @@
 #                   sorted, 0/0, the last commit's mtime, gzip -n;
 #   make rpm      → a .src.rpm holding that tarball and the binary RPM
 #                   rebuilt from it (%check = the unit tests): /sbin/conch-init
-#                   and docs, no requires, the payload runs (rpm2cpio | cpio).
+#                   and docs, no requires, the payload runs (rpm2cpio | cpio);
+#   make deb      → build/conch-init_VERSION_ARCH.deb, the same bytes twice,
+#                   /sbin/conch-init (the static binary), copyright, docs;
+#                   lintian: no error; dpkg installs it into an empty root,
+#                   the binary runs, dpkg --purge removes it.
 # Prints "N passed, N failed"; exits non-zero on any failure.
 # Run from anywhere: tests/packaging.sh   (MAKE=… to pick the make binary).
 set -u
@@ -155,6 +159,8 @@ check "every entry's mtime is the last commit's ($when)" \
 check "gzip header carries no name and no time" test "$(head -c 8 "$TAR" | od -An -tx1 | tr -d ' \n')" = 1f8b080000000000
 spec_ver=$(tar -xzOf "$TAR" "conch-init-$VERSION/conch-init.spec" | sed -n 's/^Version: *//p')
 check "the spec in the tarball says Version: $VERSION (got '$spec_ver')" test "$spec_ver" = "$VERSION"
+clv=$(sed -n '/^%changelog/{n;s/.* - \([^ -]*\)-[^ ]*$/\1/p;q}' conch-init.spec)
+check "the spec's newest %changelog entry is $VERSION (got '$clv')" test "$clv" = "$VERSION"
 
 # ---------------------------------------------------------------- make rpm
 # .src.rpm from the tarball, the binary RPM by rpmbuild --rebuild of it
@@ -194,5 +200,66 @@ if [ "$nrpm" -eq 1 ]; then
   rver=$("$rbin" --version 2>&1)
   check "the RPM's binary runs: --version → 'conch-init $VERSION' (got '$rver')" test "$rver" = "conch-init $VERSION"
 fi
+
+# ---------------------------------------------------------------- make deb
+arch=$(dpkg --print-architecture)
+DEB=build/conch-init_${VERSION}_$arch.deb
+rm -f "$DEB"
+if $MAKE deb >"$tmp/deb.log" 2>&1 && [ -f "$DEB" ]; then
+  ok "make deb builds $DEB"
+else
+  bad "make deb builds $DEB"
+  tail -20 "$tmp/deb.log"
+fi
+dsha1=$(sha256sum "$DEB" 2>/dev/null | cut -d' ' -f1)
+rm -f "$DEB" && $MAKE deb >>"$tmp/deb.log" 2>&1
+dsha2=$(sha256sum "$DEB" 2>/dev/null | cut -d' ' -f1)
+check "two make deb runs give the same bytes (sha256 $dsha1)" test -n "$dsha1" -a "$dsha1" = "$dsha2"
+if [ -f "$DEB" ]; then
+  f=$(dpkg-deb -f "$DEB" Package Version Architecture | tr '\n' ' ')
+  check "control: conch-init $VERSION $arch (got '$f')" \
+    test "$f" = "Package: conch-init Version: $VERSION Architecture: $arch "
+  check "control names the static libraries in Built-Using" \
+    grep -q 'libuv1 (= .*nghttp2 (= .*glibc (= ' <<<"$(dpkg-deb -f "$DEB" Built-Using)"
+  dpkg-deb -c "$DEB" | awk '{print $6}' >"$tmp/deb.names"
+  for want in ./sbin/conch-init ./usr/share/doc/conch-init/copyright ./usr/share/doc/conch-init/changelog.gz \
+    ./usr/share/doc/conch-init/README.md.gz; do
+    check "the deb holds $want" grep -qx "$want" "$tmp/deb.names"
+  done
+  check "the deb's files: /sbin/conch-init, docs and the lintian overrides only" \
+    test -z "$(grep -v -e '/$' -e '^\./sbin/conch-init$' -e '^\./usr/share/doc/conch-init/' \
+      -e '^\./usr/share/lintian/overrides/conch-init$' "$tmp/deb.names")"
+  check "every entry is root/root" test -z "$(dpkg-deb -c "$DEB" | awk '$2 != "root/root"')"
+  mkdir -p "$tmp/debx" && dpkg-deb -x "$DEB" "$tmp/debx"
+  check "the deb's /sbin/conch-init is the static binary" cmp -s "$tmp/debx/sbin/conch-init" "$BIN"
+  check "the deb's changelog's newest entry is $VERSION" \
+    test "$(zcat "$tmp/debx/usr/share/doc/conch-init/changelog.gz" | sed -n '1s/^conch-init (\([^)]*\)).*/\1/p')" = "$VERSION"
+  # lintian: errors fail (the static link's two tags are overridden, with the
+  # reason, in packaging/deb/lintian-overrides); warnings are printed.
+  lintian --fail-on error "$DEB" >"$tmp/lintian.out" 2>&1
+  lrc=$?
+  grep -v 'root privileges' "$tmp/lintian.out" | sed 's/^/     lintian: /'
+  check "lintian reports no error (rc=$lrc)" test "$lrc" -eq 0 -a -z "$(grep '^E:' "$tmp/lintian.out")"
+  # dpkg installs it into an empty root of its own (no dependencies, no
+  # maintainer scripts) and removes it again without leftovers
+  r=$tmp/debroot
+  mkdir -p "$r/var/lib/dpkg/info" "$r/var/lib/dpkg/updates" && : >"$r/var/lib/dpkg/status"
+  if dpkg --root="$r" --log=/dev/null --force-script-chrootless -i "$DEB" >"$tmp/dpkg.log" 2>&1; then
+    ok "dpkg --root=<empty root> -i installs it"
+  else
+    bad "dpkg --root=<empty root> -i installs it"
+    tail -10 "$tmp/dpkg.log"
+  fi
+  st=$(dpkg --root="$r" -s conch-init 2>/dev/null | sed -n 's/^Status: //p')
+  check "dpkg -s: install ok installed (got '$st')" test "$st" = "install ok installed"
+  rv=$("$r/sbin/conch-init" --version 2>&1)
+  check "the installed /sbin/conch-init runs: --version → 'conch-init $VERSION' (got '$rv')" test "$rv" = "conch-init $VERSION"
+  dpkg --root="$r" --log=/dev/null --force-script-chrootless --purge conch-init >>"$tmp/dpkg.log" 2>&1
+  check "dpkg --purge leaves no file behind" test -z "$(cd "$r" && find . -type f -not -path './var/lib/dpkg/*')"
+fi
+# The VM suite (make vm-check, after this) boots the deb's binary: make
+# vm-image bakes the image from $DEB (init/image/mkimage.sh extracts its
+# /sbin/conch-init) and tests/vm checks the image holds build/static's
+# bytes, which the deb's binary was just checked to be.
 
 summary
