@@ -14,7 +14,8 @@
 #   make deb      → build/conch-init_VERSION_ARCH.deb, the same bytes twice,
 #                   /sbin/conch-init (the static binary), copyright, docs;
 #                   lintian: no error; dpkg installs it into an empty root,
-#                   the binary runs, dpkg --purge removes it.
+#                   the binary runs, dpkg --purge removes it; and dpkg -i
+#                   inside a mmdebstrap (essential) bookworm chroot.
 # Prints "N passed, N failed"; exits non-zero on any failure.
 # Run from anywhere: tests/packaging.sh   (MAKE=… to pick the make binary).
 set -u
@@ -256,6 +257,28 @@ if [ -f "$DEB" ]; then
   check "the installed /sbin/conch-init runs: --version → 'conch-init $VERSION' (got '$rv')" test "$rv" = "conch-init $VERSION"
   dpkg --root="$r" --log=/dev/null --force-script-chrootless --purge conch-init >>"$tmp/dpkg.log" 2>&1
   check "dpkg --purge leaves no file behind" test -z "$(cd "$r" && find . -type f -not -path './var/lib/dpkg/*')"
+fi
+# Into a mmdebstrap rootfs (the README's recipe; Debian's mirror, ~40 s):
+# dpkg -i inside the chroot, where the binary must run.
+if [ -f "$DEB" ]; then
+  deb_abs=$(pwd)/$DEB
+  if mmdebstrap --quiet --variant=essential --dpkgopt='path-exclude=/usr/share/{doc,man,locale}/*' \
+    --customize-hook="copy-in $deb_abs /tmp" \
+    --customize-hook="chroot \"\$1\" dpkg -i /tmp/$(basename "$DEB")" \
+    --customize-hook='chroot "$1" /sbin/conch-init --version > "$1/tmp/version"' \
+    --customize-hook="copy-out /tmp/version /sbin/conch-init /var/lib/dpkg/status $tmp" \
+    bookworm /dev/null >"$tmp/mmdebstrap.log" 2>&1; then
+    ok "mmdebstrap --variant=essential bookworm + dpkg -i the deb in its chroot"
+  else
+    bad "mmdebstrap --variant=essential bookworm + dpkg -i the deb in its chroot"
+    tail -20 "$tmp/mmdebstrap.log"
+  fi
+  check "in that rootfs /sbin/conch-init --version → 'conch-init $VERSION' (got '$(cat "$tmp/version" 2>/dev/null)')" \
+    test "$(cat "$tmp/version" 2>/dev/null)" = "conch-init $VERSION"
+  check "in that rootfs /sbin/conch-init is the static binary" cmp -s "$tmp/conch-init" "$BIN"
+  check "in that rootfs dpkg says conch-init $VERSION is installed" \
+    test "$(sed -n '/^Package: conch-init$/,/^$/{/^Status:/p;/^Version:/p}' "$tmp/status" 2>/dev/null | tr '\n' ' ')" = \
+      "Status: install ok installed Version: $VERSION "
 fi
 # The VM suite (make vm-check, after this) boots the deb's binary: make
 # vm-image bakes the image from $DEB (init/image/mkimage.sh extracts its
