@@ -284,4 +284,4 @@ $(DEB): build/static/conch-init packaging/deb/mkdeb.sh packaging/deb/copyright p
 	packaging/deb/mkdeb.sh build/static/conch-init $(VERSION) $(DEB_ARCH) build
 
 clean:
-	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/tsan build/rpm  # build/vm (the image cache) is kept
+	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/tsan build/rpm build/dist $(DIST_TAR) build/conch-init_*.deb  # build/vm (the image cache) is kept
