@@ -5,10 +5,12 @@
 #   make static     static release binary         build/static/conch-init
 #   make run        build and serve on :4064 in standalone mode (prints a token)
 #   make check      build and run every test (unit, integration, namespaces, microVM)
-#   make vm-image   bake the static binary into a bootable guest (build/vm)
+#   make vm-image   bake the static binary (from the .deb) into a bootable guest (build/vm)
 #   make unit       unit tests only
 #   make install    [PREFIX=/usr/local] [DESTDIR=…] → $(DESTDIR)$(PREFIX)/sbin/conch-init
-#   make rpm        RPM (payload: the static binary) via rpmbuild
+#   make dist       reproducible source tarball   build/conch-init-$(VERSION).tar.gz
+#   make rpm        .src.rpm and binary RPM built from that tarball (build/rpm)
+#   make deb        Debian package of the static binary   build/conch-init_$(VERSION)_<arch>.deb
 #
 # Missing Debian build dependencies are installed automatically when run as
 # root (see the `deps` target); set CONCH_NO_APT=1 to skip that.
@@ -27,7 +29,8 @@ BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-co
 TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
               nghttp2-client nghttp2-server iproute2 erofs-utils util-linux rpm e2fsprogs bc \
               qemu-system-x86 mmdebstrap cpio kmod busybox-static
-PKG_DEPS   := rpm
+# make check's package checks (tests/packaging.sh): rpmbuild, rpm2cpio, lintian, file
+PKG_DEPS   := rpm rpm2cpio cpio lintian file
 
 SRC_DIRS  := init agent proto fs proc reflect
 REFLECT_PROTOS := proto/agent.proto proto/reflection.proto proto/reflection_v1alpha.proto
@@ -57,7 +60,7 @@ else
 Q := @
 endif
 
-.PHONY: all dev asan static run check unit integration packaging install rpm clean deps test-deps bench \
+.PHONY: all dev asan static run check unit integration packaging install rpm dist deb pkg-deps clean deps test-deps bench \
         vm-image vm-check fuzz fuzz-build fuzz-smoke tsan-check
 all: dev
 
@@ -179,7 +182,18 @@ unit: $(UNIT_BINS) build/dev/tests/failmalloc
 integration: asan test-deps
 	tests/run-integration.sh
 
-packaging: deps
+PKG_DEPS_STAMP := build/.pkgdeps-ok
+$(PKG_DEPS_STAMP): | $(DEPS_STAMP)
+	@missing=$$(for p in $(PKG_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing packaging dependencies: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else echo "missing packaging dependencies: $$missing"; exit 1; fi; \
+	fi
+	@touch $@
+pkg-deps: $(PKG_DEPS_STAMP)
+
+packaging: deps pkg-deps
 	tests/packaging.sh
 
 # The pool's tests under ThreadSanitizer (its worker threads and the loop).
@@ -210,8 +224,8 @@ fuzz-smoke: fuzz-build
 
 # The microVM suite (tests/vm): Debian's stock kernel under qemu, booting
 # the image of vm-image.  Runs alone: TCG wants both cores.
-vm-image: static
-	init/image/mkimage.sh build/static/conch-init build/vm
+vm-image: static deb
+	init/image/mkimage.sh $(DEB) build/vm
 
 vm-check: vm-image test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
@@ -233,14 +247,41 @@ bench: dev test-deps
 install: static
 	install -D -m 0755 build/static/conch-init $(DESTDIR)$(SBINDIR)/conch-init
 
-rpm: static
-	@if ! command -v rpmbuild >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PKG_DEPS) >/dev/null; \
-	  else echo "rpmbuild missing: apt-get install rpm"; exit 1; fi; fi
-	@mkdir -p build/rpm/SOURCES build/rpm/BUILD build/rpm/RPMS build/rpm/SPECS build/rpm/SRPMS
-	cp build/static/conch-init build/rpm/SOURCES/conch-init
-	rpmbuild -bb --define "_topdir $(CURDIR)/build/rpm" --define "conch_version $(VERSION)" conch-init.spec
-	@find build/rpm/RPMS -name '*.rpm'
+# The source tarball: every tracked file but the fuzz corpora (only the fuzz
+# campaign and its smoke read them; neither runs from a tarball) and .ci/,
+# with the version written into the spec.  Reproducible: sorted names, the
+# last commit's time on every entry, owner 0/0, modes without umask's say,
+# gzip -n.  Tracked files are taken as they are in the work tree.
+DIST     := conch-init-$(VERSION)
+DIST_TAR := build/$(DIST).tar.gz
+dist:
+	$(Q)git rev-parse --git-dir >/dev/null 2>&1 || { echo "make dist needs a git checkout"; exit 1; }
+	$(Q)rm -rf build/dist && mkdir -p build/dist/$(DIST)
+	$(Q)git ls-files -z | grep -zv -e '^tests/fuzz/corpus/' -e '^\.ci/' | \
+	  tar -c --null -T - -f - | tar -x -C build/dist/$(DIST) -f -
+	$(Q)sed 's/@VERSION@/$(VERSION)/g' conch-init.spec > build/dist/$(DIST)/conch-init.spec
+	$(Q)tar -c --format=gnu --sort=name --mtime=@$$(git log -1 --format=%ct) --owner=0 --group=0 \
+	  --numeric-owner --mode='u+rw,go-w,a+rX' -C build/dist -f - $(DIST) | gzip -n -9 > $(DIST_TAR).tmp
+	$(Q)mv $(DIST_TAR).tmp $(DIST_TAR) && rm -rf build/dist
+	@echo "$(DIST_TAR)"
+
+# The .src.rpm from the tarball (the spec inside it), then the binary RPM by
+# rebuilding that .src.rpm, as a packager would: --nodeps because on Debian
+# the BuildRequires are Debian's -dev packages, not in rpm's database.
+RPM_TOP := $(CURDIR)/build/rpm
+rpm: dist pkg-deps
+	$(Q)rm -rf build/rpm && mkdir -p build/rpm
+	rpmbuild -ts --nodeps --define "_topdir $(RPM_TOP)" $(DIST_TAR)
+	rpmbuild --rebuild --nodeps --define "_topdir $(RPM_TOP)" build/rpm/SRPMS/conch-init-$(VERSION)-*.src.rpm
+	@find build/rpm/SRPMS build/rpm/RPMS -name '*.rpm'
+
+# The Debian package (packaging/deb/mkdeb.sh, dpkg-deb): /sbin/conch-init,
+# docs, copyright.
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
+DEB      := build/conch-init_$(VERSION)_$(DEB_ARCH).deb
+deb: $(DEB)
+$(DEB): build/static/conch-init packaging/deb/mkdeb.sh packaging/deb/copyright packaging/deb/changelog packaging/deb/lintian-overrides README.md | $(PKG_DEPS_STAMP)
+	packaging/deb/mkdeb.sh build/static/conch-init $(VERSION) $(DEB_ARCH) build
 
 clean:
-	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/tsan build/rpm  # build/vm (the image cache) is kept
+	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/tsan build/rpm build/dist $(DIST_TAR) build/conch-init_*.deb  # build/vm (the image cache) is kept

@@ -3,7 +3,9 @@
 #
 #   init/image/mkimage.sh BIN OUT
 #
-# BIN: the static conch-init (make static).  OUT (e.g. build/vm) receives:
+# BIN: the static conch-init (make static), or the Debian package holding
+# it (make deb: its /sbin/conch-init is what the guest boots, which is what
+# make vm-image does).  OUT (e.g. build/vm) receives:
 #   vmlinuz          Debian's stock cloud kernel (linux-image-cloud-amd64)
 #   initramfs.cpio.gz  /init -> /sbin/conch-init, the binary, the kernel
 #                    modules of MODULES with their dependencies (modules.dep
@@ -88,7 +90,10 @@ if [ ! -f "$OUT/initramfs.cpio.gz" ] || [ "$(cat "$OUT/.initramfs.stamp" 2>/dev/
   log "initramfs ($kver)"
   ir=$OUT/initramfs.d
   rm -rf "$ir" && mkdir -p "$ir"/{sbin,etc/conch,dev,proc,sys,lib/modules/"$kver"}
-  install -m 0755 "$BIN" "$ir/sbin/conch-init"
+  case $BIN in
+    *.deb) dpkg-deb --fsys-tarfile "$BIN" | tar -x -C "$ir" ./sbin/conch-init ;;
+    *) install -m 0755 "$BIN" "$ir/sbin/conch-init" ;;
+  esac
   ln -s /sbin/conch-init "$ir/init"
   files=$(resolve) || exit 1
   for f in $files; do
@@ -102,7 +107,7 @@ if [ ! -f "$OUT/initramfs.cpio.gz" ] || [ "$(cat "$OUT/.initramfs.stamp" 2>/dev/
   (cd "$ir" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) | gzip -9 > "$OUT/initramfs.cpio.gz.tmp"
   mv "$OUT/initramfs.cpio.gz.tmp" "$OUT/initramfs.cpio.gz"
   echo "$stamp" > "$OUT/.initramfs.stamp"
-  sha256sum < "$BIN" | cut -d' ' -f1 > "$OUT/conch-init.sha256" # the binary inside (tests check it)
+  sha256sum < "$ir/sbin/conch-init" | cut -d' ' -f1 > "$OUT/conch-init.sha256" # the binary inside (tests check it)
   rm -rf "$ir"
 fi
 
