@@ -137,8 +137,15 @@ for (const t of transports(srv.url)) {
       const rest = [];
       for (let r = await it.next(); !r.done; r = await it.next()) rest.push(norm(r.value));
       assert.deepEqual(rest.filter((e) => e[0] === "end"), [["end", -1, true, "error", "signal: terminated"]]);
-      // gone from List; a signal now → NotFound
-      const later = await client.list({}, { headers });
+      // gone from List; a signal now → NotFound.  (The `sleep 0.05` got the
+      // SIGTERM too and may still be exiting when sh is reaped: meanwhile the
+      // command lingers, listed as not running — api.md §9 — so poll.)
+      let later = await client.list({}, { headers });
+      for (let i = 0; i < 100 && later.processes.some((p) => p.tag === tag); i++) {
+        assert.ok(!later.processes.find((p) => p.tag === tag).running);
+        await new Promise((r) => setTimeout(r, 50));
+        later = await client.list({}, { headers });
+      }
       assert.ok(!later.processes.some((p) => p.tag === tag));
       await expectError(client.sendSignal({ process: { pid }, signal: 9 }, { headers }),
         Code.NotFound, `process pid ${pid} not found`);
