@@ -30,6 +30,7 @@ import pytest
 import conftest
 from conch import Client
 from files_util import temp_leftovers
+from test_process import wait_for
 
 FS = "/pb.FileService/"
 SP = "/pb.ProcessService/StartProcess"
@@ -76,15 +77,6 @@ def call(server, method, body, timeout=60):
         c.close()
     return st, ans
 
-
-def wait_for(pred, timeout=5, step=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def names(d, prefix):
