@@ -10,11 +10,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/socket.h> /* before vm_sockets.h: older uapi headers (arm64 cross) need it */
 #include <linux/vm_sockets.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>

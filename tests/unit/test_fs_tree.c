@@ -209,8 +209,11 @@ TEST(bind_mount_of_the_same_fs) {
   ASSERT(!exists(t) && exists(at(p, sizeof p, vol, "keep")));
 }
 
-int main(void) {
-  snprintf(disk, sizeof disk, "build/asan/tests/tree-%d", (int)getpid());
+int main(int argc, char **argv) {
+  /* beside the binary: on the build's disk (build/asan/tests, build/static-arm64/tests) */
+  const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
+  int dlen = slash ? (int)(slash - argv[0]) : 1;
+  snprintf(disk, sizeof disk, "%.*s/tree-%d", dlen, slash ? argv[0] : ".", (int)getpid());
   snprintf(shm, sizeof shm, "/dev/shm/conch-unit-tree-%d", (int)getpid());
   if (mkdir(disk, 0755) != 0 || mkdir(shm, 0755) != 0) {
     perror("mkdir");
