@@ -72,7 +72,7 @@ else
 Q := @
 endif
 
-.PHONY: all dev asan static static-arm64 unit-arm64 run check unit integration packaging install rpm dist deb pkg-deps clean deps test-deps bench \
+.PHONY: all dev asan static static-arm64 unit-arm64 vm-image-arm64 run check unit integration packaging install rpm dist deb pkg-deps clean deps test-deps bench \
         vm-image vm-check fuzz fuzz-build fuzz-smoke tsan-check
 all: dev
 
@@ -276,11 +276,23 @@ fuzz-smoke: fuzz-build
 vm-image: static deb
 	init/image/mkimage.sh $(DEB) build/vm
 
-vm-check: vm-image test-deps
+# The arm64 guest (tests/vm/test_arm64.py): Debian's arm64 kernel and
+# packages unpacked here, booted under qemu-system-aarch64 (TCG).
+VM_ARM64_DEPS := qemu-system-arm
+vm-image-arm64: static-arm64
+	@missing=$$(for p in $(VM_ARM64_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing arm64 VM dependencies: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else echo "missing arm64 VM dependencies: $$missing"; exit 1; fi; \
+	fi
+	ARCH=arm64 init/image/mkimage.sh build/static-arm64/conch-init build/vm-arm64
+
+vm-check: vm-image vm-image-arm64 $(ARM64_ALL_UNIT_BINS) test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
 	PYTHONPATH=$(CURDIR)/build/py:$(CURDIR)/tests/integration /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/vm
 
-check: asan unit tsan-check fuzz-smoke integration packaging vm-check
+check: asan unit unit-arm64 tsan-check fuzz-smoke integration packaging vm-check
 
 run: dev
 	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \

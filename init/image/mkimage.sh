@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mkimage.sh — bake conch-init into a bootable microVM guest (make vm-image).
 #
-#   init/image/mkimage.sh BIN OUT
+#   [ARCH=arm64] init/image/mkimage.sh BIN OUT
 #
 # BIN: the static conch-init (make static), or the Debian package holding
 # it (make deb: its /sbin/conch-init is what the guest boots, which is what
@@ -17,6 +17,12 @@
 # Boot with: -kernel vmlinuz -initrd initramfs.cpio.gz, layers as virtio-pmem
 # (newest = pmem0) or virtio-blk with conch.layers=/dev/vda,/dev/vdb.
 #
+# ARCH=arm64 (make vm-image-arm64) bakes the aarch64 guest from this x86-64
+# machine: kernel and rootfs are Debian's arm64 packages unpacked by
+# mmdebstrap --variant=extract (no maintainer scripts run, so no emulation is
+# needed; the few things those scripts would do are done here), layers for
+# virtio-blk (no pmem), boot with qemu-system-aarch64 -M virt.
+#
 # Everything is cached in OUT: the kernel by package version, the rootfs by
 # its package list; the initramfs is rebuilt when BIN or MODULES change.
 # Needs root (mmdebstrap, device nodes in the cpio) and Debian's apt.
@@ -24,8 +30,16 @@ set -euo pipefail
 BIN=${1:?usage: mkimage.sh BIN OUT}
 OUT=${2:?usage: mkimage.sh BIN OUT}
 SUITE=${SUITE:-bookworm}
-PACKAGES=${PACKAGES:-python3,procps,sysvinit-core}
-MODULES=${MODULES:-virtio_pci virtio_blk virtio_net virtio_pmem nd_pmem erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback}
+ARCH=${ARCH:-$(dpkg --print-architecture)}
+if [ "$ARCH" = arm64 ] && [ "$(dpkg --print-architecture)" != arm64 ]; then
+  FOREIGN=1
+  PACKAGES=${PACKAGES:-python3,procps,dash,coreutils,base-files,base-passwd,findutils,grep,sed}
+  MODULES=${MODULES:-virtio_pci virtio_blk virtio_net erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback}
+else
+  FOREIGN=
+  PACKAGES=${PACKAGES:-python3,procps,sysvinit-core}
+  MODULES=${MODULES:-virtio_pci virtio_blk virtio_net virtio_pmem nd_pmem erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback}
+fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 log() { echo "mkimage: $*" >&2; }
@@ -45,14 +59,31 @@ pad2m() { # pad an image to a multiple of 2 MiB
 }
 
 # ------------------------------------------------------------ kernel
-meta=linux-image-cloud-amd64
+meta=linux-image-cloud-$ARCH
+if [ -n "$FOREIGN" ]; then # the foreign kernel: unpacked with its dependencies, /boot and modules kept
+  kdir=$(ls -d "$OUT"/kernel-* 2>/dev/null | head -1 || true)
+  if [ -z "$kdir" ] || [ ! -f "$kdir/.done" ]; then
+    log "fetching $meta ($ARCH)"
+    rm -rf "$OUT"/kernel-* "$OUT/kx"
+    mmdebstrap --quiet --variant=extract --arch="$ARCH" --include="$meta" "$SUITE" "$OUT/kx"
+    kver=$(ls "$OUT/kx/boot" | sed -n 's/^vmlinuz-//p' | head -1)
+    [ -n "$kver" ] || { log "no vmlinuz in $meta"; exit 1; }
+    kdir=$OUT/kernel-$kver
+    mkdir -p "$kdir/root/lib/modules" "$kdir/root/boot"
+    mv "$OUT/kx/boot/vmlinuz-$kver" "$kdir/root/boot/"
+    mv "$OUT/kx/lib/modules/$kver" "$kdir/root/lib/modules/"
+    rm -rf "$OUT/kx"
+    depmod -b "$kdir/root" "$kver"
+    touch "$kdir/.done"
+  fi
+  kver=${kdir##*/kernel-}
+fi
 kpkg() { apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}' || true; }
-kpkg=$(kpkg)
-if [ -z "$kpkg" ]; then apt-get update -qq; kpkg=$(kpkg); fi
-[ -n "$kpkg" ] || { log "cannot find the kernel package of $meta (apt-cache depends)"; exit 1; }
-kver=${kpkg#linux-image-}
-kdir=$OUT/kernel-$kver
-if [ ! -f "$kdir/.done" ]; then
+[ -n "$FOREIGN" ] || kpkg=$(kpkg)
+if [ -z "$FOREIGN" ] && [ -z "$kpkg" ]; then apt-get update -qq; kpkg=$(kpkg); fi
+[ -n "$FOREIGN" ] || [ -n "$kpkg" ] || { log "cannot find the kernel package of $meta (apt-cache depends)"; exit 1; }
+[ -n "$FOREIGN" ] || { kver=${kpkg#linux-image-}; kdir=$OUT/kernel-$kver; }
+if [ -z "$FOREIGN" ] && [ ! -f "$kdir/.done" ]; then
   log "fetching $kpkg"
   rm -rf "$kdir" && mkdir -p "$kdir/dl"
   (cd "$kdir/dl" && apt-get download "$kpkg" 2>&1 | grep -v unsandboxed >&2 || true)
@@ -112,13 +143,23 @@ if [ ! -f "$OUT/initramfs.cpio.gz" ] || [ "$(cat "$OUT/.initramfs.stamp" 2>/dev/
 fi
 
 # ------------------------------------------------------------ layers
-rstamp="$SUITE $PACKAGES v1"
+rstamp="$SUITE $ARCH $PACKAGES v1"
 if [ ! -f "$OUT/rootfs.erofs" ] || [ "$(cat "$OUT/.rootfs.stamp" 2>/dev/null)" != "$rstamp" ]; then
-  log "rootfs: mmdebstrap --variant=minbase $SUITE + $PACKAGES (a few minutes)"
   rd=$OUT/rootfs.d
   rm -rf "$rd"
-  mmdebstrap --quiet --variant=minbase --include="$PACKAGES" \
-    --dpkgopt='path-exclude=/usr/share/{doc,man,locale}/*' "$SUITE" "$rd"
+  if [ -n "$FOREIGN" ]; then
+    log "rootfs: mmdebstrap --variant=extract --arch=$ARCH $SUITE + $PACKAGES"
+    mmdebstrap --quiet --variant=extract --arch="$ARCH" --include="$PACKAGES" "$SUITE" "$rd"
+    # what the maintainer scripts would have done, as far as commands need it
+    cp "$rd/usr/share/base-passwd/passwd.master" "$rd/etc/passwd"
+    cp "$rd/usr/share/base-passwd/group.master" "$rd/etc/group"
+    ln -sfn dash "$rd/bin/sh"
+    rm -rf "$rd"/usr/share/{doc,man,locale}
+  else
+    log "rootfs: mmdebstrap --variant=minbase $SUITE + $PACKAGES (a few minutes)"
+    mmdebstrap --quiet --variant=minbase --include="$PACKAGES" \
+      --dpkgopt='path-exclude=/usr/share/{doc,man,locale}/*' "$SUITE" "$rd"
+  fi
   rm -rf "$rd"/var/cache/apt/* "$rd"/var/lib/apt/lists/*
   echo base > "$rd/etc/conch-layer"
   mkfs.erofs --quiet "$OUT/rootfs.erofs.tmp" "$rd"

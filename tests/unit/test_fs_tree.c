@@ -214,7 +214,10 @@ int main(int argc, char **argv) {
   const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
   int dlen = slash ? (int)(slash - argv[0]) : 1;
   snprintf(disk, sizeof disk, "%.*s/tree-%d", dlen, slash ? argv[0] : ".", (int)getpid());
-  snprintf(shm, sizeof shm, "/dev/shm/conch-unit-tree-%d", (int)getpid());
+  /* a tmpfs other than the disk's filesystem: /dev/shm, or CONCH_TEST_TMPFS
+   * where there is none (the arm64 guest's sandbox root has /tmp) */
+  const char *tmpfs = getenv("CONCH_TEST_TMPFS") ? getenv("CONCH_TEST_TMPFS") : "/dev/shm";
+  snprintf(shm, sizeof shm, "%s/conch-unit-tree-%d", tmpfs, (int)getpid());
   if (mkdir(disk, 0755) != 0 || mkdir(shm, 0755) != 0) {
     perror("mkdir");
     return 1;

@@ -24,8 +24,8 @@ ROOT, Server, free_port, sanitizer_report, status_kib = (
 BOOT_TIMEOUT = 300  # TCG on a busy 2-core machine: generous on purpose
 
 
-def boot(layout, name, tmp_path_factory):
-    v = vmmod.VM(layout, workdir=str(tmp_path_factory.mktemp(name)), name=name)
+def boot(layout, name, tmp_path_factory, **kw):
+    v = vmmod.VM(layout, workdir=str(tmp_path_factory.mktemp(name)), name=name, **kw)
     try:
         v.start()
         v.wait_log("waiting for the init message", timeout=BOOT_TIMEOUT)

@@ -14,6 +14,10 @@ Layouts:
   blk   q35, ext4 writable disk /dev/vda, layers /dev/vdb,/dev/vdc named by
         conch.layers= on the kernel command line
 
+arm64 (arch="aarch64"): the image of `make vm-image-arm64` (build/vm-arm64)
+under qemu-system-aarch64, `virt` machine, TCG always; blk layout only; the
+console on the PL011 UART and the bridge on a virtio-serial port (vmbridge.c).
+
 Acceleration: KVM only when a probe boot on it gets the kernel running
 (this machine's /dev/kvm cannot run a stock kernel: "failed to set MSR
 0x10a"), else TCG.
@@ -32,7 +36,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from conch import free_port  # noqa: E402
 IMAGES = os.environ.get("CONCH_VM_IMAGES", os.path.join(ROOT, "build", "vm"))
+IMAGES_ARM64 = os.environ.get("CONCH_VM_IMAGES_ARM64", os.path.join(ROOT, "build", "vm-arm64"))
 QEMU = "qemu-system-x86_64"
+QEMU_ARM64 = "qemu-system-aarch64"
+ARM64_CC = ["aarch64-linux-gnu-gcc", "--sysroot=" + os.path.join(ROOT, "build", "sysroot-arm64")]
 GUEST_IP, GATEWAY, DNS = "10.0.2.15", "10.0.2.2", "10.0.2.3"
 _accel = None
 
@@ -72,21 +79,31 @@ def accel():
     return _accel
 
 
-def overlay_initrd(workdir):
+def overlay_initrd(workdir, arch="x86_64"):
     """The product initramfs with the test-only /init (vmbridge) appended:
-    the kernel unpacks concatenated archives in order, later files win."""
-    out = os.path.join(IMAGES, "test-initrd")
-    br = os.path.join(IMAGES, "vmbridge")
+    the kernel unpacks concatenated archives in order, later files win.
+    arm64's adds the virtio_console module the bridge loads."""
+    images = IMAGES_ARM64 if arch == "aarch64" else IMAGES
+    out = os.path.join(images, "test-initrd")
+    br = os.path.join(images, "vmbridge")
     src = os.path.join(ROOT, "tests", "vm", "vmbridge.c")
-    base = os.path.join(IMAGES, "initramfs.cpio.gz")
+    base = os.path.join(images, "initramfs.cpio.gz")
     if (not os.path.exists(br) or os.path.getmtime(br) < os.path.getmtime(src)):
-        subprocess.run(["cc", "-static", "-O2", "-Wall", "-Werror", "-o", br, src], check=True)
+        cc = ARM64_CC if arch == "aarch64" else ["cc"]
+        subprocess.run(cc + ["-static", "-O2", "-Wall", "-Werror", "-o", br, src], check=True)
     if (os.path.exists(out) and os.path.getmtime(out) > os.path.getmtime(br)
             and os.path.getmtime(out) > os.path.getmtime(base)):
         return out
     d = tempfile.mkdtemp(dir=workdir)
     shutil.copy(br, os.path.join(d, "init"))
-    ov = subprocess.run("echo init | cpio -o -H newc --quiet -R 0:0 | gzip", shell=True, cwd=d,
+    names = "init"
+    if arch == "aarch64":
+        ko = subprocess.run(f"ls {images}/kernel-*/root/lib/modules/*/kernel/drivers/char/virtio_console.ko",
+                            shell=True, check=True, capture_output=True, text=True).stdout.split()[0]
+        os.mkdir(os.path.join(d, "vmbridge"))
+        shutil.copy(ko, os.path.join(d, "vmbridge", "virtio_console.ko"))
+        names = "init\nvmbridge\nvmbridge/virtio_console.ko"
+    ov = subprocess.run(f"printf '{names}\\n' | cpio -o -H newc --quiet -R 0:0 | gzip", shell=True, cwd=d,
                         check=True, capture_output=True).stdout
     tmp = f"{out}.{os.getpid()}.tmp"  # the tests and the benchmark may race here
     with open(tmp, "wb") as f:
@@ -99,8 +116,10 @@ def overlay_initrd(workdir):
 
 class VM:
     def __init__(self, layout="pmem", workdir=None, name="vm", mem="512M", sandbox_id="vm-test", smp=1,
-                 init_env=None):
+                 init_env=None, arch="x86_64"):
         self.layout, self.name, self.mem, self.sandbox_id, self.smp = layout, name, mem, sandbox_id, smp
+        self.arch = arch
+        assert arch == "x86_64" or layout == "blk", "arm64 guests: blk layout only"
         # KEY=VALUE words the kernel hands to PID 1 as its environment
         self.init_env = " ".join(f"{k}={v}" for k, v in (init_env or {}).items())
         self.workdir = workdir or tempfile.mkdtemp(prefix="conch-vm-")
@@ -120,6 +139,8 @@ class VM:
                 subprocess.run(["mkfs.ext4", "-q", "-F", self.disk], check=True)
 
     def args(self, incoming=None):
+        if self.arch == "aarch64":
+            return self.args_arm64()
         img = lambda n: os.path.join(IMAGES, n)  # noqa: E731
         a = [QEMU, "-machine", "q35", "-accel", accel(), "-m", f"{self.mem},slots=4,maxmem=4G",
              "-smp", str(self.smp), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -147,6 +168,26 @@ class VM:
         a += ["-append", append]
         if incoming:
             a += ["-incoming", f"exec:cat {incoming}"]
+        return a
+
+    def args_arm64(self):
+        img = lambda n: os.path.join(IMAGES_ARM64, n)  # noqa: E731
+        a = [QEMU_ARM64, "-machine", "virt", "-cpu", "cortex-a72", "-accel", "tcg", "-m", self.mem,
+             "-smp", str(self.smp), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+             "-kernel", img("vmlinuz"), "-initrd", overlay_initrd(self.workdir, "aarch64"),
+             "-serial", "file:" + self.console,
+             "-device", "virtio-serial-pci",
+             "-chardev", f"socket,id=br,path={self.bridge_path},server=on,wait=off",
+             "-device", "virtserialport,chardev=br,name=conch.bridge",
+             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
+             "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-{GUEST_IP}:4064",
+             "-device", "virtio-net-pci,netdev=n0",
+             "-drive", f"file={self.disk},if=none,id=d0,format=raw", "-device", "virtio-blk-pci,drive=d0"]
+        for i, n in enumerate(["top.erofs", "rootfs.erofs"]):
+            a += ["-drive", f"file={img(n)},if=none,id=l{i},format=raw,readonly=on",
+                  "-device", f"virtio-blk-pci,drive=l{i}"]
+        a += ["-append", f"console=ttyAMA0 panic=-1 {self.init_env} conch.sandbox_id={self.sandbox_id} "
+                         f"conch.layers=/dev/vdb,/dev/vdc"]
         return a
 
     def start(self, incoming=None):

@@ -13,6 +13,11 @@
  *                 or u32 0xffffffff, u32 BE errno when no connection could
  *                 be made within 30 s (module not loaded, nothing listening)
  *
+ * On arm64 (qemu's virt machine has one UART, the console) the bridge port is
+ * a virtio-serial port named conch.bridge: the bridge loads virtio_console
+ * from /vmbridge/virtio_console.ko once conch-init has loaded virtio_pci (the
+ * product image does not carry it), and finds the port's device in sysfs.
+ *
  * Never part of the product (the image builder does not include it).
  */
 #include <errno.h>
@@ -22,8 +27,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <termios.h>
 #include <time.h>
@@ -80,14 +87,54 @@ static int vsock_connect(unsigned port, int *err) {
   }
 }
 
-static void bridge(void) {
+#ifdef __aarch64__
+/* The dev_t of the virtio port named conch.bridge, or 0 while there is none. */
+static dev_t port_dev(void) {
+  char path[128], buf[64];
+  for (int i = 0; i < 16; i++) {
+    snprintf(path, sizeof path, "/vmbridge-sys/class/virtio-ports/vport%dp1/name", i);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0 || strncmp(buf, "conch.bridge", 12) != 0) continue;
+    snprintf(path, sizeof path, "/vmbridge-sys/class/virtio-ports/vport%dp1/dev", i);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    unsigned maj, min;
+    buf[n > 0 ? n : 0] = 0;
+    if (sscanf(buf, "%u:%u", &maj, &min) == 2) return makedev(maj, min);
+  }
+  return 0;
+}
+
+static int open_port(void) {
+  mkdir("/vmbridge-sys", 0755);
+  while (mount("sysfs", "/vmbridge-sys", "sysfs", 0, NULL) != 0 && errno != EBUSY) usleep(20000);
+  int ko = open("/vmbridge/virtio_console.ko", O_RDONLY | O_CLOEXEC);
+  /* fails with ENOENT (unknown symbols) until conch-init loaded virtio */
+  while (ko >= 0 && syscall(SYS_finit_module, ko, "", 0) != 0 && errno != EEXIST) usleep(50000);
+  dev_t d;
+  while ((d = port_dev()) == 0) usleep(20000);
+  mknod(TTY_NODE, S_IFCHR | 0600, d);
+  return open(TTY_NODE, O_RDWR | O_NOCTTY | O_CLOEXEC);
+}
+#else
+static int open_port(void) {
   int tty;
   for (;;) { /* the node appears once conch-init mounted devtmpfs; make our own */
     mknod(TTY_NODE, S_IFCHR | 0600, makedev(4, 65));
     tty = open(TTY_NODE, O_RDWR | O_NOCTTY | O_CLOEXEC);
-    if (tty >= 0) break;
+    if (tty >= 0) return tty;
     usleep(20000);
   }
+}
+#endif
+
+static void bridge(void) {
+  int tty = open_port();
   struct termios tio;
   if (tcgetattr(tty, &tio) == 0) {
     cfmakeraw(&tio);
