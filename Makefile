@@ -3,14 +3,16 @@
 #   make            development binary            build/dev/conch-init
 #   make asan       ASan+UBSan binary (tests)     build/asan/conch-init
 #   make static     static release binary         build/static/conch-init
+#   make static-arm64  the same, cross-built for aarch64   build/static-arm64/conch-init
+#   make unit-arm64 the unit tests cross-built for aarch64, run under qemu-aarch64-static
 #   make run        build and serve on :4064 in standalone mode (prints a token)
 #   make check      build and run every test (unit, integration, namespaces, microVM)
 #   make vm-image   bake the static binary (from the .deb) into a bootable guest (build/vm)
 #   make unit       unit tests only
 #   make install    [PREFIX=/usr/local] [DESTDIR=…] → $(DESTDIR)$(PREFIX)/sbin/conch-init
 #   make dist       reproducible source tarball   build/conch-init-$(VERSION).tar.gz
-#   make rpm        .src.rpm and binary RPM built from that tarball (build/rpm)
-#   make deb        Debian package of the static binary   build/conch-init_$(VERSION)_<arch>.deb
+#   make rpm        .src.rpm and the x86_64 and aarch64 RPMs rebuilt from it (build/rpm)
+#   make deb        Debian packages of the static binaries   build/conch-init_$(VERSION)_{amd64,arm64}.deb
 #
 # Missing Debian build dependencies are installed automatically when run as
 # root (see the `deps` target); set CONCH_NO_APT=1 to skip that.
@@ -61,7 +63,9 @@ ARM64_DEPS    := gcc-aarch64-linux-gnu qemu-user-static mmdebstrap
 ARM64_SYSROOT := build/sysroot-arm64
 ARM64_PKGS    := libc6-dev,libuv1-dev,libnghttp2-dev,libprotobuf-c-dev,libb64-dev,zlib1g-dev,libhttp-parser-dev
 ARM64_STAMP   := $(ARM64_SYSROOT)/.done
-static-arm64_CC     := aarch64-linux-gnu-gcc --sysroot=$(CURDIR)/$(ARM64_SYSROOT)
+# (ARM64_SYSROOT may be given, relative or absolute: the RPM's aarch64
+# rebuild points it at this tree's sysroot rather than unpack another one)
+static-arm64_CC     := aarch64-linux-gnu-gcc --sysroot=$(abspath $(ARM64_SYSROOT))
 static-arm64_CFLAGS := $(static_CFLAGS)
 static-arm64_AR     := aarch64-linux-gnu-ar
 
@@ -242,7 +246,7 @@ $(PKG_DEPS_STAMP): | $(DEPS_STAMP)
 	@touch $@
 pkg-deps: $(PKG_DEPS_STAMP)
 
-packaging: deps pkg-deps
+packaging: deps pkg-deps $(ARM64_STAMP)
 	tests/packaging.sh
 
 # The pool's tests under ThreadSanitizer (its worker threads and the loop).
@@ -273,7 +277,7 @@ fuzz-smoke: fuzz-build
 
 # The microVM suite (tests/vm): Debian's stock kernel under qemu, booting
 # the image of vm-image.  Runs alone: TCG wants both cores.
-vm-image: static deb
+vm-image: static $(DEB)
 	init/image/mkimage.sh $(DEB) build/vm
 
 # The arm64 guest (tests/vm/test_arm64.py): Debian's arm64 kernel and
@@ -326,23 +330,42 @@ dist:
 	$(Q)mv $(DIST_TAR).tmp $(DIST_TAR) && rm -rf build/dist
 	@echo "$(DIST_TAR)"
 
-# The .src.rpm from the tarball (the spec inside it), then the binary RPM by
+# The .src.rpm from the tarball (the spec inside it), then the binary RPMs by
 # rebuilding that .src.rpm, as a packager would: --nodeps because on Debian
-# the BuildRequires are Debian's -dev packages, not in rpm's database.
-RPM_TOP := $(CURDIR)/build/rpm
-rpm: dist pkg-deps
+# the BuildRequires are Debian's -dev packages, not in rpm's database.  On
+# an x86-64 machine the same .src.rpm is rebuilt a second time with
+# --target aarch64: the spec then cross-builds (make static-arm64, the unit
+# tests under qemu-user in %check) against this tree's arm64 sysroot.
+RPM_TOP  := $(CURDIR)/build/rpm
+RPM_SRPM  = build/rpm/SRPMS/conch-init-$(VERSION)-*.src.rpm
+ifeq ($(shell uname -m),aarch64)
+RPM_CROSS :=
+else
+RPM_CROSS := $(ARM64_STAMP)
+endif
+rpm: dist pkg-deps $(RPM_CROSS)
 	$(Q)rm -rf build/rpm && mkdir -p build/rpm
 	rpmbuild -ts --nodeps --define "_topdir $(RPM_TOP)" $(DIST_TAR)
-	rpmbuild --rebuild --nodeps --define "_topdir $(RPM_TOP)" build/rpm/SRPMS/conch-init-$(VERSION)-*.src.rpm
+	rpmbuild --rebuild --nodeps --define "_topdir $(RPM_TOP)" $(RPM_SRPM)
+	$(if $(RPM_CROSS),rpmbuild --rebuild --nodeps --target aarch64 --define "_topdir $(RPM_TOP)" \
+	  --define "conch_arm64_sysroot $(abspath $(ARM64_SYSROOT))" $(RPM_SRPM))
 	@find build/rpm/SRPMS build/rpm/RPMS -name '*.rpm'
 
-# The Debian package (packaging/deb/mkdeb.sh, dpkg-deb): /sbin/conch-init,
-# docs, copyright.
-DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
-DEB      := build/conch-init_$(VERSION)_$(DEB_ARCH).deb
-deb: $(DEB)
-$(DEB): build/static/conch-init packaging/deb/mkdeb.sh packaging/deb/copyright packaging/deb/changelog packaging/deb/lintian-overrides README.md | $(PKG_DEPS_STAMP)
+# The Debian packages (packaging/deb/mkdeb.sh, dpkg-deb): /sbin/conch-init,
+# docs, copyright.  DEB is the build machine's architecture (build/static,
+# what vm-image bakes), DEB_ARM64 the cross-built build/static-arm64 (its
+# Built-Using read from the arm64 sysroot); on an arm64 machine they are one.
+DEB_ARCH  := $(shell dpkg --print-architecture 2>/dev/null)
+DEB       := build/conch-init_$(VERSION)_$(DEB_ARCH).deb
+DEB_ARM64 := build/conch-init_$(VERSION)_arm64.deb
+DEB_SRCS  := packaging/deb/mkdeb.sh packaging/deb/copyright packaging/deb/changelog packaging/deb/lintian-overrides README.md
+deb: $(DEB) $(DEB_ARM64)
+$(DEB): build/static/conch-init $(DEB_SRCS) | $(PKG_DEPS_STAMP)
 	packaging/deb/mkdeb.sh build/static/conch-init $(VERSION) $(DEB_ARCH) build
+ifneq ($(DEB_ARCH),arm64)
+$(DEB_ARM64): build/static-arm64/conch-init $(DEB_SRCS) | $(PKG_DEPS_STAMP) $(ARM64_STAMP)
+	packaging/deb/mkdeb.sh build/static-arm64/conch-init $(VERSION) arm64 build $(ARM64_SYSROOT)
+endif
 
 clean:
-	rm -rf build/dev build/asan build/static build/fuzz/obj build/fuzz/bin build/tsan build/rpm build/dist $(DIST_TAR) build/conch-init_*.deb  # build/vm (the image cache) is kept
+	rm -rf build/dev build/asan build/static build/static-arm64 build/fuzz/obj build/fuzz/bin build/tsan build/rpm build/dist $(DIST_TAR) build/conch-init_*.deb  # build/vm (the image cache) and $(ARM64_SYSROOT) are kept

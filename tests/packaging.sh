@@ -8,21 +8,35 @@
 #   make dist     → build/conch-init-VERSION.tar.gz, the same bytes twice,
 #                   exactly the tracked files but the fuzz corpora and .ci/,
 #                   sorted, 0/0, the last commit's mtime, gzip -n;
-#   make rpm      → a .src.rpm holding that tarball and the binary RPM
-#                   rebuilt from it (%check = the unit tests): /sbin/conch-init
-#                   and docs, no requires, the payload runs (rpm2cpio | cpio);
+#   make rpm      → a .src.rpm holding that tarball and the binary RPMs
+#                   rebuilt from it, x86_64 and (--target aarch64, cross)
+#                   aarch64 (%check = the unit tests, the arm64 ones under
+#                   qemu-user): /sbin/conch-init and docs, no requires, the
+#                   right %{ARCH}, the payload runs (rpm2cpio | cpio; the
+#                   aarch64 one under qemu-aarch64-static);
 #   make deb      → build/conch-init_VERSION_ARCH.deb, the same bytes twice,
 #                   /sbin/conch-init (the static binary), copyright, docs;
 #                   lintian: no error; dpkg installs it into an empty root,
 #                   the binary runs, dpkg --purge removes it; and dpkg -i
-#                   inside a mmdebstrap (essential) bookworm chroot.
+#                   inside a mmdebstrap (essential) bookworm chroot;
+#                   and build/conch-init_VERSION_arm64.deb, the same bytes
+#                   twice, the same files, build/static-arm64's binary
+#                   (file: ARM aarch64, static; runs under qemu-user),
+#                   Built-Using from the arm64 sysroot, lintian: no error.
+# Prints how far into the run each step ends ("make rpm done at 95s").
 # Prints "N passed, N failed"; exits non-zero on any failure.
 # Run from anywhere: tests/packaging.sh   (MAKE=… to pick the make binary).
 set -u
 cd "$(dirname "$0")/.."
 MAKE=${MAKE:-make}
 BIN=build/static/conch-init
+BIN_ARM64=build/static-arm64/conch-init
 VERSION=$(sed -n 's/^VERSION *:= *//p' Makefile)
+HOST_CPU=$(uname -m)
+# arm64 packages are cross-built (and checked under qemu-user) unless this
+# machine is arm64 itself, when the native ones are they
+CROSS=1
+[ "$HOST_CPU" = aarch64 ] && CROSS=0
 
 pass=0
 fail=0
@@ -34,6 +48,8 @@ check() {
   shift
   if "$@"; then ok "$d"; else bad "$d"; fi
 }
+# took WHAT: how long the run has taken so far (where the minutes go)
+took() { echo "     ($1 done at ${SECONDS}s)"; }
 summary() {
   echo "$pass passed, $fail failed"
   [ "$fail" -eq 0 ]
@@ -53,6 +69,7 @@ trap cleanup EXIT
 # ---------------------------------------------------------------- make static
 if $MAKE static >"$tmp/static.log" 2>&1 && [ -x "$BIN" ]; then
   ok "make static builds $BIN"
+  took "make static"
 else
   bad "make static builds $BIN"
   tail -20 "$tmp/static.log"
@@ -151,6 +168,7 @@ check "the tarball holds exactly the tracked files but fuzz corpora and .ci/" cm
 check "the tarball's names are sorted" cmp -s "$tmp/dist.names" <(LC_ALL=C sort "$tmp/dist.names")
 check "no build outputs or node_modules in the tarball" \
   test -z "$(grep -E -e "^conch-init-$VERSION/build/" -e node_modules -e '\.o$' "$tmp/dist.names")"
+took "make dist (twice)"
 ct=$(git log -1 --format=%ct)
 tar -tzvf "$TAR" --numeric-owner --full-time --utc >"$tmp/dist.long"
 check "every entry is owned 0/0" test -z "$(awk '$2 != "0/0"' "$tmp/dist.long")"
@@ -164,58 +182,84 @@ clv=$(sed -n '/^%changelog/{n;s/.* - \([^ -]*\)-[^ ]*$/\1/p;q}' conch-init.spec)
 check "the spec's newest %changelog entry is $VERSION (got '$clv')" test "$clv" = "$VERSION"
 
 # ---------------------------------------------------------------- make rpm
-# .src.rpm from the tarball, the binary RPM by rpmbuild --rebuild of it
-# (%build the static build, %check the unit tests, from the tarball alone).
+# .src.rpm from the tarball, the binary RPMs by rpmbuild --rebuild of it
+# (%build the static build, %check the unit tests, from the tarball alone):
+# the build machine's CPU, and (--target aarch64, a cross build, the unit
+# tests under qemu-user) aarch64.
 if $MAKE rpm >"$tmp/rpm.log" 2>&1; then
-  ok "make rpm (rpmbuild -ts, then rpmbuild --rebuild --nodeps of the .src.rpm)"
+  ok "make rpm (rpmbuild -ts, then rpmbuild --rebuild --nodeps of the .src.rpm$([ "$CROSS" = 1 ] && echo ', and again --target aarch64'))"
 else
   bad "make rpm"
   tail -30 "$tmp/rpm.log"
 fi
+took "make rpm"
 srpms=$(find build/rpm/SRPMS -name '*.src.rpm' 2>/dev/null)
-rpms=$(find build/rpm/RPMS -name '*.rpm' 2>/dev/null)
 check "exactly one .src.rpm ($srpms)" test "$(printf '%s' "$srpms" | grep -c .)" -eq 1
-nrpm=$(printf '%s' "$rpms" | grep -c .)
-check "exactly one binary RPM ($rpms)" test "$nrpm" -eq 1
+want_rpms="$HOST_CPU$([ "$CROSS" = 1 ] && echo ' aarch64')"
+got_rpms=$(find build/rpm/RPMS -name '*.rpm' -printf '%P\n' 2>/dev/null | LC_ALL=C sort | tr '\n' ' ')
+check "one binary RPM for each of $want_rpms (got $got_rpms)" test "$got_rpms" = \
+  "$(for a in $want_rpms; do echo "$a/conch-init-$VERSION-1.$a.rpm"; done | LC_ALL=C sort | tr '\n' ' ')"
 check "%check ran the unit tests (Executing(%check), check-links, N passed lines)" \
   grep -q 'Executing(%check)' "$tmp/rpm.log"
+if [ "$CROSS" = 1 ]; then
+  check "the aarch64 %check ran the arm64 unit tests under qemu-user" grep -q '(qemu-aarch64)$' "$tmp/rpm.log"
+fi
 check "no unit test failed in %check" test -z "$(grep -E ' [1-9][0-9]* failed' "$tmp/rpm.log")"
 if [ "$(printf '%s' "$srpms" | grep -c .)" -eq 1 ]; then
   mkdir -p "$tmp/srpm" && (cd "$tmp/srpm" && rpm2cpio "$OLDPWD/$srpms" | cpio -id --quiet)
   check "the .src.rpm holds the make dist tarball, byte for byte" cmp -s "$tmp/srpm/conch-init-$VERSION.tar.gz" "$TAR"
 fi
-if [ "$nrpm" -eq 1 ]; then
-  files=$(rpm -qlp "$rpms" 2>/dev/null)
-  check "rpm -qlp: /sbin/conch-init and docs only" \
+# rpm_checks CPU: the binary RPM for CPU, its payload run natively or (aarch64
+# on another CPU) under qemu-aarch64-static
+rpm_checks() {
+  local a=$1 r=build/rpm/RPMS/$1/conch-init-$VERSION-1.$1.rpm run=
+  [ "$a" = "$HOST_CPU" ] || run=qemu-aarch64-static
+  [ -f "$r" ] || return 0
+  files=$(rpm -qlp "$r" 2>/dev/null)
+  check "$a: rpm -qlp: /sbin/conch-init and docs only" \
     test -z "$(grep -v -e '^/sbin/conch-init$' -e "^/usr/share/doc/conch-init-$VERSION\(/\|$\)" <<<"$files")"
-  check "rpm -qlp lists /sbin/conch-init and README.md" \
+  check "$a: rpm -qlp lists /sbin/conch-init and README.md" \
     test "$(grep -c -e '^/sbin/conch-init$' -e "^/usr/share/doc/conch-init-$VERSION/README.md$" <<<"$files")" -eq 2
-  rpmver=$(rpm -qp --qf '%{VERSION}' "$rpms" 2>/dev/null)
-  check "RPM version is $VERSION (got '$rpmver')" test "$rpmver" = "$VERSION"
-  check "RPM requires nothing but rpmlib features" test -z "$(rpm -qpR "$rpms" | grep -v '^rpmlib(')"
-  dmode=$(rpm -qp --dump "$rpms" 2>/dev/null | awk '$1 == "/sbin/conch-init" {print $5}')
-  check "payload /sbin/conch-init mode is 0100755 (got $dmode)" test "$dmode" = 0100755
-  mkdir -p "$tmp/rpmroot" && (cd "$tmp/rpmroot" && rpm2cpio "$OLDPWD/$rpms" | cpio -idm --quiet)
-  rbin=$tmp/rpmroot/sbin/conch-init
-  check "the RPM's binary is statically linked" grep -q "statically linked" <<<"$(file -L "$rbin")"
-  rver=$("$rbin" --version 2>&1)
-  check "the RPM's binary runs: --version → 'conch-init $VERSION' (got '$rver')" test "$rver" = "conch-init $VERSION"
-fi
+  rpmva=$(rpm -qp --qf '%{VERSION} %{ARCH}' "$r" 2>/dev/null)
+  check "$a: RPM version and arch are '$VERSION $a' (got '$rpmva')" test "$rpmva" = "$VERSION $a"
+  check "$a: RPM requires nothing but rpmlib features" test -z "$(rpm -qpR "$r" | grep -v '^rpmlib(')"
+  dmode=$(rpm -qp --dump "$r" 2>/dev/null | awk '$1 == "/sbin/conch-init" {print $5}')
+  check "$a: payload /sbin/conch-init mode is 0100755 (got $dmode)" test "$dmode" = 0100755
+  mkdir -p "$tmp/rpmroot-$a" && (cd "$tmp/rpmroot-$a" && rpm2cpio "$OLDPWD/$r" | cpio -idm --quiet)
+  rbin=$tmp/rpmroot-$a/sbin/conch-init
+  fo=$(file -L "$rbin")
+  if [ -n "$run" ]; then
+    check "$a: the RPM's binary is ARM aarch64, statically linked (${fo#*: })" \
+      grep -q 'ARM aarch64.*statically linked' <<<"$fo"
+  else
+    check "$a: the RPM's binary is statically linked" grep -q "statically linked" <<<"$fo"
+  fi
+  rver=$($run "$rbin" --version 2>&1)
+  check "$a: the RPM's binary runs${run:+ under $run}: --version → 'conch-init $VERSION' (got '$rver')" \
+    test "$rver" = "conch-init $VERSION"
+}
+for a in $want_rpms; do rpm_checks "$a"; done
 
 # ---------------------------------------------------------------- make deb
 arch=$(dpkg --print-architecture)
 DEB=build/conch-init_${VERSION}_$arch.deb
-rm -f "$DEB"
+DEB_ARM64=build/conch-init_${VERSION}_arm64.deb
+rm -f "$DEB" "$DEB_ARM64"
 if $MAKE deb >"$tmp/deb.log" 2>&1 && [ -f "$DEB" ]; then
   ok "make deb builds $DEB"
 else
   bad "make deb builds $DEB"
   tail -20 "$tmp/deb.log"
 fi
+check "make deb builds $DEB_ARM64 too" test -f "$DEB_ARM64"
 dsha1=$(sha256sum "$DEB" 2>/dev/null | cut -d' ' -f1)
-rm -f "$DEB" && $MAKE deb >>"$tmp/deb.log" 2>&1
+asha1=$(sha256sum "$DEB_ARM64" 2>/dev/null | cut -d' ' -f1)
+rm -f "$DEB" "$DEB_ARM64" && $MAKE deb >>"$tmp/deb.log" 2>&1
 dsha2=$(sha256sum "$DEB" 2>/dev/null | cut -d' ' -f1)
+asha2=$(sha256sum "$DEB_ARM64" 2>/dev/null | cut -d' ' -f1)
 check "two make deb runs give the same bytes (sha256 $dsha1)" test -n "$dsha1" -a "$dsha1" = "$dsha2"
+check "two make deb runs give the same arm64 bytes (sha256 $asha1)" test -n "$asha1" -a "$asha1" = "$asha2"
+took "make deb (twice)"
 if [ -f "$DEB" ]; then
   f=$(dpkg-deb -f "$DEB" Package Version Architecture | tr '\n' ' ')
   check "control: conch-init $VERSION $arch (got '$f')" \
@@ -258,6 +302,36 @@ if [ -f "$DEB" ]; then
   dpkg --root="$r" --log=/dev/null --force-script-chrootless --purge conch-init >>"$tmp/dpkg.log" 2>&1
   check "dpkg --purge leaves no file behind" test -z "$(cd "$r" && find . -type f -not -path './var/lib/dpkg/*')"
 fi
+# The arm64 deb (cross-built from build/static-arm64): the same files,
+# Built-Using from the arm64 sysroot's packages, the binary run under
+# qemu-user, lintian as for the native one.  (Installing it and booting it
+# on arm64 is the arm64 VM test's.)
+if [ "$CROSS" = 1 ] && [ -f "$DEB_ARM64" ]; then
+  f=$(dpkg-deb -f "$DEB_ARM64" Package Version Architecture | tr '\n' ' ')
+  check "arm64: control: conch-init $VERSION arm64 (got '$f')" \
+    test "$f" = "Package: conch-init Version: $VERSION Architecture: arm64 "
+  abu=$(dpkg-deb -f "$DEB_ARM64" Built-Using)
+  check "arm64: control names the static libraries in Built-Using" grep -q 'libuv1 (= .*nghttp2 (= .*glibc (= ' <<<"$abu"
+  sysglibc=$(zcat build/sysroot-arm64/usr/share/doc/libc6-dev/changelog.Debian.gz | sed -n '1s/^glibc (\([^)]*\)).*/\1/p')
+  check "arm64: Built-Using's glibc is the arm64 sysroot's ($sysglibc)" grep -qF "glibc (= $sysglibc)" <<<"$abu"
+  dpkg-deb -c "$DEB_ARM64" | awk '{print $6}' >"$tmp/deb-arm64.names"
+  check "arm64: the deb holds /sbin/conch-init" grep -qx ./sbin/conch-init "$tmp/deb-arm64.names"
+  check "arm64: the deb holds the same files as the $arch one" cmp -s "$tmp/deb.names" "$tmp/deb-arm64.names"
+  check "arm64: every entry is root/root" test -z "$(dpkg-deb -c "$DEB_ARM64" | awk '$2 != "root/root"')"
+  mkdir -p "$tmp/debx-arm64" && dpkg-deb -x "$DEB_ARM64" "$tmp/debx-arm64"
+  abin=$tmp/debx-arm64/sbin/conch-init
+  check "arm64: the deb's /sbin/conch-init is $BIN_ARM64" cmp -s "$abin" "$BIN_ARM64"
+  fo=$(file -L "$abin")
+  check "arm64: file says ARM aarch64, statically linked (${fo#*: })" grep -q 'ARM aarch64.*statically linked' <<<"$fo"
+  av=$(qemu-aarch64-static "$abin" --version 2>&1)
+  check "arm64: qemu-aarch64-static <deb>/sbin/conch-init --version → 'conch-init $VERSION' (got '$av')" \
+    test "$av" = "conch-init $VERSION"
+  lintian --fail-on error "$DEB_ARM64" >"$tmp/lintian-arm64.out" 2>&1
+  lrc=$?
+  grep -v 'root privileges' "$tmp/lintian-arm64.out" | sed 's/^/     lintian (arm64): /'
+  check "arm64: lintian reports no error (rc=$lrc)" test "$lrc" -eq 0 -a -z "$(grep '^E:' "$tmp/lintian-arm64.out")"
+  took "the arm64 deb's checks"
+fi
 # Into a mmdebstrap rootfs (the README's recipe; Debian's mirror, ~40 s):
 # dpkg -i inside the chroot, where the binary must run.
 if [ -f "$DEB" ]; then
@@ -279,6 +353,7 @@ if [ -f "$DEB" ]; then
   check "in that rootfs dpkg says conch-init $VERSION is installed" \
     test "$(sed -n '/^Package: conch-init$/,/^$/{/^Status:/p;/^Version:/p}' "$tmp/status" 2>/dev/null | tr '\n' ' ')" = \
       "Status: install ok installed Version: $VERSION "
+  took "mmdebstrap"
 fi
 # The VM suite (make vm-check, after this) boots the deb's binary: make
 # vm-image bakes the image from $DEB (init/image/mkimage.sh extracts its

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # mkdeb.sh — the Debian package of the static binary (make deb), with dpkg-deb.
 #
-#   packaging/deb/mkdeb.sh BIN VERSION ARCH OUTDIR
+#   packaging/deb/mkdeb.sh BIN VERSION ARCH OUTDIR [SYSROOT]
 #
 # → OUTDIR/conch-init_VERSION_ARCH.deb: /sbin/conch-init (BIN), and in
 # /usr/share/doc/conch-init: copyright, changelog.gz (a native package:
 # the version has no Debian revision), README.md.gz and the user guide.
 # Built-Using names the source packages of the static libraries in BIN, as
 # Debian policy asks of statically linked binaries; the lintian tags of the
-# static link are overridden, with the reason, in packaging/deb/lintian-overrides.  Reproducible: every
+# static link are overridden, with the reason, in packaging/deb/lintian-overrides.
+# SYSROOT: BIN was cross-built against the -dev packages unpacked there (the
+# Makefile's arm64 sysroot, mmdebstrap --variant=extract, which leaves no
+# dpkg database): Built-Using is then read from their changelog.Debian.gz,
+# whose first line is the source package and its version (a binNMU's entry
+# is in changelog.Debian.<arch>.gz).  Reproducible: every
 # file gets SOURCE_DATE_EPOCH (default: the last commit's time), owner
 # root, gzip -n.
 set -euo pipefail
@@ -16,6 +21,7 @@ BIN=${1:?usage: mkdeb.sh BIN VERSION ARCH OUTDIR}
 VERSION=${2:?usage: mkdeb.sh BIN VERSION ARCH OUTDIR}
 ARCH=${3:?usage: mkdeb.sh BIN VERSION ARCH OUTDIR}
 OUT=${4:?usage: mkdeb.sh BIN VERSION ARCH OUTDIR}
+SYSROOT=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 : "${SOURCE_DATE_EPOCH:=$(git -C "$top" log -1 --format=%ct 2>/dev/null || stat -c %Y "$here/changelog")}"
@@ -44,8 +50,17 @@ for f in "$top"/docs/guide/*.md; do gzip -n -9 -c "$f" > "$doc/guide/$(basename 
 # package, for the architecture built for.
 bu=
 for p in libuv1-dev libnghttp2-dev libprotobuf-c-dev libb64-dev libhttp-parser-dev zlib1g-dev libc6-dev; do
-  s=$(dpkg-query -W -f='${source:Package} (= ${source:Version})' "$p:$ARCH" 2>/dev/null ||
-      dpkg-query -W -f='${source:Package} (= ${source:Version})' "$p")
+  if [ -n "$SYSROOT" ]; then
+    cl=$SYSROOT/usr/share/doc/$p/changelog.Debian.gz
+    s=$(zcat "$cl" 2>/dev/null | sed -n '1s/^\([a-z0-9][a-z0-9+.-]*\) (\([^)]*\)).*/\1 (= \2)/p')
+    [ -n "$s" ] || { echo "mkdeb: no source version for $p in $cl" >&2; exit 1; }
+  elif [ "$ARCH" = "$(dpkg --print-architecture)" ]; then
+    s=$(dpkg-query -W -f='${source:Package} (= ${source:Version})' "$p:$ARCH" 2>/dev/null ||
+        dpkg-query -W -f='${source:Package} (= ${source:Version})' "$p")
+  else
+    s=$(dpkg-query -W -f='${source:Package} (= ${source:Version})' "$p:$ARCH") ||
+      { echo "mkdeb: $p:$ARCH is not installed: give the SYSROOT BIN was built against" >&2; exit 1; }
+  fi
   bu=${bu:+$bu, }$s
 done
 cat > "$root/DEBIAN/control" <<EOF
