@@ -18,6 +18,10 @@
 # root (see the `deps` target); set CONCH_NO_APT=1 to skip that.
 
 VERSION   := 0.1.0
+# The Debian packages (make deb), named here: rules above their recipe use them.
+DEB_ARCH  := $(shell dpkg --print-architecture 2>/dev/null)
+DEB       := build/conch-init_$(VERSION)_$(DEB_ARCH).deb
+DEB_ARM64 := build/conch-init_$(VERSION)_arm64.deb
 # install: $(DESTDIR)$(PREFIX)/sbin/conch-init — by default /sbin/conch-init
 PREFIX    ?=
 DESTDIR   ?=
@@ -281,16 +285,17 @@ vm-image: static $(DEB)
 	init/image/mkimage.sh $(DEB) build/vm
 
 # The arm64 guest (tests/vm/test_arm64.py): Debian's arm64 kernel and
-# packages unpacked here, booted under qemu-system-aarch64 (TCG).
+# packages unpacked here, booted under qemu-system-aarch64 (TCG); its
+# conch-init is the arm64 .deb's, as x86-64's is the amd64 .deb's.
 VM_ARM64_DEPS := qemu-system-arm
-vm-image-arm64: static-arm64
+vm-image-arm64: static-arm64 $(DEB_ARM64)
 	@missing=$$(for p in $(VM_ARM64_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing arm64 VM dependencies: $$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
 	  else echo "missing arm64 VM dependencies: $$missing"; exit 1; fi; \
 	fi
-	ARCH=arm64 init/image/mkimage.sh build/static-arm64/conch-init build/vm-arm64
+	ARCH=arm64 init/image/mkimage.sh $(DEB_ARM64) build/vm-arm64
 
 vm-check: vm-image vm-image-arm64 $(ARM64_ALL_UNIT_BINS) test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
@@ -355,9 +360,7 @@ rpm: dist pkg-deps $(RPM_CROSS)
 # docs, copyright.  DEB is the build machine's architecture (build/static,
 # what vm-image bakes), DEB_ARM64 the cross-built build/static-arm64 (its
 # Built-Using read from the arm64 sysroot); on an arm64 machine they are one.
-DEB_ARCH  := $(shell dpkg --print-architecture 2>/dev/null)
-DEB       := build/conch-init_$(VERSION)_$(DEB_ARCH).deb
-DEB_ARM64 := build/conch-init_$(VERSION)_arm64.deb
+# (DEB_ARCH, DEB, DEB_ARM64: defined at the top, before vm-image's rules use them)
 DEB_SRCS  := packaging/deb/mkdeb.sh packaging/deb/copyright packaging/deb/changelog packaging/deb/lintian-overrides README.md
 deb: $(DEB) $(DEB_ARM64)
 $(DEB): build/static/conch-init $(DEB_SRCS) | $(PKG_DEPS_STAMP)
