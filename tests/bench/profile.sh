@@ -211,7 +211,9 @@ sec_rss() {
 }
 
 sec_malloc() {
-  echo "== malloc thresholds: default vs GLIBC_TUNABLES (trim 256 MiB, top_pad 16 MiB, mmap 32 MiB)"
+  local T=glibc.malloc.trim_threshold=268435456:glibc.malloc.top_pad=16777216:glibc.malloc.mmap_threshold=33554432
+  echo "== malloc thresholds: default vs GLIBC_TUNABLES=$T"
+  echo "   (two servers side by side, rounds interleaved with the baseline; medians over 2 x REPS + 2 rounds)"
   mkdir -p "$W/fs" && mount -t tmpfs -o size=$((MIB * 3 + 64))m tmpfs "$W/fs" || return
   local F=$W/fs
   head -c $SIZE /dev/urandom >"$F/big"
@@ -233,23 +235,48 @@ with open(f"{w}/big", "rb") as src, open(f"{w}/post.env", "wb") as out:
         m = (s(1, f"{w}/uploaded".encode()) if first else b"") + s(2, b)
         out.write(struct.pack(">BI", 0, len(m)) + m); first = False
 PY
-  for r in $(seq $REPS); do
-    for mode in default tuned; do
-      if [ $mode = tuned ]; then
-        start GLIBC_TUNABLES=glibc.malloc.trim_threshold=268435456:glibc.malloc.top_pad=16777216:glibc.malloc.mmap_threshold=33554432
-      else
-        start
-      fi
-      local H=(-H "conch-init-token: $TOK" -H 'Content-Type: application/connect+proto')
-      curl -s -o /dev/null "${H[@]}" -X POST -T "$F/post.env" http://127.0.0.1:$PORT/pb.FileService/PostFileStream
-      echo "  -- $mode, PostFileStream HTTP/1.1, round $r:"
-      srvstat $MIB /MiB curl -s -o /dev/null "${H[@]}" -X POST -T "$F/post.env" http://127.0.0.1:$PORT/pb.FileService/PostFileStream
-      echo "  -- $mode, stdout HTTP/1.1, round $r:"
-      srvstat $MIB /MiB $RTT --port $PORT --token "$TOK" -n 1 -w 0 --expect-stdout $SIZE -- head -c $SIZE /dev/zero >/dev/null
-      echo "    RSS after: $(awk '/VmRSS/{print $2}' /proc/$SPID/status) KiB"
-      stop
+  start; local pa=$PORT sa=$SPID
+  start GLIBC_TUNABLES=$T; local pb=$PORT sb=$SPID
+  local H=(-H "conch-init-token: $TOK" -H 'Content-Type: application/connect+proto')
+  one() { # label server-pid cmd... → "label seconds faults loop-ms"
+    local l=$1 sp=$2; shift 2
+    perf stat --no-inherit -x, -e page-faults,task-clock -p $sp -o "$W/m.txt" & local pp=$!
+    sleep 0.2
+    local s e; s=$(date +%s%N); "$@" >/dev/null; e=$(date +%s%N)
+    sleep 0.05; kill -INT $pp; wait $pp
+    echo "$l $(( (e - s) / 1000 )) $(awk -F, '/page-faults/{f=$1} /task-clock/{t=$1} END{print f, t}' "$W/m.txt")"
+  }
+  : >"$W/m.all"
+  # stdout first: an upload frees big mmapped chunks, which raises glibc's
+  # dynamic trim threshold for good and hides the churn of a fresh daemon
+  local s e m p sp pp
+  for _ in $(seq $((REPS * 2 + 2))); do
+    s=$(date +%s%N); head -c $SIZE /dev/zero | cat >/dev/null; e=$(date +%s%N)
+    echo "baseline-head-cat $(( (e - s) / 1000 )) 0 0" >>"$W/m.all"
+    for m in default tuned; do
+      sp=$sa pp=$pa; [ $m = tuned ] && sp=$sb pp=$pb
+      for p in h1 h2; do
+        one "$m-stdout-$p" $sp $RTT --port $pp --token "$TOK" $([ $p = h2 ] && echo --h2) -n 1 -w 0 --expect-stdout $SIZE -- head -c $SIZE /dev/zero >>"$W/m.all"
+      done
     done
   done
+  for _ in $(seq $((REPS * 2 + 2))); do
+    for m in default tuned; do
+      sp=$sa pp=$pa; [ $m = tuned ] && sp=$sb pp=$pb
+      rm -f "$F/uploaded"
+      one "$m-post-h1" $sp curl -s -o /dev/null "${H[@]}" -X POST -T "$F/post.env" http://127.0.0.1:$pp/pb.FileService/PostFileStream >>"$W/m.all"
+    done
+  done
+  sort "$W/m.all" | awk -v mib=$MIB '
+    { k = $1; n[k]++; w[k, n[k]] = $2; f[k, n[k]] = $3; c[k, n[k]] = $4 }
+    function med(a, k,   i, j, t, v, m) { m = n[k]; for (i = 1; i <= m; i++) v[i] = a[k, i]
+      for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+      return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2 }
+    END { for (k in n) printf "    %-22s n=%d wall %8.1f ms  page faults %8.1f /MiB  loop CPU %5.2f ms/MiB\n", k, n[k], med(w, k) / 1e3, med(f, k) / mib, med(c, k) / mib }' | sort
+  echo "    RSS after: default $(awk '/VmRSS/{print $2}' /proc/$sa/status) KiB, tuned $(awk '/VmRSS/{print $2}' /proc/$sb/status) KiB (1.5 s later: trimmed)"
+  sleep 1.5
+  echo "    RSS 1.5 s later: default $(awk '/VmRSS/{print $2}' /proc/$sa/status) KiB, tuned $(awk '/VmRSS/{print $2}' /proc/$sb/status) KiB"
+  SPID=$sa; stop; SPID=$sb; stop
   umount "$F"
 }
 
