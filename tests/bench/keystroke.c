@@ -186,11 +186,19 @@ static long next_event(struct chunked *k, uint8_t *out, size_t *olen) {
     }
     return 0;
   }
-  if (tag == 0x12 && off < n && msg[off] == 0x1a) { /* data { pty } */
-    off++;
-    size_t l = (size_t)varint(msg, n, &off);
-    memcpy(out, msg + off, l);
-    *olen = l;
+  if (tag == 0x12) { /* data { offset (0x20, absent when 0), pty (0x1a) } */
+    size_t end = off + len < n ? off + len : n;
+    if (off < end && msg[off] == 0x20) { /* the offset goes first (fanout.c) */
+      off++;
+      varint(msg, end, &off);
+    }
+    if (off < end && msg[off] == 0x1a) {
+      off++;
+      size_t l = (size_t)varint(msg, end, &off);
+      if (l > end - off) die("bad data event");
+      memcpy(out, msg + off, l);
+      *olen = l;
+    }
   }
   return 0;
 }
