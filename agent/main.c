@@ -217,6 +217,16 @@ int main(int argc, char **argv) {
    * peak (a 100 000-entry env decoded in the pool left 14 MiB that
    * malloc_trim could not return; with two arenas RSS went back to idle). */
   mallopt(M_ARENA_MAX, 2);
+  /* Fixed thresholds instead of glibc's sliding ones: with the 128 KiB
+   * default trim threshold the heap top shrank and regrew around every
+   * 32 KiB output event and 1 MiB upload chunk (100–220 page faults per
+   * MiB, the zeroing of those pages a third of the loop's time).  A 4 MiB
+   * top is kept between requests; conn_trim_soon's malloc_trim(0) still
+   * hands it back a second after big answers.  docs/internals/profile.md,
+   * tests/bench/README.md: stdout and upload figures. */
+  mallopt(M_MMAP_THRESHOLD, 4 << 20);
+  mallopt(M_TRIM_THRESHOLD, 4 << 20);
+  mallopt(M_TOP_PAD, 1 << 20);
   if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0)) {
     printf("conch-init %s\n", CONCH_VERSION);
     return 0;
