@@ -85,28 +85,25 @@ endif
 all: dev
 
 # ---------------------------------------------------------------- deps
+# $(call apt-missing,WHAT,PACKAGES[,SNIPPET]): a recipe line installing those
+# of PACKAGES that dpkg does not have (as root; CONCH_NO_APT=1 or not root:
+# only names them and fails); SNIPPET is shell that may add to $$missing.
+apt-missing = missing=$$(for p in $(2); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); $(3) \
+  if [ -n "$$missing" ]; then \
+    if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing $(1): $$missing"; \
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+    else echo "missing $(1): $$missing (run as root, or apt-get install them)"; exit 1; fi; \
+  fi
+
 DEPS_STAMP := build/.deps-ok
 $(DEPS_STAMP):
 	@mkdir -p build
-	@missing=$$(for p in $(BUILD_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then \
-	    echo "installing build dependencies: $$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else echo "missing build dependencies: $$missing (run as root, or apt-get install them)"; exit 1; fi; \
-	fi
+	@$(call apt-missing,build dependencies,$(BUILD_DEPS))
 	@touch $@
 deps: $(DEPS_STAMP)
 
 test-deps: $(DEPS_STAMP)
-	@missing=$$(for p in $(TEST_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
-	command -v node >/dev/null || missing="$$missing nodejs"; \
-	command -v npm >/dev/null || missing="$$missing npm"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies: $$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else echo "missing test dependencies: $$missing"; exit 1; fi; \
-	fi
+	@$(call apt-missing,test dependencies,$(TEST_DEPS),command -v node >/dev/null || missing="$$missing nodejs"; command -v npm >/dev/null || missing="$$missing npm";)
 	@if [ -f tests/node/package.json ] && [ ! -d tests/node/node_modules/@connectrpc/connect-node ]; then \
 	  cd tests/node && npm install --no-audit --no-fund --loglevel=error; fi
 	@if [ ! -x tests/buf/node_modules/.bin/buf ]; then \
@@ -155,12 +152,7 @@ endef
 $(foreach v,dev asan static fuzz tsan static-arm64,$(eval $(call VARIANT,$(v))))
 
 $(ARM64_STAMP): | $(DEPS_STAMP)
-	@missing=$$(for p in $(ARM64_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing arm64 cross dependencies: $$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else echo "missing arm64 cross dependencies: $$missing"; exit 1; fi; \
-	fi
+	@$(call apt-missing,arm64 cross dependencies,$(ARM64_DEPS))
 	@echo "  SYSROOT arm64 ($(ARM64_PKGS))"
 	$(Q)rm -rf $(ARM64_SYSROOT) && mmdebstrap --quiet --variant=extract --arch=arm64 \
 	  --include=$(ARM64_PKGS) bookworm $(ARM64_SYSROOT)
@@ -171,12 +163,7 @@ $(static-arm64_OBJS) build/static-arm64/gen/proto/agent.pb-c.c: | $(ARM64_STAMP)
 FUZZ_DEPS := clang libclang-rt-14-dev
 FUZZ_DEPS_STAMP := build/.fuzzdeps-ok
 $(FUZZ_DEPS_STAMP): | $(DEPS_STAMP)
-	@missing=$$(for p in $(FUZZ_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing fuzzing dependencies: $$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else echo "missing fuzzing dependencies: $$missing"; exit 1; fi; \
-	fi
+	@$(call apt-missing,fuzzing dependencies,$(FUZZ_DEPS))
 	@touch $@
 $(fuzz_OBJS) build/fuzz/gen/proto/agent.pb-c.c: | $(FUZZ_DEPS_STAMP)
 
@@ -241,12 +228,7 @@ integration: asan test-deps
 
 PKG_DEPS_STAMP := build/.pkgdeps-ok
 $(PKG_DEPS_STAMP): | $(DEPS_STAMP)
-	@missing=$$(for p in $(PKG_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing packaging dependencies: $$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else echo "missing packaging dependencies: $$missing"; exit 1; fi; \
-	fi
+	@$(call apt-missing,packaging dependencies,$(PKG_DEPS))
 	@touch $@
 pkg-deps: $(PKG_DEPS_STAMP)
 
@@ -289,12 +271,7 @@ vm-image: static $(DEB)
 # conch-init is the arm64 .deb's, as x86-64's is the amd64 .deb's.
 VM_ARM64_DEPS := qemu-system-arm
 vm-image-arm64: static-arm64 $(DEB_ARM64)
-	@missing=$$(for p in $(VM_ARM64_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && [ -z "$(CONCH_NO_APT)" ]; then echo "installing arm64 VM dependencies: $$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else echo "missing arm64 VM dependencies: $$missing"; exit 1; fi; \
-	fi
+	@$(call apt-missing,arm64 VM dependencies,$(VM_ARM64_DEPS))
 	ARCH=arm64 init/image/mkimage.sh $(DEB_ARM64) build/vm-arm64
 
 vm-check: vm-image vm-image-arm64 $(ARM64_ALL_UNIT_BINS) test-deps
