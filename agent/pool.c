@@ -1,14 +1,16 @@
-/* pool — batched short jobs for the thread pool; see pool.h.
+/* pool — batched jobs for the thread pool; see pool.h.
  *
  * pool_submit only stages the job (loop thread, no lock); a uv_prepare
  * handle moves everything staged in one loop turn into the shared FIFO
- * just before the loop polls, under one lock, and wakes a runner only
+ * just before the loop polls, under one lock (a uv_idle handle keeps the
+ * poll from blocking when the job was staged too late in the prepare phase
+ * for that: see pool_submit), and wakes a runner only
  * when no runner is free (none runs, or every one has been inside one job
  * for POOL_STUCK_NS — a long walk) or the queue is deep.  Shared state
  * (the FIFO, the finished list) is under one mutex; the runner count lives on the loop
  * thread only.  A runner returns once it has worked POOL_RUNNER_NS (or
  * taken POOL_RUNNER_JOBS jobs) even when more are queued, so that other
- * uv_queue_work users (uploads, downloads, process starts) get their turn
+ * uv_queue_work users (connect.c's decodes and deflates) get their turn
  * in libuv's own FIFO; its after-work callback queues a new runner when
  * jobs remain.  A time budget rather than a small job count: under a
  * stream of one-file listings a runner handed over every 32 jobs, and each
@@ -52,6 +54,12 @@ typedef struct pool {
    * prepare handle hands them to the FIFO just before the loop polls */
   pool_job *shead, *stail;
   uv_prepare_t prep;
+  /* active from a submission until the prepare handle has taken it: a job
+   * staged after that handle ran in this turn (from another prepare
+   * callback: conn's flush, whose completed write lets a download read its
+   * next chunk) would otherwise wait for the poll to return, up to the
+   * poll timer's 1 ms; an active idle handle makes that poll not block */
+  uv_idle_t idle;
   uv_mutex_t lock;
   pool_job *qhead, *qtail; /* FIFO, doubly linked (cancel unlinks) */
   unsigned nqueued;
@@ -88,6 +96,7 @@ static void pool_on_efd(uv_poll_t *h, int status, int events);
 static void pool_on_async(uv_async_t *a);
 
 static void pool_on_prepare(uv_prepare_t *h);
+static void pool_on_idle(uv_idle_t *h);
 static void pool_on_poll(uv_timer_t *t);
 
 static pool *pool_get(void) {
@@ -118,6 +127,9 @@ static pool *pool_get(void) {
   uv_prepare_init(conch.loop, &p->prep);
   p->prep.data = p;
   uv_unref((uv_handle_t *)&p->prep);
+  uv_idle_init(conch.loop, &p->idle);
+  p->idle.data = p;
+  uv_unref((uv_handle_t *)&p->idle);
   uv_timer_init(conch.loop, &p->poll);
   p->poll.data = p;
   uv_unref((uv_handle_t *)&p->poll);
@@ -330,8 +342,13 @@ void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *,
   p->stail = j;
   if (!uv_is_active((uv_handle_t *)&p->prep)) uv_prepare_start(&p->prep, pool_on_prepare);
   /* A prepare handle started from inside the prepare phase (a write that
-   * completed in conn's flush released a mapped window) runs only on the
-   * next loop turn: the poll timer makes sure there is one soon. */
+   * completed in conn's flush let a download ask for its next chunk) runs
+   * only on the next loop turn: the idle handle keeps the poll in between
+   * from blocking.  Staged anywhere else (I/O, check, close, timer, idle
+   * callbacks), the job is taken by this or the next turn's prepare phase,
+   * before the loop polls; the idle callback, which runs first, then only
+   * stops itself. */
+  if (!uv_is_active((uv_handle_t *)&p->idle)) uv_idle_start(&p->idle, pool_on_idle);
   if (!uv_is_active((uv_handle_t *)&p->poll))
     uv_timer_start(&p->poll, pool_on_poll, POOL_POLL_MS, POOL_POLL_MS);
 }
@@ -339,9 +356,12 @@ void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *,
 /* Hand this turn's jobs to the runners: one lock, and a new runner only
  * when no runner is free (none runs, or every one has been inside one job
  * for POOL_STUCK_NS — a long walk) or the queue is deep. */
+static void pool_on_idle(uv_idle_t *h) { uv_idle_stop(h); }
+
 static void pool_on_prepare(uv_prepare_t *h) {
   pool *p = h->data;
   uv_prepare_stop(h);
+  uv_idle_stop(&p->idle); /* everything staged so far is taken here */
   if (!p->shead) return;
   uv_mutex_lock(&p->lock);
   for (pool_job *j = p->shead; j; j = j->next) {

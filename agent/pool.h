@@ -1,5 +1,7 @@
-/* pool — short disk jobs (stat, directory walks) run in the libuv thread
- * pool, batched.
+/* pool — the services' blocking jobs (stat, directory walks, file reads and
+ * writes, process starts) run in the libuv thread pool, batched; services
+ * reach it through rpc_work_submit (agent/rpc.h).  Long jobs hold one
+ * runner; short ones queued meanwhile get another (see pool.c).
  *
  * uv_queue_work costs one thread wake-up and one completion per job; at
  * 100 k one-file ListFiles a second those wake-ups are most of the work.

@@ -85,7 +85,7 @@ typedef struct fs_download {
   int pollable;   /* special file watched with uv_poll */
   int poll_init, polling;
   uv_poll_t poll;
-  uv_work_t req;
+  rpc_work *work; /* the pool job while busy */
   int busy;       /* pool work queued/running */
   int sending;    /* inside rpc_send: on_cancel must not free */
   unsigned char *buf; /* the chunk being read; handed to the transport when sent */
@@ -268,8 +268,8 @@ static int dl_pseudo_fs(int fd) {
   }
 }
 
-static void dl_open_work(uv_work_t *req) {
-  fs_download *d = req->data;
+static void dl_open_work(void *data) {
+  fs_download *d = data;
   int fd = open(d->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
@@ -318,14 +318,14 @@ static void dl_encode(fs_download *d) {
   d->buf = NULL;
 }
 
-static void dl_read_work(uv_work_t *req) {
-  fs_download *d = req->data;
+static void dl_read_work(void *data) {
+  fs_download *d = data;
   if (d->map_mode) dl_map(d);
   else dl_fill(d);
   if (d->json && d->n > 0 && d->st.code == RPC_OK) dl_encode(d);
 }
 
-static void dl_encode_work(uv_work_t *req) { dl_encode(req->data); }
+static void dl_encode_work(void *data) { dl_encode(data); }
 
 /* Send what is in buf (which goes with it); 0 ok, -1 failed: d->call NULL
  * when on_cancel ran meanwhile, else the call is still ours.  With the
@@ -424,14 +424,15 @@ static void dl_go(fs_download *d) {
   if (dl_read_more(d) != 0) dl_finish(d, RPC_INTERNAL, "queue file read failed");
 }
 
-static void dl_after_read(uv_work_t *req, int status) {
-  fs_download *d = req->data;
+static void dl_after_read(void *data, int canceled) {
+  fs_download *d = data;
   d->busy = 0;
+  d->work = NULL;
   if (!d->call) { /* canceled meanwhile */
     dl_destroy(d);
     return;
   }
-  if (status != 0) {
+  if (canceled) { /* never ran: no thread could take it */
     dl_finish(d, RPC_INTERNAL, "file read was canceled");
     return;
   }
@@ -470,9 +471,9 @@ static void dl_after_read(uv_work_t *req, int status) {
 static int dl_read_more(fs_download *d) {
   if (!d->map_mode && dl_alloc(d) != 0) return -1;
   d->busy = 1;
-  int r = uv_queue_work(fs_loop, &d->req, dl_read_work, dl_after_read);
-  if (r != 0) d->busy = 0;
-  return r;
+  d->work = rpc_work_submit(d->call, dl_read_work, dl_after_read, d);
+  if (!d->work) d->busy = 0;
+  return d->work ? 0 : -1;
 }
 
 /* Poll mode: one non-blocking read per readiness. */
@@ -506,7 +507,7 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
     d->polling = 0;
     d->n = (size_t)r;
     d->busy = 1;
-    if (uv_queue_work(fs_loop, &d->req, dl_encode_work, dl_after_read) != 0) {
+    if (!(d->work = rpc_work_submit(d->call, dl_encode_work, dl_after_read, d))) {
       d->busy = 0;
       dl_finish(d, RPC_INTERNAL, "queue chunk encoding failed");
     }
@@ -521,15 +522,16 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
   dl_go(d); /* polling goes on only while the transport has room */
 }
 
-static void dl_after_open(uv_work_t *req, int status) {
-  fs_download *d = req->data;
+static void dl_after_open(void *data, int canceled) {
+  fs_download *d = data;
   d->busy = 0;
+  d->work = NULL;
   if (!d->call) {
     dl_destroy(d);
     return;
   }
-  if (status != 0 || d->st.code != RPC_OK) {
-    if (status != 0) fs_status_set(&d->st, RPC_INTERNAL, "file open was canceled");
+  if (canceled || d->st.code != RPC_OK) {
+    if (canceled) fs_status_set(&d->st, RPC_INTERNAL, "file open was canceled");
     dl_finish(d, d->st.code, d->st.msg);
     return;
   }
@@ -572,11 +574,9 @@ void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
     return;
   }
   d->call = c;
-  d->req.data = d;
   d->busy = 1;
   rpc_set_user(c, d);
-  int r = uv_queue_work(fs_loop, &d->req, dl_open_work, dl_after_open);
-  if (r != 0) {
+  if (!(d->work = rpc_work_submit(c, dl_open_work, dl_after_open, d))) {
     d->busy = 0;
     dl_finish(d, RPC_INTERNAL, "queue file open failed");
   }
@@ -590,7 +590,7 @@ void fs_download_on_cancel(rpc_call *c, rpc_code why) {
   if (d->polling) uv_poll_stop(&d->poll);
   d->polling = 0;
   if (d->busy) {
-    uv_cancel((uv_req_t *)&d->req); /* the after-work callback destroys */
+    rpc_work_cancel(d->work); /* its done callback destroys, canceled or not */
     return;
   }
   if (d->sending) return; /* dl_send's caller destroys */

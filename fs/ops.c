@@ -9,9 +9,9 @@
  * move onto /" (destination); Remove "/" → invalid_argument "refusing to
  * remove /".  OS errors as §7: "<context> <path>: <errno text>".
  *
- * Lifetime: the op is the call's user pointer; on_cancel only sets the
- * cancel flag (the walk stops) and forgets the call; the after-work
- * callback frees.
+ * Lifetime: the op is the call's user pointer; on_cancel sets the cancel
+ * flag (the walk stops), forgets the call and takes the job back if no
+ * thread has started it (rpc_work_cancel); the done callback frees.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,7 +21,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <uv.h>
 
 #include "fs/handlers.h"
 #include "fs/path.h"
@@ -31,7 +30,7 @@
 enum { OP_STAT, OP_MKDIR, OP_MOVE, OP_REMOVE };
 
 typedef struct fs_op {
-  uv_work_t req;
+  rpc_work *work; /* the pool job, until op_done runs */
   rpc_call *call; /* NULL once canceled */
   int kind;
   char *path; /* Stat/MakeDir/Remove path, Move source */
@@ -132,8 +131,8 @@ static void op_remove(fs_op *o) {
   fs_tree_remove(o->path, &o->cancel, &o->st);
 }
 
-static void op_work(uv_work_t *req) {
-  fs_op *o = req->data;
+static void op_work(void *data) {
+  fs_op *o = data;
   switch (o->kind) {
     case OP_STAT: op_entry(o, o->path); break;
     case OP_MKDIR: op_mkdir(o); break;
@@ -142,15 +141,16 @@ static void op_work(uv_work_t *req) {
   }
 }
 
-static void op_after(uv_work_t *req, int status) {
-  fs_op *o = req->data;
+static void op_done(void *data, int canceled) {
+  fs_op *o = data;
+  o->work = NULL;
   rpc_call *c = o->call;
   if (!c) { /* canceled meanwhile */
     op_free(o);
     return;
   }
   rpc_set_user(c, NULL);
-  if (status != 0) {
+  if (canceled) { /* never ran: no thread could take it */
     rpc_finish(c, RPC_INTERNAL, "file operation was canceled");
     op_free(o);
     return;
@@ -218,10 +218,9 @@ static void op_start(rpc_call *c, int kind, const char *path, const char *dst) {
   }
   o->kind = kind;
   o->call = c;
-  o->req.data = o;
   atomic_init(&o->cancel, 0);
   rpc_set_user(c, o);
-  if (uv_queue_work(fs_loop, &o->req, op_work, op_after) != 0) {
+  if (!(o->work = rpc_work_submit(c, op_work, op_done, o))) {
     rpc_set_user(c, NULL);
     op_free(o);
     rpc_finish(c, RPC_INTERNAL, "queue file operation failed");
@@ -284,5 +283,5 @@ void fs_op_on_cancel(rpc_call *c, rpc_code why) {
   if (!o) return;
   o->call = NULL;
   atomic_store(&o->cancel, 1);
-  uv_cancel((uv_req_t *)&o->req); /* the after-work callback frees */
+  rpc_work_cancel(o->work); /* op_done frees, canceled or not */
 }

@@ -6,7 +6,7 @@
  * PostFileStream (client stream), GetFileStream (server stream), ListFiles
  * and SearchFiles (unary), Stat, MakeDir, Move, Remove (unary, api.md §9) and
  * WatchDir (server stream), at "/pb.FileService/<Name>".  All disk work runs
- * in the thread pool (libuv's, of `loop`, or rpc_work_submit); everything
+ * in the thread pool (rpc_work_submit); everything
  * else on the loop thread.
  */
 #ifndef CONCH_FS_SERVICE_H

@@ -35,7 +35,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <uv.h>
 
 #include "agent/log.h"
 #include "fs/handlers.h"
@@ -73,7 +72,7 @@ typedef struct fs_upload {
   uint64_t bytes;
   fs_status st;   /* result of the last pool op (pool writes, loop reads after) */
   fs_status fail; /* the error the call ends with (loop only) */
-  uv_work_t req;
+  rpc_work *work; /* the pool job while busy */
 } fs_upload;
 
 static void up_chunks_free(up_chunk *k) {
@@ -300,8 +299,8 @@ fail:
   up_remove_temp(u);
 }
 
-static void up_work(uv_work_t *req) {
-  fs_upload *u = req->data;
+static void up_work(void *data) {
+  fs_upload *u = data;
   switch (u->op) {
     case UP_OPEN:
       up_do_open(u);
@@ -320,15 +319,16 @@ static void up_work(uv_work_t *req) {
 
 /* ---- loop side ---------------------------------------------------- */
 
-static void up_after(uv_work_t *req, int status);
+static void up_after(void *data, int canceled);
 
+/* One pool op; 0, or -1 when it cannot be queued.  The call it serves is
+ * NULL for the clean-up after the call ended. */
 static int up_queue(fs_upload *u, up_op op) {
   u->op = op;
   u->busy = 1;
-  u->req.data = u;
-  int r = uv_queue_work(fs_loop, &u->req, up_work, up_after);
-  if (r != 0) u->busy = 0;
-  return r;
+  u->work = rpc_work_submit(u->call, up_work, up_after, u);
+  if (!u->work) u->busy = 0;
+  return u->work ? 0 : -1;
 }
 
 /* The call is gone: remove the temp file (in the pool) and free. */
@@ -420,10 +420,11 @@ static void up_kick(fs_upload *u) {
   rpc_pause_input(u->call, u->q_bytes >= UP_QUEUE_HIGH);
 }
 
-static void up_after(uv_work_t *req, int status) {
-  fs_upload *u = req->data;
+static void up_after(void *data, int canceled) {
+  fs_upload *u = data;
   up_op op = u->op;
   u->busy = 0;
+  u->work = NULL;
   up_chunks_free(u->batch);
   u->batch = NULL;
   if (!u->call) { /* ended meanwhile: clean up */
@@ -434,7 +435,7 @@ static void up_after(uv_work_t *req, int status) {
     up_fail_continue(u);
     return;
   }
-  if (status != 0) {
+  if (canceled) { /* never ran: no thread could take it */
     up_fail(u, RPC_INTERNAL, "file upload was canceled");
     return;
   }
@@ -547,6 +548,6 @@ void fs_upload_on_cancel(rpc_call *c, rpc_code why) {
     rpc_defer_end(c);
     u->held = c;
   }
-  if (u->busy) uv_cancel((uv_req_t *)&u->req); /* up_after then disposes */
+  if (u->busy) rpc_work_cancel(u->work); /* up_after then disposes, canceled or not */
   up_dispose(u);
 }

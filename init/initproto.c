@@ -21,6 +21,7 @@
 
 #include "agent/daemon.h"
 #include "agent/log.h"
+#include "agent/rpc.h"
 #include "agent/senv.h"
 #include "init/initmsg.h"
 #include "init/restore.h"
@@ -47,8 +48,7 @@ typedef struct ip_conn {
   char *body;
   char *resp;
   size_t resp_len, sent;
-  /* thread-pool work: apply or revalidate the network */
-  uv_work_t work;
+  /* thread-pool work (rpc_work_submit): apply or revalidate the network */
   int work_pending;
   int work_revalidate;
   network_cfg cfg;
@@ -311,8 +311,8 @@ static int apply_identity(const initmsg_plan *p) {
   return 0;
 }
 
-static void work_run(uv_work_t *w) {
-  ip_conn *c = w->data;
+static void work_run(void *data) {
+  ip_conn *c = data;
   c->work_result = c->work_revalidate ? network_revalidate(&c->cfg) : network_apply(&c->cfg);
   /* boot.md §12, sticky: an absent key keeps what was applied (a memory.max
    * below the workload's usage reclaims in this write: the pool's job) */
@@ -329,14 +329,14 @@ static void work_run(uv_work_t *w) {
   }
 }
 
-static void work_done(uv_work_t *w, int status) {
-  ip_conn *c = w->data;
+static void work_done(void *data, int canceled) {
+  ip_conn *c = data;
   c->work_pending = 0;
   if (c->phase != PH_WORK) { /* closed meanwhile (initproto_close) */
     conn_maybe_free(c);
     return;
   }
-  if (status != 0) {
+  if (canceled) { /* no thread could take it */
     go_terminal(c, "internal error: network work cancelled");
     return;
   }
@@ -380,15 +380,13 @@ static void start_work(ip_conn *c, int revalidate) {
       .resolv_path = ips.resolv_path,
       .do_links = 1,
   };
-  c->work.data = c;
   if (!ips.opts.apply_network) { /* standalone default: nothing to touch */
     c->work_result = NULL;
     c->work_pending = 1;
-    work_done(&c->work, 0);
+    work_done(c, 0);
     return;
   }
-  int rc = uv_queue_work(conch.loop, &c->work, work_run, work_done);
-  if (rc != 0) {
+  if (!rpc_work_submit(NULL, work_run, work_done, c)) {
     go_terminal(c, "internal error: cannot queue network work");
     return;
   }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "agent/log.h"
+#include "agent/rpc.h"
 #include "proto/text.h"
 
 #define CG_PID1_MOUNT "/run/conch/cgroup"
@@ -25,8 +26,7 @@ struct proc_cg {
   proc_cg_limits limits;
   uv_timer_t deadline;
   uv_fs_event_t ev;
-  uv_work_t rm; /* usage and the first rmdir, in the pool (cgroupfs takes a global lock) */
-  int rm_err;
+  int rm_err; /* the pool job's first rmdir (usage read there too: cgroupfs takes a global lock) */
   proc_cg_usage usage; /* read by that job */
   proc_cg_exit_cb on_exit;
   proc_cg_empty_cb on_empty; /* set while lingering */
@@ -52,8 +52,7 @@ struct proc_cgroups {
    * controllers, mkdir builds a memory cgroup (tests/bench/vm-envelope.sh:
    * StartProcess p50 +6.7 % with the mkdir on the start's path). */
   struct proc_cg *spare;
-  int spare_busy;
-  uv_work_t spare_work;
+  int spare_busy; /* its mkdir is out in the pool */
 };
 
 #define CG_CONTROLLERS "+cpu +memory +pids"
@@ -460,19 +459,19 @@ static struct proc_cg *cg_alloc(struct proc_cgroups *g) {
   return cg;
 }
 
-static void cg_spare_run(uv_work_t *w) {
-  struct proc_cg *cg = w->data;
+static void cg_spare_run(void *data) {
+  struct proc_cg *cg = data;
   if (mkdirat(cg_state->base_fd, cg->name, 0755) == 0 || errno == EEXIST) {
     cg->created = 1;
     cg->fd = openat(cg_state->base_fd, cg->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   }
 }
 
-static void cg_spare_done(uv_work_t *w, int status) {
+static void cg_spare_done(void *data, int canceled) {
   struct proc_cgroups *g = cg_state;
-  struct proc_cg *cg = w->data;
+  struct proc_cg *cg = data;
   g->spare_busy = 0;
-  if (status != 0 || cg->fd < 0) { /* made on the start's path instead */
+  if (canceled || cg->fd < 0) { /* made on the start's path instead */
     g->spare = NULL;
     proc_cg_release(cg);
   }
@@ -485,8 +484,7 @@ static void cg_spare_refill(struct proc_cgroups *g) {
   if (!cg) return;
   g->spare = cg;
   g->spare_busy = 1;
-  g->spare_work.data = cg;
-  if (uv_queue_work(g->loop, &g->spare_work, cg_spare_run, cg_spare_done) != 0) {
+  if (!rpc_work_submit(NULL, cg_spare_run, cg_spare_done, cg)) {
     g->spare = NULL;
     g->spare_busy = 0;
     proc_cg_release(cg);
@@ -727,8 +725,8 @@ static int cg_populated(const struct proc_cg *cg) {
 
 /* Pool: the accounting first (the files go with the directory), then the
  * first rmdir; a busy cgroup's processes are counted. */
-static void cg_rm_run(uv_work_t *w) {
-  struct proc_cg *cg = w->data;
+static void cg_rm_run(void *data) {
+  struct proc_cg *cg = data;
   if (cg->on_exit) proc_cg_read_usage(cg, &cg->usage);
   cg->rm_err = unlinkat(cg_state->base_fd, cg->name, AT_REMOVEDIR) == 0 ? 0 : errno;
   if (cg->rm_err == EBUSY && cg->on_exit) {
@@ -737,11 +735,11 @@ static void cg_rm_run(uv_work_t *w) {
   }
 }
 
-static void cg_rm_done(uv_work_t *w, int status) {
-  struct proc_cg *cg = w->data;
+static void cg_rm_done(void *data, int canceled) {
+  struct proc_cg *cg = data;
   proc_cg_exit_cb on_exit = cg->on_exit;
   cg->on_exit = NULL;
-  if (status == 0 && cg->rm_err != EBUSY) {
+  if (!canceled && cg->rm_err != EBUSY) {
     if (cg->rm_err && cg->rm_err != ENOENT)
       LOG_WARN("cannot remove cgroup %s: %s", proc_cg_name(cg), strerror(cg->rm_err));
     cg->removed = 1;
@@ -782,8 +780,7 @@ void proc_cg_exited(struct proc_cg *cg, uint64_t deadline_ms, proc_cg_exit_cb on
     cg->on_empty = NULL;
     on_exit(arg, &cg->usage, 0);
   }
-  cg->rm.data = cg;
-  if (uv_queue_work(g->loop, &cg->rm, cg_rm_run, cg_rm_done) != 0) {
+  if (!rpc_work_submit(NULL, cg_rm_run, cg_rm_done, cg)) {
     on_exit = cg->on_exit;
     cg->on_exit = NULL;
     if (on_exit) on_exit(arg, &cg->usage, 1);

@@ -144,8 +144,7 @@ struct proc {
   char prep_err[4608];
   int prep_errcode; /* 0, or the rpc_code of a failed prep step */
   int prep_step;    /* 5, 6 or 8 */
-  uv_work_t work;
-  int work_pending;
+  int work_pending; /* the start's pool job (rpc_work_submit) is out */
   int pins; /* readers off the loop (a List encode): the record is not freed meanwhile */
   /* the spawn, done at the end of the pool work (see proc_launch_spawn) */
   reaper_inflight inflight;

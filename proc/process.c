@@ -251,17 +251,17 @@ void proc_release(struct proc *p) {
 
 /* ---- script removal on the thread pool ---- */
 struct proc_unlink_work {
-  uv_work_t w;
   char *path;
   int dfd; /* the script's directory: a cwd renamed meanwhile still finds it */
 };
-static void proc_unlink_run(uv_work_t *w) {
-  struct proc_unlink_work *u = (struct proc_unlink_work *)w;
+static void proc_unlink_run(void *data) {
+  struct proc_unlink_work *u = data;
   int r = proc_script_unlink(u->dfd, u->path);
   if (r != 0) LOG_WARN("cannot remove script path=%s errno=%d", u->path, -r);
 }
-static void proc_unlink_done(uv_work_t *w, int status) {
-  struct proc_unlink_work *u = (struct proc_unlink_work *)w;
+static void proc_unlink_done(void *data, int canceled) {
+  struct proc_unlink_work *u = data;
+  if (canceled) proc_unlink_run(u); /* no thread could take it: here */
   free(u->path);
   free(u);
 }
@@ -272,7 +272,7 @@ void proc_remove_script(struct proc *p) {
   u->path = p->script;
   u->dfd = p->script_dfd;
   p->script = NULL;
-  if (uv_queue_work(p->t->loop, &u->w, proc_unlink_run, proc_unlink_done) != 0) {
+  if (!rpc_work_submit(NULL, proc_unlink_run, proc_unlink_done, u)) {
     close(u->dfd);
     free(u->path);
     free(u);

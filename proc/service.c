@@ -78,8 +78,8 @@ static void proc_unlink_script_now(struct proc *p) {
 }
 
 /* Thread pool: steps 5 (cwd), 6 (script), 7 (cmd), lookup of 8. */
-static void proc_start_work(uv_work_t *w) {
-  struct proc *p = w->data;
+static void proc_start_work(void *data) {
+  struct proc *p = data;
   char base[4096], clean[4096], err[4400];
   if (p->cg) p->cg_err = -proc_cg_create(p->cg, &p->cg_what); /* cgroupfs mkdir takes a global kernel lock */
   if (p->has_limits && (!p->cg || p->cg_err)) { /* limits asked for: no start without them */
@@ -151,8 +151,8 @@ static void proc_start_work(uv_work_t *w) {
   proc_launch_spawn(p);
 }
 
-static void proc_start_done(uv_work_t *w, int status) {
-  struct proc *p = w->data;
+static void proc_start_done(void *data, int canceled) {
+  struct proc *p = data;
   p->work_pending = 0;
   char err[4200], msg[4300];
   if (p->cg && p->cg_err) {
@@ -161,9 +161,9 @@ static void proc_start_done(uv_work_t *w, int status) {
     proc_cg_release(p->cg);
     p->cg = NULL;
   }
-  if (status != 0 || p->prep_errcode) p->spawn_rc = 1; /* nothing was spawned */
+  if (canceled || p->prep_errcode) p->spawn_rc = 1; /* nothing was spawned */
   int launched = proc_launch_finish(p, err, sizeof err) == 0;
-  if (status != 0 || p->aborted) {
+  if (canceled || p->aborted) { /* canceled: no thread could take the work */
     if (launched) { /* the foreground client left while it started */
       LOG_INFO("foreground client gone during start, killing pid=%d kill=%d", (int)p->pid,
                proc_signal(p, SIGKILL));
@@ -330,10 +330,9 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   if (p->background) proc_table_add(p); /* reserve the tag */
-  p->work.data = p;
   p->work_pending = 1;
   reaper_inflight_add(&p->inflight); /* before the pool can clone */
-  if (uv_queue_work(t->loop, &p->work, proc_start_work, proc_start_done) != 0) {
+  if (!rpc_work_submit(c, proc_start_work, proc_start_done, p)) {
     p->work_pending = 0;
     int st;
     reaper_inflight_claim(&p->inflight, NULL, NULL, &st); /* nothing spawned: just the slot */
