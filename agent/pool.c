@@ -353,11 +353,12 @@ void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *,
     uv_timer_start(&p->poll, pool_on_poll, POOL_POLL_MS, POOL_POLL_MS);
 }
 
+/* Only its being active counts (see pool_submit): it stops itself. */
+static void pool_on_idle(uv_idle_t *h) { uv_idle_stop(h); }
+
 /* Hand this turn's jobs to the runners: one lock, and a new runner only
  * when no runner is free (none runs, or every one has been inside one job
  * for POOL_STUCK_NS — a long walk) or the queue is deep. */
-static void pool_on_idle(uv_idle_t *h) { uv_idle_stop(h); }
-
 static void pool_on_prepare(uv_prepare_t *h) {
   pool *p = h->data;
   uv_prepare_stop(h);
