@@ -269,7 +269,7 @@ static void h2_stream_body(h2s *st, const uint8_t *d, size_t n, int count_window
     if (count_window) st->pend_unconsumed += n;
     return;
   }
-  st->x.h->on_body(&st->x, d, n);
+  hx_body(&st->x, d, n);
   if (count_window && !sc->dead) nghttp2_session_consume(sc->ng, st->id, n);
 }
 
@@ -675,7 +675,7 @@ static void h2_deferred(hsink *c) {
       size_t len = st->pend_len, unc = st->pend_unconsumed;
       st->pend = NULL;
       st->pend_len = st->pend_cap = st->pend_unconsumed = 0;
-      if (!st->x.ended && st->x.h && st->x.h->on_body) st->x.h->on_body(&st->x, p, len);
+      if (!st->x.ended && st->x.h && st->x.h->on_body) hx_body(&st->x, p, len);
       free(p);
       if (c->closing) return;
       if (unc) nghttp2_session_consume(sc->ng, st->id, unc);

@@ -332,7 +332,7 @@ static int h1_on_body(http_parser *p, const char *at, size_t n) {
   }
   hx *x = s->x;
   if (!x || x->ended || !x->h || !x->h->on_body) return 0; /* discarded */
-  x->h->on_body(x, (const uint8_t *)at, n);
+  hx_body(x, (const uint8_t *)at, n);
   if (s->body_paused) http_parser_pause(p, 1);
   return 0;
 }

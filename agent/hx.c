@@ -64,9 +64,10 @@ int hx_end(hx *x, const hx_header *trailers, size_t n) {
   if (x->ended) return -1;
   if (!x->responded) hx_respond(x, 200, NULL, 0, 0);
   x->ended = 1;
-  /* a long-lived connection may never close: give a big answer's memory
-   * back once it is done, too */
-  if (x->out_bytes >= HX_TRIM_BYTES && x->sink) x->sink->ops->trim(x->sink);
+  /* a long-lived connection may never close: give a big answer's (or a big
+   * upload's) memory back once it is done, too — with main.c's fixed 4 MiB
+   * trim threshold the heap keeps that much otherwise */
+  if ((x->out_bytes >= HX_TRIM_BYTES || x->in_bytes >= HX_TRIM_BYTES) && x->sink) x->sink->ops->trim(x->sink);
   return x->ops->end(x, trailers, n);
 }
 

@@ -94,7 +94,15 @@ struct hx {
   void *hdata;
   int responded, ended;
   size_t out_bytes; /* body bytes written: a big answer's end asks for a trim */
+  size_t in_bytes;  /* request body bytes handed on (hx_body): a big request's too */
 };
+
+/* Transports hand request body bytes to the handler through this, so that
+ * they are counted; x->h->on_body must be set. */
+static inline void hx_body(hx *x, const uint8_t *data, size_t len) {
+  x->in_bytes += len;
+  x->h->on_body(x, data, len);
+}
 
 const char *hx_getn(const hx *x, const char *lname, size_t l);
 /* inline: a literal name's length is known at compile time */
