@@ -82,6 +82,16 @@ typedef struct proc_cg_usage {
 
 /* Loop: a handle for one command (NULL when disabled or out of memory). */
 struct proc_cg *proc_cg_new(const proc_cg_limits *limits);
+/* Loop: make the next command's directory ahead in the pool (a spare that
+ * proc_cg_new hands out), unless one is there or on its way.  Called after
+ * a start's clone: queued before it, the mkdir would hold up the start. */
+void proc_cg_refill(void);
+/* Loop, after proc_cg_signal_all(SIGKILL): the spare is dropped and made
+ * again.  The base's cgroup.kill counts a kill in every cgroup below it,
+ * and the kernel (6.18 here) kills a child cloned INTO such a cgroup at
+ * once when that count differs from the one of the parent's own cgroup:
+ * a spare made before the kill would kill the next command. */
+void proc_cg_spare_discard(void);
 /* Thread pool: create and open the directory, apply the limits; 0, or
  * -errno with the file that failed in *what. */
 int proc_cg_create(struct proc_cg *cg, const char **what);

@@ -11,11 +11,14 @@
 #include "proc/reaper.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "agent/log.h"
 
@@ -35,7 +38,8 @@ struct reaper_slot {
 };
 
 struct reaper {
-  uv_signal_t sig;
+  int sigfd;      /* signalfd of SIGCHLD, blocked in every thread */
+  uv_poll_t sig;  /* on sigfd */
   uv_idle_t more; /* a batch was full: go on next turn */
   int started;
   struct reaper_slot *slots;
@@ -184,15 +188,36 @@ void reaper_reap(void) {
   }
 }
 
-static void reaper_on_sigchld(uv_signal_t *h, int signum) { reaper_reap(); }
+static void reaper_on_sigchld(uv_poll_t *h, int status, int events) {
+  struct signalfd_siginfo si[8]; /* coalesced: the contents do not matter, wait4 finds them all */
+  while (read(reaper.sigfd, si, sizeof si) > 0) {
+  }
+  reaper_reap();
+}
 
+/* SIGCHLD through a signalfd on the loop, not a handler: the kernel sends
+ * it to the thread that cloned the child (a pool thread), whose handler
+ * then had to wake the loop through libuv's signal pipe — one thread hop
+ * more on every command's end (docs/internals/profile.md).  Blocked here,
+ * before any thread exists, so that every thread inherits the mask; the
+ * children unblock everything before exec. */
 int reaper_init(uv_loop_t *loop) {
   if (reaper.started) return 0;
-  int r = uv_signal_init(loop, &reaper.sig);
-  if (r) return r;
-  r = uv_signal_start(&reaper.sig, reaper_on_sigchld, SIGCHLD);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  int r = pthread_sigmask(SIG_BLOCK, &chld, NULL);
+  if (r) return -r;
+  reaper.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (reaper.sigfd < 0) return -errno;
+  r = uv_poll_init(loop, &reaper.sig, reaper.sigfd);
   if (r) {
-    uv_close((uv_handle_t *)&reaper.sig, NULL);
+    close(reaper.sigfd);
+    return r;
+  }
+  r = uv_poll_start(&reaper.sig, UV_READABLE, reaper_on_sigchld);
+  if (r) {
+    uv_close((uv_handle_t *)&reaper.sig, NULL); /* the fd stays: closed only after the close callback */
     return r;
   }
   /* The reaper alone never keeps the loop alive. */

@@ -1,12 +1,15 @@
 /* reaper — the one owner of waitpid() in conch-init (boot.md §7).
  *
- * SIGCHLD (a uv_signal_t on the loop) drives a wait4(-1, WNOHANG) loop;
+ * SIGCHLD (blocked in every thread, read from a signalfd on the loop)
+ * drives a wait4(-1, WNOHANG) loop;
  * each status goes to the callback registered for that pid, the rest
  * (orphans re-parented to PID 1 or to a subreaper) are logged and forgotten.
  * No other code may call wait*(): fork, then reaper_watch() before returning
  * to the loop — a child that exits in between is reaped only after that.
  *
- * reaper_init() reaps once at once (children that exited before the handler
+ * reaper_init() must run before any thread is made (the block of SIGCHLD
+ * is inherited, a thread without it would take the signal and lose it).
+ * It reaps once at once (children that exited before the handler
  * existed): watch children forked before it first.  The signal handle is
  * unref'd — the reaper alone never keeps the loop alive.  Owners are kept in
  * a pid-keyed hash table that grows by rehashing up to 2^20 entries; the

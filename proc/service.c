@@ -154,6 +154,7 @@ static void proc_start_work(void *data) {
 static void proc_start_done(void *data, int canceled) {
   struct proc *p = data;
   p->work_pending = 0;
+  proc_cg_refill();
   char err[4200], msg[4300];
   if (p->cg && p->cg_err) {
     LOG_WARN("cannot create cgroup %s (%s): %s (process group only)", proc_cg_name(p->cg), p->cg_what,
@@ -269,7 +270,8 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   char msg[512];
   rpc_code code = proc_validate_start(req, msg, sizeof msg);
   if (code == RPC_OK)
-    code = proc_validate_limits(req->limits, sysconf(_SC_NPROCESSORS_ONLN),
+    code = proc_validate_limits(req->limits, /* the CPU count costs 3 syscalls: only for a CPU limit */
+                                req->limits && req->limits->cpu_millis ? sysconf(_SC_NPROCESSORS_ONLN) : 1,
                                 proc_cg_envelope() ? NULL : proc_cg_why(), msg, sizeof msg);
   if (code != RPC_OK) {
     rpc_finish(c, code, msg);
@@ -610,6 +612,7 @@ static void proc_signal_all_run(void *data) {
 
 static void proc_signal_all_done(void *data, int canceled) {
   struct proc_signal_all *a = data;
+  if (a->sig == SIGKILL) proc_cg_spare_discard();
   if (a->c) {
     rpc_set_user(a->c, NULL);
     LOG_INFO("signal sent to every command signal=%d result=%d", a->sig, a->r);

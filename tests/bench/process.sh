@@ -7,6 +7,7 @@
 #     same run (tests/bench/spawn.c), the three interleaved in blocks.
 #     Target: p50 ≤ 1.5× the bare spawn.
 #     GET /health rows show the transport's share of the round trip.
+#     The "spaced" rows: the same, one call every GAP ms (a user's pace).
 #   * stdout throughput: `head -c SIZE /dev/zero` through a foreground
 #     StartProcess stream (client counts and checks the stdout bytes) against
 #     `head -c SIZE /dev/zero | cat >/dev/null`, interleaved, best of REPS.
@@ -15,7 +16,7 @@
 #
 # Usage: tests/bench/process.sh
 # Environment: N (2000) WARM (100) calls, interleaved with the baseline in
-#   BLOCKS (4) blocks; SIZE bytes (1073741824); REPS (3);
+#   BLOCKS (4) blocks; GAP_NB (10) calls a block GAP (100) ms apart; SIZE bytes (1073741824); REPS (3);
 #   CONCH_INIT_BIN (default build/dev/conch-init, rebuilt with `make`);
 #   STRICT=1 makes a missed target an exit status of 1.
 set -euo pipefail
@@ -26,6 +27,8 @@ WARM=${WARM:-100}
 BLOCKS=${BLOCKS:-4}
 SIZE=${SIZE:-1073741824}
 REPS=${REPS:-3}
+GAP=${GAP:-100}
+GAP_NB=${GAP_NB:-10}
 STRICT=${STRICT:-0}
 if [ -z "${CONCH_INIT_BIN:-}" ]; then
   make -s dev >/dev/null
@@ -92,6 +95,16 @@ pool() { # raw samples (ns) → a stats line like the tools print (nearest-rank 
 spawn_out=$(pool "$W/spawn.raw")
 rt1_out=$(pool "$W/h1.raw")
 rt2_out=$(pool "$W/h2.raw")
+# the same at a user's pace: one call alone every GAP ms (the kernel's
+# cgroup migration waits for an RCU grace period unless another ran just
+# before it, so back-to-back calls hide what a lone command costs)
+gs_out="" g1_out=""
+for _ in $(seq $BLOCKS); do
+  gs_out=$(build/bench/spawn -n $GAP_NB -w 2 -G $GAP -o "$W/gspawn.raw")
+  g1_out=$($RTT --port $PORT --token "$TOK" -n $GAP_NB -w 2 -G $GAP -o "$W/gh1.raw" -- /bin/true)
+done
+gspawn_out=$(pool "$W/gspawn.raw")
+grt1_out=$(pool "$W/gh1.raw")
 hh1_out=$($RTT --port $PORT -n $N -w $WARM --health)
 hh2_out=$($RTT --port $PORT --h2 -n $N -w $WARM --health)
 for o in "$h1_out" "$h2_out"; do
@@ -118,6 +131,11 @@ row "StartProcess /bin/true HTTP/1.1 keep-alive" "$rt1_out" 1 1
 row "StartProcess /bin/true h2c" "$rt2_out" 1 1
 row "GET /health HTTP/1.1 (transport only)" "$hh1_out" 1 0
 row "GET /health h2c (transport only)" "$hh2_out" 1 0
+sp50=$(echo "$gspawn_out" | kv p50_us)
+sp99=$(echo "$gspawn_out" | kv p99_us)
+printf '%-44s\n' "spaced: one call every $GAP ms (n=$(( GAP_NB * BLOCKS )))"
+row "posix_spawn+waitpid /bin/true (baseline)" "$gspawn_out" 1 0
+row "StartProcess /bin/true HTTP/1.1 keep-alive" "$grt1_out" 1 1
 
 # ---- stdout throughput
 MIB=$(awk -v s=$SIZE 'BEGIN{printf "%.0f", s / 1048576}')

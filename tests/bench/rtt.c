@@ -692,14 +692,14 @@ static uint8_t *build_request(char **argv, int argc, size_t *len) {
 /* ------------------------------------------------------------ main */
 
 static const char usage[] =
-    "usage: rtt --port P [--host H] [--token T] [--h2] [-n N] [-w W]\n"
+    "usage: rtt --port P [--host H] [--token T] [--h2] [-n N] [-w W] [-G GAP_MS]\n"
     "           [--expect-stdout BYTES] [--window BYTES] [-o FILE] -- CMD [ARG...]\n"
     "       rtt --port P [--host H] [--h2] [-n N] [-w W] [-o FILE] --health\n";
 
 int main(int argc, char **argv) {
   const char *host = "127.0.0.1", *port = NULL, *token = getenv("CONCH_INIT_TOKEN"), *raw = NULL;
   bool use_h2 = false, health = false, check_stdout = false;
-  uint64_t n = 2000, w = 100, expect = 0, window = 4u << 20;
+  uint64_t n = 2000, w = 100, expect = 0, window = 4u << 20, gap_ms = 0;
   static const struct option opts[] = {
       {"host", required_argument, NULL, 'H'}, {"port", required_argument, NULL, 'p'},
       {"token", required_argument, NULL, 't'}, {"h2", no_argument, NULL, '2'},
@@ -707,7 +707,7 @@ int main(int argc, char **argv) {
       {"window", required_argument, NULL, 'W'}, {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "+n:w:o:h", opts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "+n:w:o:G:h", opts, NULL)) != -1) {
     switch (ch) {
       case 'H': host = optarg; break;
       case 'p': port = optarg; break;
@@ -728,6 +728,9 @@ int main(int argc, char **argv) {
         if (stats_parse_count(optarg, 100000000, &w)) goto usage;
         break;
       case 'o': raw = optarg; break;
+      case 'G': /* a pause before each call: a user's pace, not a loop's */
+        if (stats_parse_count(optarg, 60000, &gap_ms)) goto usage;
+        break;
       case 'h': fputs(usage, stdout); return 0;
       default: goto usage;
     }
@@ -765,6 +768,7 @@ int main(int argc, char **argv) {
                      .blen = blen,
                      .ev = &ev};
     evs_reset(&ev);
+    if (gap_ms) stats_sleep_ms(gap_ms);
     uint64_t t0 = stats_now_ns();
     if ((use_h2 ? h2_call(&c2, &c, authority, token) : h1_call(&c1, &c)) ||
         call_done(&c, expect, check_stdout)) {

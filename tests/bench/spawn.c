@@ -40,10 +40,10 @@ static int spawn_one(const char *prog) {
 }
 
 int main(int argc, char **argv) {
-  uint64_t n = 2000, w = 100;
+  uint64_t n = 2000, w = 100, gap_ms = 0;
   const char *raw = NULL;
   int ch;
-  while ((ch = getopt(argc, argv, "n:w:o:h")) != -1) {
+  while ((ch = getopt(argc, argv, "n:w:o:G:h")) != -1) {
     switch (ch) {
       case 'n':
         if (stats_parse_count(optarg, 100000000, &n) || n == 0) goto usage;
@@ -52,6 +52,9 @@ int main(int argc, char **argv) {
         if (stats_parse_count(optarg, 100000000, &w)) goto usage;
         break;
       case 'o': raw = optarg; break;
+      case 'G': /* a pause before each spawn (rtt -G) */
+        if (stats_parse_count(optarg, 60000, &gap_ms)) goto usage;
+        break;
       default: goto usage;
     }
   }
@@ -60,6 +63,7 @@ int main(int argc, char **argv) {
   uint64_t *v = calloc(n, sizeof *v);
   if (!v) return 1;
   for (uint64_t i = 0; i < w + n; i++) {
+    if (gap_ms) stats_sleep_ms(gap_ms);
     uint64_t t0 = stats_now_ns();
     if (spawn_one(prog)) return 1;
     if (i >= w) v[i - w] = stats_now_ns() - t0;
@@ -69,6 +73,6 @@ int main(int argc, char **argv) {
   free(v);
   return 0;
 usage:
-  fprintf(stderr, "usage: spawn [-n N] [-w W] [-o FILE] [PROGRAM]\n");
+  fprintf(stderr, "usage: spawn [-n N] [-w W] [-G GAP_MS] [-o FILE] [PROGRAM]\n");
   return 2;
 }

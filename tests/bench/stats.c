@@ -59,3 +59,9 @@ int stats_dump(const char *path, const uint64_t *v, size_t n) {
   }
   return 0;
 }
+
+void stats_sleep_ms(uint64_t ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}

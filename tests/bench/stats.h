@@ -13,6 +13,8 @@
 #include <stdio.h>
 
 uint64_t stats_now_ns(void);
+/* Sleeps ms milliseconds (the -G pause between calls). */
+void stats_sleep_ms(uint64_t ms);
 /* Sorts v in place. */
 void stats_print(FILE *out, const char *label, uint64_t *v, size_t n);
 /* Appends the n samples (nanoseconds, one per line) to path; 0 on success. */

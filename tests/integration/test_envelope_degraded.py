@@ -187,6 +187,22 @@ def test_signal_all(client, server):
     assert (st, body["message"]) == (400, "signal must not be zero"), body
 
 
+def test_commands_after_kill_all_live(client):
+    """The next command's cgroup is made ahead; process.all's cgroup.kill on
+    the base used to leave that spare marked, and the kernel killed the
+    first command cloned into it (CLONE_INTO_CGROUP) before it ran."""
+    start_bg(client, {"cmd": "sh", "args": ["-c", "sleep 318"], "tag": "kill-all-spare"})
+    assert running("sleep 318")
+    assert client.unary(SIGNAL, {"process": {"all": True}, "signal": 9})[:2] == (200, {})
+    assert wait_gone("sleep 318")
+    for i in range(3):
+        msgs, end = stream(client, {"cmd": "sh", "args": ["-c", f"echo run{i}; cat /proc/self/cgroup"]})
+        e = end_event(msgs)
+        out = b"".join(base64.b64decode(m["data"]["stdout"]) for m in msgs if "data" in m).decode()
+        assert e.get("status") == "exited" and "exitCode" not in e and "error" not in e, (i, e)
+        assert out.startswith(f"run{i}\n") and "/p" in out.splitlines()[-1], out  # in its own cgroup
+
+
 @pytest.mark.parametrize("path,body", [
     ("/pb.ProcessService/Connect", {"process": {"all": True}}),
     ("/pb.ProcessService/SendInput", {"process": {"all": True, "pid": 1}, "input": {"stdin": ""}}),
