@@ -6,9 +6,12 @@
  * bomb escapes).  The child runs on a small stack of its own in the
  * daemon's memory, uninstrumented, and makes raw system calls only (no
  * malloc, no locks another thread may hold):
- *   with cgroup_fd: "0" into its cgroup.procs first — nothing it starts can
- *   be outside (clone3's CLONE_INTO_CGROUP would need a fork-style clone
- *   copying the daemon's page tables: measured +0.4 ms per start);
+ *   with cgroup_fd: born in that cgroup (clone3 CLONE_INTO_CGROUP, Linux
+ *   ≥ 5.7; a small assembly entry for the CLONE_VM child, spawn.c), else
+ *   "0" into its cgroup.procs first — either way nothing it starts can be
+ *   outside; the write waits for an RCU grace period (ms) when no other
+ *   migration ran just before, so it is only the fallback (older kernel,
+ *   or the workload at its pids.max, which a move is not held to);
  *   every signal disposition back to SIG_DFL (PID 1 ignores SIGTERM/SIGINT/
  *   SIGPIPE), own process group (pipes) or own session with the PTY slave
  *   opened as controlling terminal, stdin/stdout/stderr, chdir(cwd), every

@@ -3,7 +3,8 @@
 # by side on the user-visible RPC figures, rounds alternating (old, new /
 # new, old) so that a drift of the shared machine's load hits both:
 #   * unary rate: h2load -c10 -m10, N ListFiles calls (JSON, a dir of 10 files)
-#   * RPC latency: StartProcess{/bin/true} round trip p50 over h2c (rtt.c)
+#   * RPC latency: StartProcess{/bin/true} round trip p50 over h2c (rtt.c),
+#     back to back and at a user's pace (NGAP calls, one every 100 ms)
 #   * transport latency: GET /health p50, HTTP/1.1 and h2c (rtt.c)
 # Prints the median of each figure over ROUNDS (default 7), new ÷ old, and
 # the median of the rounds' own new ÷ old (RAW=FILE keeps every sample).
@@ -11,7 +12,7 @@
 # (docs/internals/slab.md: at least 10 % on one of these).
 set -u
 cd "$(dirname "$0")/../.."
-OLD=$1 NEW=$2 ROUNDS=${3:-7} N=${N:-20000} NRTT=${NRTT:-2000}
+OLD=$1 NEW=$2 ROUNDS=${3:-7} N=${N:-20000} NRTT=${NRTT:-2000} NGAP=${NGAP:-20}
 for t in h2load; do command -v $t >/dev/null || { echo "missing $t (nghttp2-client)"; exit 1; }; done
 mkdir -p build/bench
 CFLAGS="-O2 -std=gnu11 -D_GNU_SOURCE -Wall"
@@ -30,10 +31,12 @@ rate() { h2load -n $N -c 10 -m 10 -d "$W/list.json" -H 'content-type: applicatio
   2>/dev/null | awk '/^finished in/{gsub(",","");print $4}'; }
 p50() { awk '{for(i=1;i<=NF;i++) if ($i ~ /^p50_us=/) {sub("p50_us=","",$i); print $i}}'; }
 proc() { CONCH_INIT_TOKEN=$TOK build/bench/rtt --port $1 --h2 -n $NRTT -w 100 -- /bin/true | p50; }
+procgap() { CONCH_INIT_TOKEN=$TOK build/bench/rtt --port $1 --h2 -n $NGAP -w 2 -G 100 -- /bin/true | p50; }
 health() { build/bench/rtt --port $1 $2 -n $NRTT -w 100 --health | p50; }
 one() { # port tag
   echo "$2 rate $(rate $1)" >> "$W/res"
   echo "$2 proc $(proc $1)" >> "$W/res"
+  echo "$2 gap $(procgap $1)" >> "$W/res"
   echo "$2 h1 $(health $1 '')" >> "$W/res"
   echo "$2 h2 $(health $1 --h2)" >> "$W/res"
 }
@@ -47,6 +50,7 @@ pmed() { paste <(grep "^old $1 " "$W/res" | awk '{print $3}') <(grep "^new $1 " 
   awk '{print $2 / $1}' | sort -g | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]}'; }
 printf '%-44s %10s %10s %8s %8s\n' "median of $ROUNDS rounds" old new "new/old" "paired"
 for f in "rate:ListFiles rate, h2load -c10 -m10 (req/s)" "proc:StartProcess /bin/true p50, h2c (us)" \
+         "gap:StartProcess p50, one every 100 ms (us)" \
          "h1:GET /health p50, HTTP/1.1 (us)" "h2:GET /health p50, h2c (us)"; do
   k=${f%%:*}; o=$(med old $k); n=$(med new $k)
   printf '%-44s %10s %10s %8s %8s\n' "${f#*:}" "$o" "$n" "$(echo "scale=3; $n / $o" | bc)" "$(pmed $k)"
