@@ -166,13 +166,14 @@ static int proc_clone3_ok = PROC_HAVE_CLONE3;
 
 /* The child, with every signal blocked around the clone: into the cgroup by
  * clone3 when it can, else by the child's own write to plan->procsfd. */
-static int proc_clone_child(const proc_spawn_opts *o, struct proc_child_plan *plan, void *stack, int *e) {
+static int proc_clone_child(const proc_spawn_opts *o, struct proc_child_plan *plan, void *stack, int *e,
+                            int *by_clone3) {
   sigset_t all, old;
   memset(&all, 0xff, sizeof all); /* glibc's pthread_sigmask leaves its internal 32/33 alone */
   pthread_sigmask(SIG_SETMASK, &all, &old);
   long pid = -ENOSYS;
 #if PROC_HAVE_CLONE3
-  if (o->use_cgroup && __atomic_load_n(&proc_clone3_ok, __ATOMIC_RELAXED)) {
+  if (o->use_cgroup && !o->no_clone3 && __atomic_load_n(&proc_clone3_ok, __ATOMIC_RELAXED)) {
     struct proc_clone_args a = {
         .flags = CLONE_VM | CLONE_VFORK | PROC_CLONE_INTO_CGROUP | (o->inflight_pid ? CLONE_PARENT_SETTID : 0),
         .parent_tid = (uint64_t)(uintptr_t)o->inflight_pid,
@@ -185,6 +186,7 @@ static int proc_clone_child(const proc_spawn_opts *o, struct proc_child_plan *pl
     plan->procsfd = -1;
     pid = proc_clone3(&a, sizeof a, proc_child, plan);
     plan->procsfd = procs;
+    *by_clone3 = pid > 0;
     if (pid == -ENOSYS || pid == -E2BIG || pid == -EINVAL) __atomic_store_n(&proc_clone3_ok, 0, __ATOMIC_RELAXED);
     /* -EAGAIN: the workload is at its pids.max; a move after the clone is
      * not held to it, so that a command that stops the others can start */
@@ -210,7 +212,7 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
 
   r->pid = -1;
   r->in_w = r->out_r = r->err_r = -1;
-  r->in_cgroup = 0;
+  r->in_cgroup = r->by_clone3 = 0;
   r->failed_pid = 0;
 
   if (o->pty) {
@@ -232,7 +234,7 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   }
   struct proc_child_plan plan = {o, o->pty ? slave : NULL, in[0], out[1], er[1], ep[1], procs};
   /* CLONE_VM|CLONE_VFORK as posix_spawn: no copy of the daemon's memory */
-  int pid = proc_clone_child(o, &plan, stack, &e);
+  int pid = proc_clone_child(o, &plan, stack, &e, &r->by_clone3);
   munmap(stack, PROC_CHILD_STACK);
   stack = NULL;
   if (procs >= 0) close(procs);
@@ -292,6 +294,6 @@ fail_e:
   proc_close_fd(&master);
   proc_close_fd(&procs);
   if (stack) munmap(stack, PROC_CHILD_STACK);
-  r->in_cgroup = 0;
+  r->in_cgroup = r->by_clone3 = 0;
   return -1;
 }

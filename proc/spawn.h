@@ -51,6 +51,7 @@ typedef struct proc_spawn_opts {
    * it creates it (reaper_inflight), and a child whose exec failed is left
    * to the reaper (failed_pid) instead of being waited for. */
   pid_t *inflight_pid;
+  int no_clone3;      /* tests: the fallback, a move by the child's write to cgroup.procs */
 } proc_spawn_opts;
 
 typedef struct proc_spawn_result {
@@ -59,6 +60,7 @@ typedef struct proc_spawn_result {
   int out_r;   /* stdout pipe read end, or the PTY master */
   int err_r;   /* stderr pipe read end, or -1 (PTY) */
   int in_cgroup; /* the child entered cgroup_fd before its exec */
+  int by_clone3; /* ... born there (clone3 CLONE_INTO_CGROUP), not moved */
   pid_t failed_pid; /* inflight_pid set and the exec failed: that child, unreaped */
 } proc_spawn_result;
 
