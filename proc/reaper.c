@@ -195,6 +195,8 @@ static void reaper_on_sigchld(uv_poll_t *h, int status, int events) {
   reaper_reap();
 }
 
+static void reaper_on_closed(uv_handle_t *h) { close(reaper.sigfd); }
+
 /* SIGCHLD through a signalfd on the loop, not a handler: the kernel sends
  * it to the thread that cloned the child (a pool thread), whose handler
  * then had to wake the loop through libuv's signal pipe — one thread hop
@@ -217,7 +219,7 @@ int reaper_init(uv_loop_t *loop) {
   }
   r = uv_poll_start(&reaper.sig, UV_READABLE, reaper_on_sigchld);
   if (r) {
-    uv_close((uv_handle_t *)&reaper.sig, NULL); /* the fd stays: closed only after the close callback */
+    uv_close((uv_handle_t *)&reaper.sig, reaper_on_closed); /* the fd goes once libuv let go of it */
     return r;
   }
   /* The reaper alone never keeps the loop alive. */

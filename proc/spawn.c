@@ -165,7 +165,8 @@ __asm__(".text\n"
 static int proc_clone3_ok = PROC_HAVE_CLONE3;
 
 /* The child, with every signal blocked around the clone: into the cgroup by
- * clone3 when it can, else by the child's own write to plan->procsfd. */
+ * clone3 when it can, else by the child's own write to plan->procsfd
+ * (opened only then: the common start needs no cgroup.procs). */
 static int proc_clone_child(const proc_spawn_opts *o, struct proc_child_plan *plan, void *stack, int *e,
                             int *by_clone3) {
   sigset_t all, old;
@@ -182,29 +183,31 @@ static int proc_clone_child(const proc_spawn_opts *o, struct proc_child_plan *pl
         .stack_size = PROC_CHILD_STACK,
         .cgroup = (uint64_t)o->cgroup_fd,
     };
-    int procs = plan->procsfd;
-    plan->procsfd = -1;
     pid = proc_clone3(&a, sizeof a, proc_child, plan);
-    plan->procsfd = procs;
     *by_clone3 = pid > 0;
     if (pid == -ENOSYS || pid == -E2BIG || pid == -EINVAL) __atomic_store_n(&proc_clone3_ok, 0, __ATOMIC_RELAXED);
     /* -EAGAIN: the workload is at its pids.max; a move after the clone is
      * not held to it, so that a command that stops the others can start */
   }
 #endif
-  if (pid < 0) {
+  if (pid < 0 && o->use_cgroup) {
+    plan->procsfd = openat(o->cgroup_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+    if (plan->procsfd < 0) pid = -errno;
+  }
+  if (pid < 0 && (!o->use_cgroup || plan->procsfd >= 0)) {
     pid = clone(proc_child, (char *)stack + PROC_CHILD_STACK,
                 CLONE_VM | CLONE_VFORK | SIGCHLD | (o->inflight_pid ? CLONE_PARENT_SETTID : 0), plan,
                 o->inflight_pid);
     if (pid < 0) pid = -errno;
   }
+  if (plan->procsfd >= 0) close(plan->procsfd); /* the child has exec'd or exited (CLONE_VFORK) */
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   *e = pid < 0 ? (int)-pid : 0;
   return pid < 0 ? -1 : (int)pid;
 }
 
 int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t errn) {
-  int in[2] = {-1, -1}, out[2] = {-1, -1}, er[2] = {-1, -1}, ep[2] = {-1, -1}, master = -1, procs = -1;
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, er[2] = {-1, -1}, ep[2] = {-1, -1}, master = -1;
   void *stack = NULL;
   char slave[64];
   char eb[96];
@@ -223,22 +226,16 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   }
   if (pipe2(ep, O_CLOEXEC)) goto sys_fail;
 
-  if (o->use_cgroup) {
-    procs = openat(o->cgroup_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-    if (procs < 0) goto sys_fail;
-  }
   stack = mmap(NULL, PROC_CHILD_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (stack == MAP_FAILED) {
     stack = NULL;
     goto sys_fail;
   }
-  struct proc_child_plan plan = {o, o->pty ? slave : NULL, in[0], out[1], er[1], ep[1], procs};
+  struct proc_child_plan plan = {o, o->pty ? slave : NULL, in[0], out[1], er[1], ep[1], -1};
   /* CLONE_VM|CLONE_VFORK as posix_spawn: no copy of the daemon's memory */
   int pid = proc_clone_child(o, &plan, stack, &e, &r->by_clone3);
   munmap(stack, PROC_CHILD_STACK);
   stack = NULL;
-  if (procs >= 0) close(procs);
-  procs = -1;
   if (pid < 0) goto fail_e;
   r->in_cgroup = o->use_cgroup;
 
@@ -292,7 +289,6 @@ fail_e:
     proc_close_fd(&ep[i]);
   }
   proc_close_fd(&master);
-  proc_close_fd(&procs);
   if (stack) munmap(stack, PROC_CHILD_STACK);
   r->in_cgroup = r->by_clone3 = 0;
   return -1;
