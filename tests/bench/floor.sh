@@ -16,16 +16,16 @@
 #   loop-cg     pool-cg with the spawn on the loop thread (the rule forbids it)
 #   agent       conch-init serve, StartProcess /bin/true over HTTP/1.1 (rtt)
 #   agent-nocg  the same with CONCH_PROC_CGROUPS=0
-# Prints p50/p99 and each p50 ÷ spawn's.  With GAP=MS the same again, GAP_N
-# calls a block, one every MS ms (a user's pace).  The cgroups are made below
+# Prints p50/p99 and each p50 ÷ spawn's; then the same again at a user's
+# pace, GAP_N calls a block, one every GAP ms (GAP=0: left out).  The cgroups are made below
 # a directory of this shell's own cgroup in the cgroup2 hierarchy; without a
 # writable one the -cg rows are left out (said so).
 #
-# Usage: tests/bench/floor.sh     Environment: N (1000) BLOCKS (4) GAP (0) GAP_N (10);
+# Usage: tests/bench/floor.sh     Environment: N (1000) BLOCKS (4) GAP (100) GAP_N (10);
 #   CONCH_INIT_BIN (default build/dev/conch-init; build/dev/libconch.a is made either way).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-N=${N:-1000} BLOCKS=${BLOCKS:-4} GAP=${GAP:-0} GAP_N=${GAP_N:-10}
+N=${N:-1000} BLOCKS=${BLOCKS:-4} GAP=${GAP:-100} GAP_N=${GAP_N:-10}
 make -s dev >/dev/null; BIN=${CONCH_INIT_BIN:-build/dev/conch-init}
 mkdir -p build/bench
 CFLAGS="-std=gnu11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wformat=2 -Wvla"
@@ -38,7 +38,7 @@ CG=$(findmnt -n -t cgroup2 -o TARGET | head -1)$(awk -F: '$1 == 0 {print $3}' /p
 mkdir "$CG" 2>/dev/null || CG=
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  rm -rf "$W"; [ -z "$CG" ] || rmdir "$CG"
+  rm -rf "$W"; [ -z "$CG" ] || rmdir "$CG"/*/ "$CG" 2>/dev/null || [ ! -d "$CG" ] || echo "floor.sh: $CG left behind"
 }
 trap cleanup EXIT
 TOK=floor-$RANDOM$RANDOM

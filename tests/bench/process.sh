@@ -11,7 +11,9 @@
 #   * stdout throughput: `head -c SIZE /dev/zero` through a foreground
 #     StartProcess stream (client counts and checks the stdout bytes) against
 #     `head -c SIZE /dev/zero | cat >/dev/null`, interleaved, best of REPS.
-#     Target ≥ 0.5×.
+#     Target ≥ 0.5×.  The "bare relay" row, `head | cat | cat`, is the
+#     floor of any relay that reads and writes (3 processes, 4 copies:
+#     docs/internals/profile.md).
 #   * idle RSS of conch-init (and after the runs).
 #
 # Usage: tests/bench/process.sh
@@ -140,7 +142,7 @@ row "StartProcess /bin/true HTTP/1.1 keep-alive" "$grt1_out" 1 1
 # ---- stdout throughput
 MIB=$(awk -v s=$SIZE 'BEGIN{printf "%.0f", s / 1048576}')
 # the baseline and both protocols interleaved, REPS rounds, best of each
-best_pipe=999999 t1=999999 t2=999999 c1=0 c2=0
+best_pipe=999999 best_relay=999999 t1=999999 t2=999999 c1=0 c2=0
 mn() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.6f", a < b ? a : b}'; }
 thru() { # protocol flag → "seconds server_cpu_ticks" of one transfer
   local c0 out
@@ -151,6 +153,8 @@ thru() { # protocol flag → "seconds server_cpu_ticks" of one transfer
 for _ in $(seq $REPS); do
   s=$(date +%s.%N); head -c $SIZE /dev/zero | cat >/dev/null; e=$(date +%s.%N)
   best_pipe=$(mn "$best_pipe" "$(awk -v s=$s -v e=$e 'BEGIN{printf "%.6f", e - s}')")
+  s=$(date +%s.%N); head -c $SIZE /dev/zero | cat | cat >/dev/null; e=$(date +%s.%N)
+  best_relay=$(mn "$best_relay" "$(awk -v s=$s -v e=$e 'BEGIN{printf "%.6f", e - s}')")
   r=$(thru ""); read -r t c <<<"$r"; t1=$(mn "$t1" "$t"); c1=$((c1 + c))
   r=$(thru --h2); read -r t c <<<"$r"; t2=$(mn "$t2" "$t"); c2=$((c2 + c))
 done
@@ -167,6 +171,7 @@ trow() { # label seconds server-cpu target?
 echo
 printf '%-44s %9s %9s %9s %8s %8s\n' "stdout throughput, $MIB MiB (best of $REPS)" seconds "MiB/s" "srv cpu" "ratio" ">=0.5x"
 trow "head | cat >/dev/null (baseline)" "$best_pipe" "" 0
+trow "head | cat | cat >/dev/null (a bare relay)" "$best_relay" "" 0
 trow "StartProcess stdout HTTP/1.1" "$t1" "$cpu1" 1
 trow "StartProcess stdout h2c" "$t2" "$cpu2" 1
 

@@ -60,7 +60,7 @@ static const char *prog = "/bin/true";
 /* ---- the worker (-m pool) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int job_pending, job_done_fd;
+static int job_pending, job_done_fd, stopping;
 struct spawned {
   pid_t pid;
   int out_r, err_r;
@@ -119,7 +119,9 @@ static void *worker(void *arg) {
     job_result = spawn_with_pipes();
     uint64_t one = 1;
     if (write(job_done_fd, &one, sizeof one) != sizeof one) die("rtfloor: eventfd");
-    cg_make_next();
+    pthread_mutex_lock(&mu); /* not after the loop removed the last one and left */
+    if (!stopping) cg_make_next();
+    pthread_mutex_unlock(&mu);
   }
   return NULL;
 }
@@ -162,6 +164,8 @@ static void serve(int lfd, int pool, int one_write) {
       if (fd == c) {
         ssize_t r = read(c, req + have, REQ - have);
         if (r == 0) {
+          pthread_mutex_lock(&mu);
+          stopping = 1;
           cg_remove(cg_next, cg_next_name);
           exit(0);
         }
