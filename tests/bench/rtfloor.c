@@ -222,17 +222,17 @@ static void serve(int lfd, int pool, int one_write) {
 }
 
 /* ---- -m direct: spawn and wait, no server (the pipes closed after the wait) */
-static int direct(uint64_t n, uint64_t w, uint64_t gap_ms, const char *raw, const char *label) {
-  uint64_t *v = calloc(n, sizeof *v);
+static int direct(const stats_run *o, const char *label) {
+  uint64_t *v = calloc(o->n, sizeof *v);
   if (!v) return 1;
-  for (uint64_t i = 0; i < w + n; i++) {
-    if (gap_ms) stats_sleep_ms(gap_ms);
+  for (uint64_t i = 0; i < o->w + o->n; i++) {
+    if (o->gap_ms) stats_sleep_ms(o->gap_ms);
     uint64_t t0 = stats_now_ns();
     struct spawned s = spawn_with_pipes();
     int st;
     while (waitpid(s.pid, &st, 0) < 0)
       if (errno != EINTR) die("rtfloor: waitpid");
-    if (i >= w) v[i - w] = stats_now_ns() - t0;
+    if (i >= o->w) v[i - o->w] = stats_now_ns() - t0;
     close(s.out_r); /* the child is gone: nothing left to read */
     close(s.err_r);
     cg_remove(s.cg_fd, s.cg_name);
@@ -242,24 +242,24 @@ static int direct(uint64_t n, uint64_t w, uint64_t gap_ms, const char *raw, cons
       return 1;
     }
   }
-  if (raw && stats_dump(raw, v, n)) return 1;
-  stats_print(stdout, label, v, n);
+  if (o->raw && stats_dump(o->raw, v, o->n)) return 1;
+  stats_print(stdout, label, v, o->n);
   return 0;
 }
 
 /* ---- the client (the parent process; the server is its child) */
-static int client(int port, uint64_t n, uint64_t w, uint64_t gap_ms, const char *raw, const char *label) {
+static int client(int port, const stats_run *o, const char *label) {
   int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) die("rtfloor: connect");
   int on = 1;
   setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-  uint64_t *v = calloc(n, sizeof *v);
+  uint64_t *v = calloc(o->n, sizeof *v);
   if (!v) return 1;
   char req[REQ] = "call", ans[16];
-  for (uint64_t i = 0; i < w + n; i++) {
-    if (gap_ms) stats_sleep_ms(gap_ms);
+  for (uint64_t i = 0; i < o->w + o->n; i++) {
+    if (o->gap_ms) stats_sleep_ms(o->gap_ms);
     uint64_t t0 = stats_now_ns();
     if (write(s, req, REQ) != REQ) die("rtfloor: client write");
     size_t got = 0;
@@ -272,19 +272,22 @@ static int client(int port, uint64_t n, uint64_t w, uint64_t gap_ms, const char 
       fprintf(stderr, "rtfloor: bad answer\n");
       return 1;
     }
-    if (i >= w) v[i - w] = stats_now_ns() - t0;
+    if (i >= o->w) v[i - o->w] = stats_now_ns() - t0;
   }
   close(s); /* the server ends here */
-  if (raw && stats_dump(raw, v, n)) return 1;
-  stats_print(stdout, label, v, n);
+  if (o->raw && stats_dump(o->raw, v, o->n)) return 1;
+  stats_print(stdout, label, v, o->n);
   return 0;
 }
 
 int main(int argc, char **argv) {
-  uint64_t n = 2000, w = 100, gap_ms = 0;
-  const char *raw = NULL, *mode = "pool";
+  stats_run o = {.n = 2000, .w = 100};
+  const char *mode = "pool";
   int one_write = 0, ch;
-  while ((ch = getopt(argc, argv, "m:1c:n:w:G:o:h")) != -1) {
+  while ((ch = getopt(argc, argv, "m:1c:" STATS_RUN_OPTS "h")) != -1) {
+    int t = stats_run_opt(&o, ch, optarg);
+    if (t < 0) goto usage;
+    if (t > 0) continue;
     switch (ch) {
       case 'm': mode = optarg; break;
       case 'c':
@@ -292,16 +295,6 @@ int main(int argc, char **argv) {
         if (cg_base < 0) die(optarg);
         break;
       case '1': one_write = 1; break;
-      case 'n':
-        if (stats_parse_count(optarg, 100000000, &n) || n == 0) goto usage;
-        break;
-      case 'w':
-        if (stats_parse_count(optarg, 100000000, &w)) goto usage;
-        break;
-      case 'G':
-        if (stats_parse_count(optarg, 60000, &gap_ms)) goto usage;
-        break;
-      case 'o': raw = optarg; break;
       default: goto usage;
     }
   }
@@ -311,7 +304,7 @@ int main(int argc, char **argv) {
   snprintf(label, sizeof label, "floor-%s%s%s", mode, one_write ? "-1" : "", cg_base >= 0 ? "-cg" : "");
   cg_make_next();
   if (!strcmp(mode, "direct")) {
-    int rc = direct(n, w, gap_ms, raw, label);
+    int rc = direct(&o, label);
     cg_remove(cg_next, cg_next_name);
     return rc;
   }
@@ -332,7 +325,7 @@ int main(int argc, char **argv) {
     serve(lfd, !strcmp(mode, "pool"), one_write); /* exits when the client's connection closes */
   }
   close(lfd);
-  int rc = client(ntohs(a.sin_port), n, w, gap_ms, raw, label);
+  int rc = client(ntohs(a.sin_port), &o, label);
   int st; /* the server ends when the connection closes (its spare cgroup removed) */
   waitpid(srv, &st, 0);
   return rc ? rc : !WIFEXITED(st) || WEXITSTATUS(st);

@@ -697,9 +697,10 @@ static const char usage[] =
     "       rtt --port P [--host H] [--h2] [-n N] [-w W] [-o FILE] --health\n";
 
 int main(int argc, char **argv) {
-  const char *host = "127.0.0.1", *port = NULL, *token = getenv("CONCH_INIT_TOKEN"), *raw = NULL;
+  const char *host = "127.0.0.1", *port = NULL, *token = getenv("CONCH_INIT_TOKEN");
   bool use_h2 = false, health = false, check_stdout = false;
-  uint64_t n = 2000, w = 100, expect = 0, window = 4u << 20, gap_ms = 0;
+  uint64_t expect = 0, window = 4u << 20;
+  stats_run o = {.n = 2000, .w = 100};
   static const struct option opts[] = {
       {"host", required_argument, NULL, 'H'}, {"port", required_argument, NULL, 'p'},
       {"token", required_argument, NULL, 't'}, {"h2", no_argument, NULL, '2'},
@@ -707,7 +708,10 @@ int main(int argc, char **argv) {
       {"window", required_argument, NULL, 'W'}, {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "+n:w:o:G:h", opts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "+" STATS_RUN_OPTS "h", opts, NULL)) != -1) {
+    int t = stats_run_opt(&o, ch, optarg);
+    if (t < 0) goto usage;
+    if (t > 0) continue;
     switch (ch) {
       case 'H': host = optarg; break;
       case 'p': port = optarg; break;
@@ -720,16 +724,6 @@ int main(int argc, char **argv) {
         break;
       case 'W':
         if (stats_parse_count(optarg, 0x7fffffff, &window) || window < 65535) goto usage;
-        break;
-      case 'n':
-        if (stats_parse_count(optarg, 100000000, &n) || n == 0) goto usage;
-        break;
-      case 'w':
-        if (stats_parse_count(optarg, 100000000, &w)) goto usage;
-        break;
-      case 'o': raw = optarg; break;
-      case 'G': /* a pause before each call: a user's pace, not a loop's */
-        if (stats_parse_count(optarg, 60000, &gap_ms)) goto usage;
         break;
       case 'h': fputs(usage, stdout); return 0;
       default: goto usage;
@@ -746,7 +740,7 @@ int main(int argc, char **argv) {
   uint8_t *body = NULL;
   if (!health && !(body = build_request(argv + optind, argc - optind, &blen))) return 1;
   struct evs ev = {0};
-  uint64_t *v = calloc(n, sizeof *v);
+  uint64_t *v = calloc(o.n, sizeof *v);
   uint8_t *rb = malloc(RTT_RBUF);
   char authority[300], where[64] = "";
   snprintf(authority, sizeof authority, "%s:%s", host, port);
@@ -760,7 +754,7 @@ int main(int argc, char **argv) {
   }
   if (use_h2 ? h2_open(&c2, host, port, (int32_t)window) : h1_open(&c1)) goto out;
 
-  for (uint64_t i = 0; i < w + n; i++) {
+  for (uint64_t i = 0; i < o.w + o.n; i++) {
     struct call c = {.health = health,
                      .path = health ? "/health" : "/pb.ProcessService/StartProcess",
                      .method = health ? "GET" : "POST",
@@ -768,27 +762,27 @@ int main(int argc, char **argv) {
                      .blen = blen,
                      .ev = &ev};
     evs_reset(&ev);
-    if (gap_ms) stats_sleep_ms(gap_ms);
+    if (o.gap_ms) stats_sleep_ms(o.gap_ms);
     uint64_t t0 = stats_now_ns();
     if ((use_h2 ? h2_call(&c2, &c, authority, token) : h1_call(&c1, &c)) ||
         call_done(&c, expect, check_stdout)) {
-      snprintf(where, sizeof where, "call %llu%s: ", (unsigned long long)(i < w ? i + 1 : i - w + 1),
-               i < w ? " (warm-up)" : "");
+      snprintf(where, sizeof where, "call %llu%s: ", (unsigned long long)(i < o.w ? i + 1 : i - o.w + 1),
+               i < o.w ? " (warm-up)" : "");
       goto out;
     }
     uint64_t dt = stats_now_ns() - t0;
-    if (i >= w) {
-      v[i - w] = dt;
+    if (i >= o.w) {
+      v[i - o.w] = dt;
       total_ns += dt;
       total_stdout += ev.stdout_bytes;
     }
   }
-  if (raw && stats_dump(raw, v, n)) {
-    rtt_fail("cannot write %s", raw);
+  if (o.raw && stats_dump(o.raw, v, o.n)) {
+    rtt_fail("cannot write %s", o.raw);
     goto out;
   }
-  stats_print(stdout, "rtt", v, n);
-  printf("calls=%llu seconds=%.6f stdout_bytes=%llu mib_s=%.1f reconnects=%u\n", (unsigned long long)n,
+  stats_print(stdout, "rtt", v, o.n);
+  printf("calls=%llu seconds=%.6f stdout_bytes=%llu mib_s=%.1f reconnects=%u\n", (unsigned long long)o.n,
          total_ns / 1e9, (unsigned long long)total_stdout,
          total_ns ? total_stdout / 1048576.0 / (total_ns / 1e9) : 0.0, c1.reconnects);
   rc = 0;

@@ -40,36 +40,22 @@ static int spawn_one(const char *prog) {
 }
 
 int main(int argc, char **argv) {
-  uint64_t n = 2000, w = 100, gap_ms = 0;
-  const char *raw = NULL;
+  stats_run o = {.n = 2000, .w = 100};
   int ch;
-  while ((ch = getopt(argc, argv, "n:w:o:G:h")) != -1) {
-    switch (ch) {
-      case 'n':
-        if (stats_parse_count(optarg, 100000000, &n) || n == 0) goto usage;
-        break;
-      case 'w':
-        if (stats_parse_count(optarg, 100000000, &w)) goto usage;
-        break;
-      case 'o': raw = optarg; break;
-      case 'G': /* a pause before each spawn (rtt -G) */
-        if (stats_parse_count(optarg, 60000, &gap_ms)) goto usage;
-        break;
-      default: goto usage;
-    }
-  }
+  while ((ch = getopt(argc, argv, STATS_RUN_OPTS "h")) != -1)
+    if (stats_run_opt(&o, ch, optarg) <= 0) goto usage;
   if (argc - optind > 1) goto usage;
   const char *prog = optind < argc ? argv[optind] : "/bin/true";
-  uint64_t *v = calloc(n, sizeof *v);
+  uint64_t *v = calloc(o.n, sizeof *v);
   if (!v) return 1;
-  for (uint64_t i = 0; i < w + n; i++) {
-    if (gap_ms) stats_sleep_ms(gap_ms);
+  for (uint64_t i = 0; i < o.w + o.n; i++) {
+    if (o.gap_ms) stats_sleep_ms(o.gap_ms);
     uint64_t t0 = stats_now_ns();
     if (spawn_one(prog)) return 1;
-    if (i >= w) v[i - w] = stats_now_ns() - t0;
+    if (i >= o.w) v[i - o.w] = stats_now_ns() - t0;
   }
-  if (raw && stats_dump(raw, v, n)) return 1;
-  stats_print(stdout, "spawn", v, n);
+  if (o.raw && stats_dump(o.raw, v, o.n)) return 1;
+  stats_print(stdout, "spawn", v, o.n);
   free(v);
   return 0;
 usage:

@@ -65,3 +65,13 @@ void stats_sleep_ms(uint64_t ms) {
   while (nanosleep(&ts, &ts) != 0) {
   }
 }
+
+int stats_run_opt(stats_run *r, int ch, const char *arg) {
+  switch (ch) {
+    case 'n': return stats_parse_count(arg, 100000000, &r->n) || r->n == 0 ? -1 : 1;
+    case 'w': return stats_parse_count(arg, 100000000, &r->w) ? -1 : 1;
+    case 'G': return stats_parse_count(arg, 60000, &r->gap_ms) ? -1 : 1;
+    case 'o': r->raw = arg; return 1;
+    default: return 0;
+  }
+}

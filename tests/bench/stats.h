@@ -22,4 +22,15 @@ int stats_dump(const char *path, const uint64_t *v, size_t n);
 /* Parses a positive decimal count into *out; 0 on success. */
 int stats_parse_count(const char *s, uint64_t max, uint64_t *out);
 
+/* The timing options every tool takes (getopt letters n: w: G: o:): N
+ * timed calls (> 0), W untimed ones first, a GAP_MS pause before each (a
+ * user's pace), raw samples appended to FILE. */
+typedef struct stats_run {
+  uint64_t n, w, gap_ms;
+  const char *raw;
+} stats_run;
+#define STATS_RUN_OPTS "n:w:G:o:"
+/* ch one of those: 1 (taken) or -1 (a bad value); any other ch: 0. */
+int stats_run_opt(stats_run *r, int ch, const char *arg);
+
 #endif
