@@ -34,9 +34,15 @@ cc $CFLAGS -o build/bench/rtt tests/bench/rtt.c tests/bench/stats.c -lnghttp2
 cc $CFLAGS -I. -o build/bench/rtfloor tests/bench/rtfloor.c tests/bench/stats.c build/dev/libconch.a -lpthread
 W=$(mktemp -d /tmp/conch-floor.XXXXXX)
 PIDS=()
-CG=$(findmnt -n -t cgroup2 -o TARGET | head -1)$(awk -F: '$1 == 0 {print $3}' /proc/self/cgroup)/conch-floor-$$
-mkdir "$CG" 2>/dev/null || CG=
+MNT=$(findmnt -n -t cgroup2 -o TARGET | head -1 || true)
+CG=
+if [ -n "$MNT" ]; then
+  CG=$MNT$(awk -F: '$1 == 0 {print $3}' /proc/self/cgroup)/conch-floor-$$
+  CG=${CG//\/\//\/}
+  mkdir "$CG" 2>/dev/null && [ -e "$CG/cgroup.procs" ] || { rmdir "$CG" 2>/dev/null; CG=; }
+fi
 cleanup() {
+  set +e
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   rm -rf "$W"; [ -z "$CG" ] || rmdir "$CG"/*/ "$CG" 2>/dev/null || [ ! -d "$CG" ] || echo "floor.sh: $CG left behind"
 }
@@ -84,7 +90,7 @@ table() { # set n gap
   printf '%-16s %8s %8s %8s\n' "$s (n=$n)" p50_us p99_us "÷ spawn"
   for t in $TAGS; do
     local m; m=$(p50 "$W/$s-$t.raw")
-    printf '%-16s %8s %8s %8.2f\n' "$t" "$m" "$(p99 "$W/$s-$t.raw")" "$(echo "$m / $sp" | bc -l)"
+    printf '%-16s %8s %8s %8.2f\n' "$t" "$m" "$(p99 "$W/$s-$t.raw")" "$(awk -v m="$m" -v b="$sp" 'BEGIN{print m / b}')"
   done
 }
 echo "floor.sh: $(date -u '+%F %T') UTC, $(uname -r), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), $BIN"

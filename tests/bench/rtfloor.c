@@ -7,8 +7,8 @@
  * The child is made by the agent's own proc_spawn (proc/spawn.c, linked from
  * build/dev/libconch.a): pipes for stdin/stdout/stderr, clone(CLONE_VM|
  * CLONE_VFORK), signals to default, its own process group, execve.
- *   -m direct  the client spawns and waits itself (waitpid, the pipes read
- *              to EOF): proc_spawn's cost against posix_spawn's;
+ *   -m direct  the client spawns and waits itself (waitpid; the pipes closed
+ *              after it): proc_spawn's cost against posix_spawn's;
  *   -m pool    a client (this process) and a server (a forked process: one
  *              epoll loop thread, one worker thread) on one TCP loopback
  *              connection.  Per call the client writes a 64-byte request and
@@ -19,13 +19,15 @@
  *              reaps when a signalfd says SIGCHLD (waitpid(-1, WNOHANG)) and
  *              writes the "end" answer;
  *   -m loop    the same with the spawn on the loop thread (what the agent's
- *              rule against blocking the loop forbids).
+ *              rule against blocking the loop forbids); the cgroups' mkdir
+ *              and rmdir stay in the worker.
  *   -1         the start answer waits and leaves with the end one, one write.
  *   -c CGDIR   each child born in a cgroup of its own below CGDIR (a
- *              writable cgroup v2 directory), as the agent: the next one is
- *              made (mkdir, open) by the spawning thread right after a spawn,
- *              removed after the reap (direct: made before and removed after
- *              the timed part).
+ *              writable cgroup v2 directory), as the agent: the worker makes
+ *              the next one (mkdir, open) right after a spawn and removes a
+ *              command's after its end answer, as the agent's pool does its
+ *              spare and rmdir; one not ready at a spawn is made on its path
+ *              (direct: made before and removed after the timed part).
  * No HTTP, no protobuf, no bookkeeping: what the agent adds beyond this is
  * its own.  The client times each call from its write (direct: from the
  * spawn) to the end answer (the reap) and prints one stats line (stats.h)
@@ -57,10 +59,12 @@ extern char **environ;
 
 static const char *prog = "/bin/true";
 
-/* ---- the worker (-m pool) */
+/* ---- the worker thread: the spawn (-m pool) and the cgroups' mkdir and
+ * rmdir (every server mode, as the agent's pool) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int job_pending, job_done_fd, stopping;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER, idle = PTHREAD_COND_INITIALIZER;
+enum { JOB_SPAWN = 1, JOB_NEXT = 2, JOB_RM = 4 };
+static int jobs, busy, stopping, job_done_fd; /* jobs, busy, stopping under mu */
 struct spawned {
   pid_t pid;
   int out_r, err_r;
@@ -75,17 +79,11 @@ static void die(const char *what) {
 }
 
 /* the command's cgroups (-c): the next one made ahead, as the agent's spare */
-static int cg_base = -1, cg_next = -1;
+static int cg_base = -1, cg_next = -1; /* cg_next and its name under mu */
 static unsigned cg_seq;
 static char cg_next_name[32];
-
-static void cg_make_next(void) {
-  if (cg_base < 0) return;
-  snprintf(cg_next_name, sizeof cg_next_name, "f%d-%u", (int)getpid(), ++cg_seq);
-  if (mkdirat(cg_base, cg_next_name, 0755)) die("rtfloor: mkdir cgroup");
-  cg_next = openat(cg_base, cg_next_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (cg_next < 0) die("rtfloor: open cgroup");
-}
+static int rm_fd = -1; /* a cgroup to remove (JOB_RM), under mu */
+static char rm_name[32];
 
 static void cg_remove(int fd, const char *name) { /* after the reap: empty */
   if (fd < 0) return;
@@ -93,37 +91,111 @@ static void cg_remove(int fd, const char *name) { /* after the reap: empty */
   if (unlinkat(cg_base, name, AT_REMOVEDIR)) die("rtfloor: rmdir cgroup");
 }
 
-static struct spawned spawn_with_pipes(void) {
+/* Make the next cgroup unless one is ready (the mkdir outside the lock);
+ * nothing once stopping. */
+static void cg_make_next(void) {
+  char name[32];
+  pthread_mutex_lock(&mu);
+  int skip = cg_base < 0 || cg_next >= 0 || stopping;
+  snprintf(name, sizeof name, "f%d-%u", (int)getpid(), ++cg_seq);
+  pthread_mutex_unlock(&mu);
+  if (skip) return;
+  if (mkdirat(cg_base, name, 0755)) die("rtfloor: mkdir cgroup");
+  int fd = openat(cg_base, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) die("rtfloor: open cgroup");
+  pthread_mutex_lock(&mu);
+  int lost = cg_next >= 0 || stopping; /* the loop and the worker both made one */
+  if (!lost) {
+    cg_next = fd;
+    memcpy(cg_next_name, name, sizeof name);
+  }
+  pthread_mutex_unlock(&mu);
+  if (lost) cg_remove(fd, name);
+}
+
+/* The child, in the ready cgroup (none ready: one made on the spawn's
+ * path, as the agent's start does when its spare is late). */
+static struct spawned spawn_with_pipes(int off_loop) {
+  cg_make_next();
+  pthread_mutex_lock(&mu);
+  struct spawned s = {-1, -1, -1, cg_next, ""};
+  memcpy(s.cg_name, cg_next_name, sizeof s.cg_name);
+  cg_next = -1;
+  pthread_mutex_unlock(&mu);
   char *argv[] = {(char *)prog, NULL};
+  pid_t inflight = 0; /* off the loop the loop's reaper owns every wait (spawn.h) */
   proc_spawn_opts o = {.path = prog, .argv = argv, .envp = environ, .cwd = "/",
-                       .use_cgroup = cg_next >= 0, .cgroup_fd = cg_next};
+                       .use_cgroup = s.cg_fd >= 0, .cgroup_fd = s.cg_fd,
+                       .inflight_pid = off_loop ? &inflight : NULL};
   proc_spawn_result r;
   char err[256];
   if (proc_spawn(&o, &r, err, sizeof err)) {
     fprintf(stderr, "rtfloor: %s\n", err);
     exit(1);
   }
-  struct spawned s = {r.pid, r.out_r, r.err_r, cg_next, ""};
-  memcpy(s.cg_name, cg_next_name, sizeof s.cg_name);
-  cg_next = -1; /* the caller makes the next one, once the spawn is answered */
+  s.pid = r.pid;
+  s.out_r = r.out_r;
+  s.err_r = r.err_r;
   return s;
+}
+
+static void job_post(int job) {
+  pthread_mutex_lock(&mu);
+  jobs |= job;
+  pthread_cond_signal(&cv);
+  pthread_mutex_unlock(&mu);
+}
+
+/* The loop hands over a cgroup to remove (its command reaped). */
+static void job_post_rm(int fd, const char *name) {
+  if (fd < 0) return;
+  pthread_mutex_lock(&mu);
+  int slot_busy = rm_fd >= 0;
+  if (!slot_busy) {
+    rm_fd = fd;
+    memcpy(rm_name, name, sizeof rm_name);
+    jobs |= JOB_RM;
+    pthread_cond_signal(&cv);
+  }
+  pthread_mutex_unlock(&mu);
+  if (slot_busy) cg_remove(fd, name); /* never seen: a command takes longer than an rmdir */
 }
 
 static void *worker(void *arg) {
   (void)arg;
   for (;;) {
     pthread_mutex_lock(&mu);
-    while (!job_pending) pthread_cond_wait(&cv, &mu);
-    job_pending = 0;
+    while (!jobs) pthread_cond_wait(&cv, &mu);
+    int take = jobs, fd = rm_fd;
+    char name[32];
+    memcpy(name, rm_name, sizeof name);
+    jobs = 0;
+    rm_fd = -1;
+    busy = 1;
     pthread_mutex_unlock(&mu);
-    job_result = spawn_with_pipes();
-    uint64_t one = 1;
-    if (write(job_done_fd, &one, sizeof one) != sizeof one) die("rtfloor: eventfd");
-    pthread_mutex_lock(&mu); /* not after the loop removed the last one and left */
-    if (!stopping) cg_make_next();
+    if (take & JOB_SPAWN) {
+      job_result = spawn_with_pipes(1);
+      uint64_t one = 1;
+      if (write(job_done_fd, &one, sizeof one) != sizeof one) die("rtfloor: eventfd");
+      take |= JOB_NEXT; /* the agent's spare, made after the clone */
+    }
+    if (take & JOB_RM) cg_remove(fd, name);
+    if (take & JOB_NEXT) cg_make_next();
+    pthread_mutex_lock(&mu);
+    busy = 0;
+    pthread_cond_broadcast(&idle);
     pthread_mutex_unlock(&mu);
   }
   return NULL;
+}
+
+/* The client is gone: the worker's jobs done, the last spare removed. */
+static void serve_stop(void) {
+  pthread_mutex_lock(&mu);
+  stopping = 1;
+  while (jobs || busy) pthread_cond_wait(&idle, &mu);
+  cg_remove(cg_next, cg_next_name);
+  exit(0);
 }
 
 /* ---- the server loop */
@@ -145,10 +217,8 @@ static void serve(int lfd, int pool, int one_write) {
     ev.data.fd = fds[i];
     if (epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev)) die("rtfloor: epoll_ctl");
   }
-  if (pool) {
-    pthread_t t;
-    if (pthread_create(&t, NULL, worker, NULL)) die("rtfloor: pthread_create");
-  }
+  pthread_t t;
+  if (pthread_create(&t, NULL, worker, NULL)) die("rtfloor: pthread_create");
   char req[REQ];
   size_t have = 0;
   struct spawned cur = {-1, -1, -1, -1, ""}, run = cur;
@@ -163,24 +233,16 @@ static void serve(int lfd, int pool, int one_write) {
       int fd = evs[i].data.fd;
       if (fd == c) {
         ssize_t r = read(c, req + have, REQ - have);
-        if (r == 0) {
-          pthread_mutex_lock(&mu);
-          stopping = 1;
-          cg_remove(cg_next, cg_next_name);
-          exit(0);
-        }
-        if (r < 0) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (r <= 0) serve_stop(); /* the client closed (or reset) the connection */
         have += (size_t)r;
         if (have < REQ) continue;
         have = 0;
         if (pool) {
-          pthread_mutex_lock(&mu);
-          job_pending = 1;
-          pthread_cond_signal(&cv);
-          pthread_mutex_unlock(&mu);
+          job_post(JOB_SPAWN);
           continue;
         }
-        cur = spawn_with_pipes();
+        cur = spawn_with_pipes(0);
       } else if (fd == job_done_fd) {
         uint64_t v;
         if (read(job_done_fd, &v, sizeof v) != sizeof v) continue;
@@ -210,12 +272,13 @@ static void serve(int lfd, int pool, int one_write) {
         cur.pid = -1;
         if (!one_write && write(c, ans, 8) != 8) die("rtfloor: write");
         start_sent = 1;
-        if (!pool) cg_make_next();
+        if (!pool) job_post(JOB_NEXT); /* the spare, in the worker as the agent's pool */
       }
       if (start_sent && reaped && open_pipes == 0) {
         if (write(c, one_write ? ans : ans + 8, one_write ? 16 : 8) <= 0) die("rtfloor: write");
         start_sent = reaped = 0;
-        cg_remove(run.cg_fd, run.cg_name); /* the agent's rmdir is in its pool, after the answer too */
+        job_post_rm(run.cg_fd, run.cg_name); /* in the worker, after the answer, as the agent's pool */
+        run.cg_fd = -1;
       }
     }
   }
@@ -228,7 +291,7 @@ static int direct(const stats_run *o, const char *label) {
   for (uint64_t i = 0; i < o->w + o->n; i++) {
     if (o->gap_ms) stats_sleep_ms(o->gap_ms);
     uint64_t t0 = stats_now_ns();
-    struct spawned s = spawn_with_pipes();
+    struct spawned s = spawn_with_pipes(0);
     int st;
     while (waitpid(s.pid, &st, 0) < 0)
       if (errno != EINTR) die("rtfloor: waitpid");
@@ -256,7 +319,7 @@ static int client(int port, const stats_run *o, const char *label) {
   int on = 1;
   setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
   uint64_t *v = calloc(o->n, sizeof *v);
-  if (!v) return 1;
+  if (!v) die("rtfloor: calloc"); /* exits: the socket closes and the server stops */
   char req[REQ] = "call", ans[16];
   for (uint64_t i = 0; i < o->w + o->n; i++) {
     if (o->gap_ms) stats_sleep_ms(o->gap_ms);
@@ -270,7 +333,7 @@ static int client(int port, const stats_run *o, const char *label) {
     }
     if (memcmp(ans, "start...end.....", 16) != 0) {
       fprintf(stderr, "rtfloor: bad answer\n");
-      return 1;
+      exit(1);
     }
     if (i >= o->w) v[i - o->w] = stats_now_ns() - t0;
   }
