@@ -11,9 +11,9 @@
 #   * stdout throughput: `head -c SIZE /dev/zero` through a foreground
 #     StartProcess stream (client counts and checks the stdout bytes) against
 #     `head -c SIZE /dev/zero | cat >/dev/null`, interleaved, best of REPS.
-#     Target ≥ 0.5×.  The "bare relay" row, `head | cat | cat`, is the
-#     floor of any relay that reads and writes (3 processes, 4 copies:
-#     docs/internals/profile.md).
+#     Target ≥ 0.5×.  The "bare relay" row, `head | cat | cat`, is what a
+#     relay that reads and writes gets with no protocol at all (3
+#     processes, 4 copies, as the agent's path: docs/internals/profile.md).
 #   * idle RSS of conch-init (and after the runs).
 #
 # Usage: tests/bench/process.sh
