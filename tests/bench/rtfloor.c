@@ -158,7 +158,7 @@ static void job_post_rm(int fd, const char *name) {
     pthread_cond_signal(&cv);
   }
   pthread_mutex_unlock(&mu);
-  if (slot_busy) cg_remove(fd, name); /* never seen: a command takes longer than an rmdir */
+  if (slot_busy) cg_remove(fd, name); /* the last one still queued: not expected, a command outlasts an rmdir */
 }
 
 static void *worker(void *arg) {
