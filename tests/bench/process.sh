@@ -14,6 +14,11 @@
 #     Target ≥ 0.5×.  The "bare relay" row, `head | cat | cat`, is what a
 #     relay that reads and writes gets with no protocol at all (3
 #     processes, 4 copies, as the agent's path: docs/internals/profile.md).
+#     The "TCP relay" rows (tests/bench/relay.c) add what the agent's path
+#     has and `cat` has not: a loopback socket to a client process, a
+#     16-byte header per ≤ 32 KiB message; once with read+write (the
+#     agent's copies), once splicing the pipe into the socket (no copy in
+#     user space).
 #   * idle RSS of conch-init (and after the runs).
 #
 # Usage: tests/bench/process.sh
@@ -45,6 +50,7 @@ mkdir -p build/bench
 CFLAGS="-std=gnu11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wformat=2 -Wvla"
 cc $CFLAGS -o build/bench/spawn tests/bench/spawn.c tests/bench/stats.c
 cc $CFLAGS -o build/bench/rtt tests/bench/rtt.c tests/bench/stats.c -lnghttp2
+cc $CFLAGS -o build/bench/relay tests/bench/relay.c
 RTT=build/bench/rtt
 
 # ---- server
@@ -141,39 +147,60 @@ row "StartProcess /bin/true HTTP/1.1 keep-alive" "$grt1_out" 1 1
 
 # ---- stdout throughput
 MIB=$(awk -v s=$SIZE 'BEGIN{printf "%.0f", s / 1048576}')
-# the baseline and both protocols interleaved, REPS rounds, best of each
-best_pipe=999999 best_relay=999999 t1=999999 t2=999999 c1=0 c2=0
+# the baseline, the relays and both protocols interleaved, REPS rounds, best
+# of each; "cpu s/GiB": CPU time of all this machine's CPUs (/proc/stat)
+# over the transfer per GiB, the least of the rounds — with two CPUs a
+# pipeline cannot run faster than 2 CPUs ÷ that cost
+declare -A best=() cost=()
+c1=0 c2=0
+busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 mn() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.6f", a < b ? a : b}'; }
-thru() { # protocol flag → "seconds server_cpu_ticks" of one transfer
-  local c0 out
-  c0=$(cpu)
-  out=$($RTT --port $PORT --token "$TOK" $1 -n 1 -w 0 --expect-stdout $SIZE -- head -c $SIZE /dev/zero)
-  echo "$(echo "$out" | kv seconds) $(( $(cpu) - c0 ))"
+note() { # key seconds busy_ticks → best wall, least CPU per GiB
+  local c
+  c=$(awk -v b="$3" -v hz=$HZ -v s=$SIZE 'BEGIN{printf "%.3f", b / hz / (s / 1073741824)}')
+  best[$1]=$(mn "${best[$1]:-999999}" "$2")
+  cost[$1]=$(mn "${cost[$1]:-999999}" "$c")
+}
+pipeline() { # key command: time a shell pipeline
+  local s e b0
+  b0=$(busy); s=$(date +%s.%N)
+  bash -c "$2" >/dev/null
+  e=$(date +%s.%N)
+  note "$1" "$(awk -v s=$s -v e=$e 'BEGIN{printf "%.6f", e - s}')" $(( $(busy) - b0 ))
+}
+thru() { # key protocol-flag: one transfer; adds the server's CPU ticks to c1/c2
+  local c0 b0 out
+  c0=$(cpu); b0=$(busy)
+  out=$($RTT --port $PORT --token "$TOK" $2 -n 1 -w 0 --expect-stdout $SIZE -- head -c $SIZE /dev/zero)
+  note "$1" "$(echo "$out" | kv seconds)" $(( $(busy) - b0 ))
+  if [ "$1" = h1 ]; then c1=$((c1 + $(cpu) - c0)); else c2=$((c2 + $(cpu) - c0)); fi
 }
 for _ in $(seq $REPS); do
-  s=$(date +%s.%N); head -c $SIZE /dev/zero | cat >/dev/null; e=$(date +%s.%N)
-  best_pipe=$(mn "$best_pipe" "$(awk -v s=$s -v e=$e 'BEGIN{printf "%.6f", e - s}')")
-  s=$(date +%s.%N); head -c $SIZE /dev/zero | cat | cat >/dev/null; e=$(date +%s.%N)
-  best_relay=$(mn "$best_relay" "$(awk -v s=$s -v e=$e 'BEGIN{printf "%.6f", e - s}')")
-  r=$(thru ""); read -r t c <<<"$r"; t1=$(mn "$t1" "$t"); c1=$((c1 + c))
-  r=$(thru --h2); read -r t c <<<"$r"; t2=$(mn "$t2" "$t"); c2=$((c2 + c))
+  pipeline pipe "head -c $SIZE /dev/zero | cat >/dev/null"
+  pipeline relay "head -c $SIZE /dev/zero | cat | cat >/dev/null"
+  pipeline rw "head -c $SIZE /dev/zero | build/bench/relay -m rw"
+  pipeline splice "head -c $SIZE /dev/zero | build/bench/relay -m splice"
+  thru h1 ""
+  thru h2 --h2
 done
 cpu1=$(awk -v c=$c1 -v hz=$HZ -v r=$REPS 'BEGIN{printf "%.2f", c / hz / r}')
 cpu2=$(awk -v c=$c2 -v hz=$HZ -v r=$REPS 'BEGIN{printf "%.2f", c / hz / r}')
-trow() { # label seconds server-cpu target?
-  local r mark=""
-  r=$(awk -v b=$best_pipe -v t=$2 'BEGIN{printf "%.2f", b / t}')
+trow() { # label key server-cpu target?
+  local r mark="" t=${best[$2]}
+  r=$(awk -v b=${best[pipe]} -v t=$t 'BEGIN{printf "%.2f", b / t}')
   if [ "$4" = 1 ]; then
     if awk -v r="$r" 'BEGIN{exit !(r >= 0.5)}'; then mark=ok; else mark=MISS; missed=1; fi
   fi
-  printf '%-44s %9.3f %9.0f %9s %8s %8s\n' "$1" "$2" "$(awk -v m=$MIB -v t=$2 'BEGIN{print m / t}')" "$3" "$r" "$mark"
+  printf '%-44s %9.3f %9.0f %9s %9.2f %8s %8s\n' "$1" "$t" "$(awk -v m=$MIB -v t=$t 'BEGIN{print m / t}')" "$3" "${cost[$2]}" "$r" "$mark"
 }
 echo
-printf '%-44s %9s %9s %9s %8s %8s\n' "stdout throughput, $MIB MiB (best of $REPS)" seconds "MiB/s" "srv cpu" "ratio" ">=0.5x"
-trow "head | cat >/dev/null (baseline)" "$best_pipe" "" 0
-trow "head | cat | cat >/dev/null (a bare relay)" "$best_relay" "" 0
-trow "StartProcess stdout HTTP/1.1" "$t1" "$cpu1" 1
-trow "StartProcess stdout h2c" "$t2" "$cpu2" 1
+printf '%-44s %9s %9s %9s %9s %8s %8s\n' "stdout throughput, $MIB MiB (best of $REPS)" seconds "MiB/s" "srv cpu" "cpu s/GiB" "ratio" ">=0.5x"
+trow "head | cat >/dev/null (baseline)" pipe "" 0
+trow "head | cat | cat >/dev/null (a bare relay)" relay "" 0
+trow "TCP relay, read+write (relay.c -m rw)" rw "" 0
+trow "TCP relay, splice (relay.c -m splice)" splice "" 0
+trow "StartProcess stdout HTTP/1.1" h1 "$cpu1" 1
+trow "StartProcess stdout h2c" h2 "$cpu2" 1
 
 RSS_AFTER=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
 echo
