@@ -41,6 +41,7 @@ struct rpc_call {
   int decoding;     /* a pool decode (pool_decode) holds the call */
   int req_taken;    /* rpc_take_request: the service frees the request */
   int req_takable;  /* inside on_request with a malloc-decoded request */
+  ProtobufCMessage *msg_cur; /* inside on_message: the message, until taken */
   int in_paused, in_done, in_end_sent;
   /* output */
   void *unary_owner; /* owner word (bufref.h) of the answer's bytes */
@@ -850,8 +851,10 @@ static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) 
 static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
   c->had_nul = c->req_nul;
   if (streams_in(c->m)) {
+    c->msg_cur = m; /* for rpc_take_request during the callback */
     if (c->m->on_message) c->m->on_message(c, m);
-    protobuf_c_message_free_unpacked(m, NULL);
+    if (c->msg_cur) protobuf_c_message_free_unpacked(m, NULL);
+    c->msg_cur = NULL;
     return;
   }
   /* server streaming over envelopes: exactly one request message */
@@ -877,6 +880,11 @@ static void start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocator
 }
 
 ProtobufCMessage *rpc_take_request(rpc_call *c) {
+  if (c->msg_cur) {
+    ProtobufCMessage *m = c->msg_cur;
+    c->msg_cur = NULL;
+    return m;
+  }
   if (!c->req_takable || c->req_taken || !c->req) return NULL;
   c->req_taken = 1;
   return c->req;

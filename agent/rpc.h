@@ -101,11 +101,12 @@ typedef struct rpc_method {
   void (*on_cancel)(rpc_call *c, rpc_code why);
 } rpc_method;
 
-/* Inside on_request: take the request instead of copying it (a service
- * that copies a big request in the thread pool).  It is then the caller's,
- * freed with protobuf_c_message_free_unpacked(req, NULL) on any thread.
- * NULL when it cannot be taken (a unary request decoded on the stack):
- * copy it as usual. */
+/* Inside on_request or on_message: take the request or message instead of
+ * copying it (a service that copies a big request in the thread pool, an
+ * upload that keeps a chunk's bytes until they are written).  It is then
+ * the caller's, freed with protobuf_c_message_free_unpacked(m, NULL) on any
+ * thread.  NULL when it cannot be taken (a unary request decoded on the
+ * stack): copy it as usual. */
 ProtobufCMessage *rpc_take_request(rpc_call *c);
 
 /* ---- sending: one message form, one bytes form (and its tail variant) ----

@@ -16,10 +16,11 @@
  * file is removed (in the pool; an unnamed one by closing it), the target
  * is untouched and no message is sent.
  *
- * Pipelining with bounded memory: chunks are copied into a queue while the
- * previous batch is written in the pool (network and disk overlap); the
- * call's input is paused while UP_QUEUE_HIGH bytes wait, so at most about
- * 2 x (UP_QUEUE_HIGH + 1 MiB) is held per upload.  A layer that kept
+ * Pipelining with bounded memory: chunks (the decoded messages, taken from
+ * the layer: no copy) wait in a queue while the previous batch is written
+ * in the pool (network and disk overlap); the call's input is paused while
+ * UP_QUEUE_HIGH bytes wait, so at most about 2 x (UP_QUEUE_HIGH + 1 MiB) is
+ * held per upload.  A layer that kept
  * delivering past the pause would be stopped at UP_QUEUE_MAX.
  * A target that is an existing directory fails at the first chunk with
  * invalid_argument "path is a directory: <p>".
@@ -45,10 +46,14 @@
 #define UP_QUEUE_MAX (8u * 1024 * 1024)
 #define UP_TEMP_PREFIX ".conch-upload-"
 
+/* A chunk's bytes: in the FileChunk message itself, taken from the layer
+ * (no copy), or copied behind the struct when it could not be taken. */
 typedef struct up_chunk {
   struct up_chunk *next;
+  ProtobufCMessage *msg; /* owned, or NULL: the bytes are in copy[] */
+  const unsigned char *data;
   size_t len;
-  unsigned char data[];
+  unsigned char copy[];
 } up_chunk;
 
 typedef enum up_op { UP_OPEN, UP_WRITE, UP_COMMIT, UP_CLEANUP } up_op;
@@ -78,6 +83,7 @@ typedef struct fs_upload {
 static void up_chunks_free(up_chunk *k) {
   for (up_chunk *n; k; k = n) {
     n = k->next;
+    if (k->msg) protobuf_c_message_free_unpacked(k->msg, NULL);
     free(k);
   }
 }
@@ -454,12 +460,21 @@ static void up_after(void *data, int canceled) {
   up_kick(u);
 }
 
-static up_chunk *up_copy(const ProtobufCBinaryData *b) {
-  up_chunk *k = malloc(sizeof *k + b->len);
-  if (!k) return NULL;
+/* The chunk's content as a queue entry: the message taken from the layer
+ * when it can be (its bytes are then written from where they were
+ * decoded), else a copy.  NULL when out of memory. */
+static up_chunk *up_chunk_of(rpc_call *c, const Pb__FileChunk *ch) {
+  ProtobufCMessage *m = rpc_take_request(c);
+  up_chunk *k = malloc(sizeof *k + (m ? 0 : ch->content.len));
+  if (!k) {
+    if (m) protobuf_c_message_free_unpacked(m, NULL);
+    return NULL;
+  }
   k->next = NULL;
-  k->len = b->len;
-  if (b->len) memcpy(k->data, b->data, b->len);
+  k->msg = m;
+  k->len = ch->content.len;
+  k->data = m ? ch->content.data : k->copy;
+  if (!m && k->len) memcpy(k->copy, ch->content.data, k->len);
   return k;
 }
 
@@ -493,7 +508,7 @@ void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg) {
     }
     u->started = 1;
     if (!(u->target = strdup(fp)) ||
-        (ch->content.len && !(u->batch = up_copy(&ch->content)))) {
+        (ch->content.len && !(u->batch = up_chunk_of(c, ch)))) {
       up_fail(u, RPC_RESOURCE_EXHAUSTED, "out of memory");
       return;
     }
@@ -510,7 +525,7 @@ void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg) {
     up_fail(u, RPC_RESOURCE_EXHAUSTED, "upload queue full");
     return;
   }
-  up_chunk *k = up_copy(&ch->content);
+  up_chunk *k = up_chunk_of(c, ch);
   if (!k) {
     up_fail(u, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
