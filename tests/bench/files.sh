@@ -7,8 +7,9 @@
 #     The upload's floor in the same rounds: tests/bench/upsink.c, a bare
 #     HTTP/1.1 receiver writing the body to a file on the same tmpfs
 #     (curl -T of the same bytes): what the kernel and curl cost
-#     (docs/internals/profile.md, PostFileStream); once with read+write,
-#     once splicing socket → pipe → file;
+#     (docs/internals/profile.md, PostFileStream); with read+write or
+#     splicing socket → pipe → file, in one thread or (-t) with the file
+#     written by a second thread, as the agent's loop and pool;
 #   * unary ListFiles rate with h2load against nghttpd serving a small file;
 #   * ListFiles of 10 000 entries (JSON) with and without gzip (api.md §9):
 #     bytes on the wire and rate;
@@ -24,7 +25,7 @@ for t in nghttpd h2load curl; do command -v $t >/dev/null || { echo "missing $t 
 
 W=$(mktemp -d /tmp/conch-bench.XXXXXX)
 mount -t tmpfs -o size=$((SIZE_MIB * 5 + 256))m tmpfs "$W"
-cleanup() { kill "${NGPID:-}" "${CIPID:-}" "${UPPID:-}" "${UPSPID:-}" 2>/dev/null || true; wait 2>/dev/null || true; umount "$W" 2>/dev/null || true; rmdir "$W" 2>/dev/null || true; }
+cleanup() { kill "${NGPID:-}" "${CIPID:-}" "${SINKPID[@]}" 2>/dev/null || true; wait 2>/dev/null || true; umount "$W" 2>/dev/null || true; rmdir "$W" 2>/dev/null || true; }
 trap cleanup EXIT
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$W/big"
 echo '{"status":"OK"}' > "$W/small"
@@ -32,12 +33,16 @@ mkdir -p "$W/dir" && for i in $(seq 10); do echo $i > "$W/dir/f$i"; done
 mkdir -p "$W/dir10k" && (cd "$W/dir10k" && seq -f 'file-%05g.txt' 10000 | xargs touch)
 
 port() { /usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-NGP=$(port); CIP=$(port); UPP=$(port); UPS=$(port); TOK=benchtoken
+NGP=$(port); CIP=$(port); TOK=benchtoken
+SINKS=("" "-s" "-t" "-s -t") SINKP=() SINKPID=()
 mkdir -p build/bench
-cc -std=gnu11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -o build/bench/upsink tests/bench/upsink.c
+cc -std=gnu11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -o build/bench/upsink tests/bench/upsink.c -lpthread
 nghttpd --no-tls -d "$W" "$NGP" >/dev/null 2>&1 & NGPID=$!
-build/bench/upsink "$UPP" "$W/sunk" & UPPID=$!
-build/bench/upsink -s "$UPS" "$W/sunk" & UPSPID=$!
+for i in "${!SINKS[@]}"; do
+  SINKP[i]=$(port)
+  # shellcheck disable=SC2086 # the options are words
+  build/bench/upsink ${SINKS[i]} "${SINKP[i]}" "$W/sunk" & SINKPID[i]=$!
+done
 "$BIN" serve --listen 127.0.0.1:$CIP --token $TOK --log-level warn & CIPID=$!
 sleep 0.5
 
@@ -72,7 +77,7 @@ get_h2()  { curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H 'Content-T
 post_h1() { rm -f "$W/uploaded"; curl -s -o /dev/null "${H[@]}" -H "Content-Type: application/connect+proto" -X POST -T "$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
 post_h2() { rm -f "$W/uploaded"; curl -s --http2-prior-knowledge -o /dev/null "${H[@]}" -H "Content-Type: application/connect+proto" -X POST -T "$W/post.env" http://127.0.0.1:$CIP/pb.FileService/PostFileStream; }
 ng_h2()   { curl -s --http2-prior-knowledge -o /dev/null http://127.0.0.1:$NGP/big; }
-sink_h1() { rm -f "$W/sunk"; curl -s -o /dev/null -T "$W/post.env" http://127.0.0.1:${1:-$UPP}/; }
+sink_h1() { rm -f "$W/sunk"; curl -s -o /dev/null -T "$W/post.env" "http://127.0.0.1:$1/"; }
 
 # sanity: the download is the file, framed
 curl -s -o "$W/got" "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream
@@ -96,19 +101,19 @@ assert h.digest() == hashlib.sha256(open(f"{w}/big", "rb").read()).digest()
 PY
 rm -f "$W/got"
 post_h1; cmp -s "$W/big" "$W/uploaded" || { echo "PostFileStream sanity check failed"; exit 1; }
-for p in $UPP $UPS; do sink_h1 $p; cmp -s "$W/post.env" "$W/sunk" || { echo "upsink sanity check failed"; exit 1; }; done
+for p in "${SINKP[@]}"; do sink_h1 "$p"; cmp -s "$W/post.env" "$W/sunk" || { echo "upsink sanity check failed"; exit 1; }; done
 
 RSS_IDLE=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
 # Rounds interleave the baseline and every candidate, so that a slow phase
 # of a noisy machine hits them alike; each figure is its best round.
 secs() { local s e; s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N); echo "$e - $s" | bc -l; }
 min() { echo "$1 $2" | awk '{print ($1<$2)?$1:$2}'; }
-base=999999; g1=999999; g2=999999; p1=999999; p2=999999; u1=999999; u2=999999
+base=999999; g1=999999; g2=999999; p1=999999; p2=999999; u=(999999 999999 999999 999999)
 for _ in $(seq $REPS); do
   base=$(min "$(secs ng_h2)" $base)
   g1=$(min "$(secs get_h1)" $g1); g2=$(min "$(secs get_h2)" $g2)
   p1=$(min "$(secs post_h1)" $p1); p2=$(min "$(secs post_h2)" $p2)
-  u1=$(min "$(secs sink_h1)" $u1); u2=$(min "$(secs sink_h1 $UPS)" $u2)
+  for i in "${!SINKS[@]}"; do u[i]=$(min "$(secs sink_h1 "${SINKP[i]}")" "${u[i]}"); done
 done
 r() { echo "$base / $1" | bc -l | awk '{printf "%.2f", $1}'; }
 mbps() { echo "$SIZE_MIB / $1" | bc -l | awk '{printf "%.0f", $1}'; }
@@ -120,8 +125,9 @@ printf '%-38s %10.3f %10s %8s\n' "GetFileStream HTTP/1.1" "$g1" "$(mbps $g1)" "$
 printf '%-38s %10.3f %10s %8s\n' "GetFileStream h2c" "$g2" "$(mbps $g2)" "$(r $g2)"
 printf '%-38s %10.3f %10s %8s\n' "PostFileStream HTTP/1.1" "$p1" "$(mbps $p1)" "$(r $p1)"
 printf '%-38s %10.3f %10s %8s\n' "PostFileStream h2c" "$p2" "$(mbps $p2)" "$(r $p2)"
-printf '%-38s %10.3f %10s %8s\n' "upsink ← curl -T (an upload's floor)" "$u1" "$(mbps $u1)" "$(r $u1)"
-printf '%-38s %10.3f %10s %8s\n' "upsink -s (splice) ← curl -T" "$u2" "$(mbps $u2)" "$(r $u2)"
+for i in "${!SINKS[@]}"; do
+  printf '%-38s %10.3f %10s %8s\n' "upsink ${SINKS[i]:-(read+write)} ← curl -T" "${u[i]}" "$(mbps "${u[i]}")" "$(r "${u[i]}")"
+done
 
 # unary rate: h2load, 10 clients x 10 streams.  The rate target is judged
 # by the median of RATE_ROUNDS paired rounds: each round measures nghttpd
