@@ -16,11 +16,14 @@
  * file is removed (in the pool; an unnamed one by closing it), the target
  * is untouched and no message is sent.
  *
- * Pipelining with bounded memory: chunks (the decoded messages, taken from
- * the layer: no copy) wait in a queue while the previous batch is written
- * in the pool (network and disk overlap); the call's input is paused while
- * UP_QUEUE_HIGH bytes wait, so at most about 2 x (UP_QUEUE_HIGH + 1 MiB) is
- * held per upload.  A layer that kept
+ * Pipelining with bounded memory: chunks wait in a queue while the previous
+ * batch is written in the pool (network and disk overlap): a chunk that is
+ * essentially its content (UP_TAKE_MIN bytes or more, at most UP_TAKE_SLACK
+ * of path and other fields) as the decoded message itself, taken from the
+ * layer (no copy), any other as a copy of its content — so what is held is
+ * within UP_TAKE_SLACK / UP_TAKE_MIN of the content counted.  The call's
+ * input is paused while UP_QUEUE_HIGH bytes wait, so at most about
+ * 2 x (UP_QUEUE_HIGH + 1 MiB) is held per upload.  A layer that kept
  * delivering past the pause would be stopped at UP_QUEUE_MAX.
  * A target that is an existing directory fails at the first chunk with
  * invalid_argument "path is a directory: <p>".
@@ -44,6 +47,8 @@
 
 #define UP_QUEUE_HIGH (2u * 1024 * 1024)
 #define UP_QUEUE_MAX (8u * 1024 * 1024)
+#define UP_TAKE_MIN (64u * 1024) /* content from which a chunk is kept as its message */
+#define UP_TAKE_SLACK (4u * 1024 + 64) /* the rest of such a message: a path, the tags */
 #define UP_TEMP_PREFIX ".conch-upload-"
 
 /* A chunk's bytes: in the FileChunk message itself, taken from the layer
@@ -460,11 +465,19 @@ static void up_after(void *data, int canceled) {
   up_kick(u);
 }
 
+/* Whether the chunk is kept as its message: big, and nothing much else in
+ * it (a 1-byte chunk padded with a long path or unknown fields is copied,
+ * so the queue's count of content bytes stays what it holds). */
+static int up_takes(const Pb__FileChunk *ch) {
+  return ch->content.len >= UP_TAKE_MIN &&
+         protobuf_c_message_get_packed_size(&ch->base) <= ch->content.len + UP_TAKE_SLACK;
+}
+
 /* The chunk's content as a queue entry: the message taken from the layer
- * when it can be (its bytes are then written from where they were
- * decoded), else a copy.  NULL when out of memory. */
+ * when up_takes and it can be (its bytes are then written from where they
+ * were decoded), else a copy.  NULL when out of memory. */
 static up_chunk *up_chunk_of(rpc_call *c, const Pb__FileChunk *ch) {
-  ProtobufCMessage *m = rpc_take_request(c);
+  ProtobufCMessage *m = up_takes(ch) ? rpc_take_request(c) : NULL;
   up_chunk *k = malloc(sizeof *k + (m ? 0 : ch->content.len));
   if (!k) {
     if (m) protobuf_c_message_free_unpacked(m, NULL);

@@ -337,6 +337,29 @@ def test_upload_proto_codec(client, tmp_path):
     assert open(target, "rb").read() == data
 
 
+def test_upload_proto_kept_and_copied_chunks(client, tmp_path):
+    """Big chunks are queued as their decoded messages, small ones and ones
+    padded with other fields (here an unknown field 15) as copies
+    (fs/upload.c up_takes): one file made of all kinds comes out whole."""
+    import agent_pb2 as pb
+    target = str(tmp_path / "mixed.bin")
+    sizes = [200 << 10, 100 << 10, 10, 70 << 10, 64 << 10, (64 << 10) - 1, 1 << 20]
+    data = os.urandom(sum(sizes))
+    pad = bytes([15 << 3 | 2]) + bytes([0x80, 0x40]) + b"u" * 8192  # 8 KiB unknown field
+    msgs, off = [], 0
+    for i, n in enumerate(sizes):
+        m = pb.FileChunk(content=data[off:off + n])
+        if i == 0:
+            m.filepath = target
+        raw = m.SerializeToString()
+        msgs.append(raw + pad if i in (3, 5) else raw)
+        off += n
+    st, out, end = client.stream(UPLOAD, msgs, json_codec=False)
+    assert st == 200 and end == {}
+    assert pb.PostFilesResponse.FromString(out[0]).uploaded_count == 1
+    assert open(target, "rb").read() == data
+
+
 # ---------------------------------------------------------------- download
 
 def down(client, path, **kw):
