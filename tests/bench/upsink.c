@@ -114,12 +114,9 @@ static long long sink_threaded(int c, int fd, long long left) {
   w.done = 1;
   pthread_cond_broadcast(&w.cv);
   pthread_mutex_unlock(&w.mu);
-  if (use_splice && left > 0) close(pp[1]); /* a short body: the writer sees EOF */
+  if (use_splice) close(pp[1]); /* what is in the pipe stays readable; a short body ends in EOF */
   pthread_join(t, NULL);
-  if (use_splice) {
-    close(pp[0]);
-    if (left == 0) close(pp[1]);
-  }
+  if (use_splice) close(pp[0]);
   return w.failed ? (left ? left : 1) : left;
 }
 
