@@ -301,9 +301,21 @@ static int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_
 /* One read buffer per connection, reused: protocols copy what they keep
  * before on_read returns (a fresh 64 KiB block per read made malloc trim
  * and re-fault the heap top on every request). */
+/* Big enough that a read into the protocol's memory saves more than the
+ * extra read it may cost (the rest then comes through rbuf). */
+#define CONN_INTO_MIN (16u * 1024)
+
 static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   (void)hint;
   conn *c = h->data;
+  if (c->s.proto && c->s.proto->read_into && !c->s.closing) {
+    size_t len = 0;
+    uint8_t *p = c->s.proto->read_into(&c->s, &len);
+    if (p && len >= CONN_INTO_MIN) {
+      *buf = uv_buf_init((char *)p, len > UINT32_MAX ? UINT32_MAX : (unsigned)len);
+      return;
+    }
+  }
   if (!c->rbuf) c->rbuf = malloc(CONN_READ_BUF);
   *buf = uv_buf_init(c->rbuf, c->rbuf ? CONN_READ_BUF : 0);
 }

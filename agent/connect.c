@@ -987,9 +987,31 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
     c->in = q;
     c->in_cap = cap;
   }
-  memcpy(c->in + c->in_len, d, n);
+  if (d != c->in + c->in_len) memcpy(c->in + c->in_len, d, n); /* else read there: on_body_into */
   c->in_len += n;
   if (c->w != W_CONNECT_UNARY) call_pump(c);
+}
+
+/* hx_handler.body_into: the next body bytes may be read straight into
+ * c->in, within the room it already has (no growth, so the budget is
+ * unchanged and d above is still c->in + c->in_len) and never past the
+ * envelope being assembled — which, after call_pump, starts at c->in[0]
+ * — so that the pump's memmove of what follows a message stays small.
+ * A unary body takes the room its Content-Length sized. */
+static uint8_t *on_body_into(hx *x, size_t *len) {
+  rpc_call *c = x->hdata;
+  if (c->finished || c->in_paused || c->decoding || !c->in) return NULL;
+  size_t room = c->in_cap - c->in_len, want = room;
+  if (c->w != W_CONNECT_UNARY) {
+    if (c->in_len < 5) return NULL;
+    uint8_t flags;
+    uint32_t mlen;
+    if (env_next(c->in, c->in_len, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &mlen) != ENV_NEED)
+      return NULL;
+    want = 5 + (size_t)mlen - c->in_len;
+  }
+  *len = want < room ? want : room;
+  return *len ? c->in + c->in_len : NULL;
 }
 
 static void on_body_end(hx *x) {
@@ -1042,7 +1064,7 @@ static void on_drain(hx *x) {
   cb(c);
 }
 
-static const hx_handler call_handler = {on_body, on_body_end, on_abort, on_drain};
+static const hx_handler call_handler = {on_body, on_body_end, on_abort, on_drain, on_body_into};
 
 void rpc_waiting(rpc_call *c) {
   if (c->hx_live) hx_waiting(c->x);

@@ -2,6 +2,7 @@
 #include "agent/http1.h"
 
 #include <http_parser.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -733,11 +734,32 @@ static void h1_on_close(hsink *c) {
   c->p = NULL;
 }
 
+/* hproto.read_into: inside a Content-Length body that nothing holds back,
+ * the next read may go straight where the exchange's handler assembles it
+ * (an upload's message: connect.c), at most the body's remaining bytes —
+ * so the parser sees exactly body bytes there, and gives them to on_body
+ * at that address in one piece.  Chunked bodies are read as usual: their
+ * framing must not land in the handler's buffer. */
+static uint8_t *h1_read_into(hsink *c, size_t *len) {
+  h1 *s = c->p;
+  hx *x = s ? s->x : NULL;
+  if (!x || s->scan != SC_DONE || !s->dispatched || s->msg_done || s->upgrade || s->failed ||
+      s->pend_len || s->parser_paused || s->body_paused || s->in_execute || x->ended || !x->h ||
+      !x->h->on_body || !x->h->body_into || (s->parser.flags & F_CHUNKED) ||
+      HTTP_PARSER_ERRNO(&s->parser) != HPE_OK)
+    return NULL;
+  uint64_t left = s->parser.content_length;
+  if (left == 0 || left == ULLONG_MAX) return NULL;
+  uint8_t *p = x->h->body_into(x, len);
+  if (p && *len > left) *len = (size_t)left;
+  return p;
+}
+
 /* EOF from the client closes the connection at once, even with a request
  * still being answered: a half-close cannot be told from a vanished client,
  * and a vanished client must stop its foreground process (api.md §6) — as
  * Go's server cancels the request context on EOF. */
-const hproto http1_conn_proto = {h1_on_read, h1_on_written, h1_on_timeout, h1_on_close};
+const hproto http1_conn_proto = {h1_on_read, h1_on_written, h1_on_timeout, h1_on_close, h1_read_into};
 
 int http1_conn_init(hsink *c) {
   h1 *s = calloc(1, sizeof *s);

@@ -38,6 +38,10 @@ typedef struct hx_handler {
   void (*on_body_end)(hx *x);
   void (*on_abort)(hx *x);
   void (*on_drain)(hx *x);
+  /* Optional: the handler's own memory where the next *len request body
+   * bytes may be read (or NULL); they then come to on_body at that
+   * address.  Only asked by a transport that reads straight into it. */
+  uint8_t *(*body_into)(hx *x, size_t *len);
 } hx_handler;
 
 #define HX_OUTQ_LOW (1u * 1024 * 1024)

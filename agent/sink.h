@@ -30,6 +30,12 @@ typedef struct hproto {
   void (*on_written)(hsink *s); /* some queued bytes left */
   void (*on_timeout)(hsink *s); /* the timer expired */
   void (*on_close)(hsink *s);   /* gone: abort exchanges, free state */
+  /* Optional: where the next read may go instead of the sink's own buffer
+   * — memory of the protocol's, *len bytes of room — or NULL.  The bytes
+   * read there are then passed to on_read at that address, so a body can
+   * land where it is assembled (http1.c, connect.c: no copy).  Asked right
+   * before each read; nothing else runs in between. */
+  uint8_t *(*read_into)(hsink *s, size_t *len);
 } hproto;
 
 typedef struct hsink_ops {

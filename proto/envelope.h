@@ -16,7 +16,8 @@
 void env_put_header(uint8_t *h, uint8_t flags, size_t len);
 
 typedef enum env_status {
-  ENV_NEED,      /* p[0, n) holds no whole envelope yet */
+  ENV_NEED,      /* p[0, n) holds no whole envelope yet (*len is set once
+                    the 5 header bytes are there) */
   ENV_MSG,       /* one whole envelope: *flags, payload p[5, 5 + *len) */
   ENV_TOO_BIG,   /* the header announces more than max bytes (*len): known
                     before the payload arrives */

@@ -20,6 +20,9 @@
  *   /hold    nothing: the test answers (tr_last, hx_simple)
  *   /wait    like /hold, and hx_waiting at the body's end (SendInput)
  *   /pause   like /echo, with the body paused at once (tr_unpause)
+ *   /into    like /echo, and offers its body buffer to read into
+ *            (hx_handler.body_into: TR_INTO bytes; into_bytes counts what
+ *            came to on_body at that address)
  *   else     404 "nope"
  * Every exchange is recorded in tr_x[] (at most TR_MAX a test).
  */
@@ -255,7 +258,10 @@ typedef struct trx {
   size_t body_len;
   int body_ended, aborted, drained, done;
   size_t big;
+  uint8_t into[64];
+  size_t into_len, into_bytes;
 } trx;
+#define TR_INTO 64
 
 static trx tr_x[TR_MAX];
 static int tr_n;
@@ -311,6 +317,22 @@ static inline void tr_on_drain(hx *x) { tr_of(x)->drained++; }
 
 static const hx_handler tr_handler = {tr_on_body, tr_on_body_end, tr_on_abort, tr_on_drain};
 
+static inline uint8_t *tr_body_into(hx *x, size_t *len) {
+  trx *t = tr_of(x);
+  *len = TR_INTO - t->into_len;
+  return *len ? t->into + t->into_len : NULL;
+}
+static inline void tr_into_body(hx *x, const uint8_t *d, size_t n) {
+  trx *t = tr_of(x);
+  if (d == t->into + t->into_len) t->into_bytes += n;
+  else if (n <= TR_INTO - t->into_len) memcpy(t->into + t->into_len, d, n);
+  else abort(); /* the tests send at most TR_INTO */
+  t->into_len += n;
+  tr_on_body(x, d, n);
+}
+static const hx_handler tr_into_handler = {tr_into_body, tr_on_body_end, tr_on_abort, tr_on_drain,
+                                           tr_body_into};
+
 static inline void tr_dispatch(hx *x) {
   if (tr_n >= TR_MAX) { /* fuzz drivers: answer without recording */
     hx_simple(x, 503, "text/plain", "full", NULL, 0);
@@ -329,6 +351,10 @@ static inline void tr_dispatch(hx *x) {
       hx_write_copy(x, "start", 5);
     }
     if (!strcmp(t->path, "/pause")) hx_pause_body(x, 1);
+    return;
+  }
+  if (!strcmp(t->path, "/into")) {
+    hx_set_handler(x, &tr_into_handler, t);
     return;
   }
   t->done = 1;

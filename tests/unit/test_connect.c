@@ -1059,6 +1059,46 @@ TEST(envelopes_split_everywhere) {
   fake_done();
 }
 
+/* A transport that reads straight into the call's buffer when offered
+ * (http1.c, hx_handler.body_into), step bytes at a time otherwise: the
+ * messages are the same, the offer never reaches past the envelope being
+ * assembled (nor before its 5-byte header is in), and most bytes land in
+ * place. */
+TEST(envelopes_read_into) {
+  size_t bd[4];
+  bb in = three_chunks(bd);
+  for (size_t step = 1; step < 40; step += 3) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    size_t off = 0, into = 0;
+    while (off < in.len) {
+      size_t len = 0;
+      uint8_t *p = F.x.h->body_into(&F.x, &len);
+      size_t env_start = off >= bd[2] ? bd[2] : off >= bd[1] ? bd[1] : 0;
+      if (p) {
+        ASSERT(off >= env_start + 5);
+        size_t env_end = off >= bd[2] ? bd[3] : off >= bd[1] ? bd[2] : bd[1];
+        ASSERT(len > 0 && off + len <= env_end);
+        size_t k = len < 2 * step ? len : 2 * step;
+        memcpy(p, in.p + off, k);
+        hx_body(&F.x, p, k);
+        off += k;
+        into += k;
+      } else {
+        size_t k = in.len - off < step ? in.len - off : step;
+        feed(in.p + off, k, k);
+        off += k;
+      }
+    }
+    feed_end();
+    if (strcmp(svc.log, three_chunks_log()) != 0) TEST_FAIL_("step %zu: %s", step, svc.log);
+    expect_post_ok(3);
+    if (into < in.len / 2) TEST_FAIL_("step %zu: only %zu of %zu bytes read in place", step, into, in.len);
+  }
+  bb_free(&in);
+  fake_done();
+}
+
 TEST(server_stream_request) {
   /* byte by byte; the service starts only at body end */
   bb in = {0};
@@ -2215,6 +2255,7 @@ int main(void) {
   RUN(envelopes_whole_and_batched);
   RUN(envelopes_byte_by_byte);
   RUN(envelopes_split_everywhere);
+  RUN(envelopes_read_into);
   RUN(server_stream_request);
   RUN(truncated_envelope);
   RUN(deferred_end);

@@ -323,6 +323,66 @@ TEST(early_answer_drops_body) {
   memsink_free(&m);
 }
 
+/* hproto.read_into as conn.c uses it: inside a Content-Length body the
+ * read may go into the handler's buffer, never past the body's end (nor
+ * before the head is complete, in a chunked body, while paused, or for a
+ * handler without body_into); those bytes reach on_body at that address. */
+TEST(read_into_content_length) {
+  memsink m;
+  start(&m);
+  size_t len = 1;
+  ASSERT(m.s.proto->read_into(&m.s, &len) == NULL); /* no request yet */
+  memsink_feeds(&m, "POST /into HTTP/1.1\r\nContent-Length: 20\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  uint8_t *p = m.s.proto->read_into(&m.s, &len);
+  ASSERT(p == tr_x[0].into);
+  ASSERT_EQ(len, 20); /* the body's 20 bytes, of TR_INTO's room */
+  memcpy(p, "0123456789", 10);
+  m.s.proto->on_read(&m.s, p, 10);
+  ASSERT_EQ(tr_x[0].into_bytes, 10);
+  p = m.s.proto->read_into(&m.s, &len);
+  ASSERT(p == tr_x[0].into + 10);
+  ASSERT_EQ(len, 10);
+  memsink_feeds(&m, "abcdefghij"); /* through the sink's buffer: copied */
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT_EQ(tr_x[0].into_bytes, 10);
+  ASSERT(tr_x[0].body_ended);
+  ASSERT(strstr(memsink_str(&m), "Content-Length: 20\r\n\r\n0123456789abcdefghij"));
+  ASSERT(m.s.proto->read_into(&m.s, &len) == NULL); /* the body is in */
+
+  /* a body longer than the buffer: the offer is the buffer's room */
+  memsink_feeds(&m, "POST /into HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  p = m.s.proto->read_into(&m.s, &len);
+  ASSERT(p == tr_x[1].into);
+  ASSERT_EQ(len, TR_INTO);
+
+  /* no offer: a handler without body_into, a chunked body, a paused one */
+  memsink_free(&m);
+  start(&m);
+  memsink_feeds(&m, "POST /echo HTTP/1.1\r\nContent-Length: 20\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(m.s.proto->read_into(&m.s, &len) == NULL);
+  memsink_free(&m);
+  start(&m);
+  memsink_feeds(&m, "POST /into HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(m.s.proto->read_into(&m.s, &len) == NULL);
+  memsink_feeds(&m, "\r\n0\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(strstr(memsink_str(&m), "Content-Length: 3\r\n\r\nabc"));
+  ASSERT_EQ(tr_x[0].into_bytes, 0);
+  memsink_free(&m);
+  start(&m);
+  memsink_feeds(&m, "POST /into HTTP/1.1\r\nContent-Length: 20\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  hx_pause_body(tr_x[0].x, 1);
+  ASSERT(m.s.proto->read_into(&m.s, &len) == NULL);
+  hx_pause_body(tr_x[0].x, 0);
+  ASSERT(m.s.proto->read_into(&m.s, &len) != NULL);
+  memsink_free(&m);
+}
+
 /* HTTP2-Settings "AAMAAABkAAQAoAAAAAIAAAAA": 3 entries. */
 TEST(upgrade_h2c) {
   memsink m;
@@ -379,6 +439,7 @@ int main(void) {
   RUN(timers);
   RUN(pause_body);
   RUN(early_answer_drops_body);
+  RUN(read_into_content_length);
   RUN(upgrade_h2c);
   RUN(upgrade_bad_settings);
   tr_reset();
