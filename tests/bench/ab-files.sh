@@ -5,7 +5,10 @@
 # every binary once, back to back, the order rotating, so that the shared
 # machine's swings (2x within a minute here) hit them alike.  Prints each
 # binary's median MiB/s over ROUNDS (default 15) and the median of the
-# rounds' own speed ratios against the first binary.  Needs root (tmpfs).
+# rounds' own speed ratios against the first binary, and each binary's
+# median CPU time (all its threads, from schedstat) per MiB moved — the
+# steadier figure when a change takes work off the server.  Needs root
+# (tmpfs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIZE_MIB=${SIZE_MIB:-256} ROUNDS=${ROUNDS:-15}
@@ -43,29 +46,35 @@ for b in "${BINS[@]}"; do p=$(port); "$b" serve --listen 127.0.0.1:$p --token to
 sleep 0.5
 H=(-H "conch-init-token: tok" -H 'Content-Type: application/connect+proto')
 t() { curl -s -o /dev/null -w '%{time_total}' "$@"; }
+# CPU ns of every thread of server i so far
+cpu() { cat /proc/"${PIDS[$1]}"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f", s}'; }
+# seconds and server CPU ns of one transfer: tc I CURL-ARGS…
+tc() { local i=$1 a b s; shift; a=$(cpu "$i"); s=$(t "$@"); b=$(cpu "$i"); echo "$s $((b - a))"; }
 n=${#BINS[@]}
 for r in $(seq "$ROUNDS"); do
   for k in $(seq 0 $((n - 1))); do
     i=$(((k + r) % n)); p=${PORTS[$i]}
-    g1=$(t "${H[@]}" --data-binary @"$W/get.env" http://127.0.0.1:$p/pb.FileService/GetFileStream)
-    g2=$(t --http2-prior-knowledge "${H[@]}" --data-binary @"$W/get.env" http://127.0.0.1:$p/pb.FileService/GetFileStream)
-    rm -f "$W/up"; p1=$(t "${H[@]}" -X POST -T "$W/post.env" http://127.0.0.1:$p/pb.FileService/PostFileStream)
-    rm -f "$W/up"; p2=$(t --http2-prior-knowledge "${H[@]}" -X POST -T "$W/post.env" http://127.0.0.1:$p/pb.FileService/PostFileStream)
+    g1=$(tc "$i" "${H[@]}" --data-binary @"$W/get.env" http://127.0.0.1:$p/pb.FileService/GetFileStream)
+    g2=$(tc "$i" --http2-prior-knowledge "${H[@]}" --data-binary @"$W/get.env" http://127.0.0.1:$p/pb.FileService/GetFileStream)
+    rm -f "$W/up"; p1=$(tc "$i" "${H[@]}" -X POST -T "$W/post.env" http://127.0.0.1:$p/pb.FileService/PostFileStream)
+    rm -f "$W/up"; p2=$(tc "$i" --http2-prior-knowledge "${H[@]}" -X POST -T "$W/post.env" http://127.0.0.1:$p/pb.FileService/PostFileStream)
     echo "$r $i $g1 $g2 $p1 $p2"
   done
 done > "$W/res"
 /usr/bin/python3 - "$W/res" "$SIZE_MIB" "${BINS[@]}" <<'PY'
 import sys, statistics as st
 res, size, names = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-rounds = {}
+rounds, cpu = {}, {}
 for line in open(res):
     r, i, *ts = line.split()
-    rounds.setdefault(int(r), {})[int(i)] = [size / float(x) for x in ts]
+    rounds.setdefault(int(r), {})[int(i)] = [size / float(x) for x in ts[0::2]]
+    cpu.setdefault(int(i), []).append([float(x) / 1e6 / size for x in ts[1::2]])
 cols = "GetFileStream h1, GetFileStream h2c, PostFileStream h1, PostFileStream h2c"
 print(f"MiB/s, median of {len(rounds)} rounds ({cols}); then the median of the rounds' ratios to {names[0]}")
 for i, n in enumerate(names):
     v = [d[i] for d in rounds.values()]
     med = [round(st.median(x[k] for x in v)) for k in range(4)]
     rat = [round(st.median(d[i][k] / d[0][k] for d in rounds.values()), 3) for k in range(4)]
-    print(f"{n:40s} {med}  ratio {rat}")
+    ms = [round(st.median(x[k] for x in cpu[i]), 3) for k in range(4)]
+    print(f"{n:40s} {med}  ratio {rat}  server CPU ms/MiB {ms}")
 PY
