@@ -8,7 +8,8 @@
  * What the core writes is appended to m.out at once and counted in
  * m.s.outq until memsink_flush() says it left (or m.auto_flush does so in
  * memsink_run).  Input is held while the core paused reading and handed
- * over in pieces of at most m.read_chunk bytes.  The timer is only
+ * over in pieces of at most m.read_chunk bytes (with m.use_into, into the
+ * core's own memory when it offers some, as conn.c does).  The timer is only
  * recorded (m.timer_ms); memsink_fire_timer() makes it expire.
  * memsink_run() is the loop: deferred work, flushes, held input, until
  * nothing is left to do.
@@ -49,6 +50,7 @@ typedef struct memsink {
   uint8_t *in;      /* input not yet handed to the core */
   size_t in_len, in_cap;
   size_t read_chunk; /* 0: whatever there is */
+  int use_into;      /* read where the core offers (hproto.read_into), as conn.c */
   int read_paused;
   int auto_flush;   /* memsink_run lets the output leave */
   uint64_t timer_ms; /* 0: not armed */
@@ -178,6 +180,18 @@ static inline int memsink_pump(memsink *m) {
   int did = 0;
   while (m->in_len && !m->read_paused && !m->s.closing && m->s.proto) {
     size_t n = m->read_chunk && m->read_chunk < m->in_len ? m->read_chunk : m->in_len;
+    size_t into = 0;
+    uint8_t *p = m->use_into && m->s.proto->read_into ? m->s.proto->read_into(&m->s, &into) : NULL;
+    if (p && into) {
+      size_t k = into < n ? into : n;
+      memcpy(p, m->in, k);
+      memmove(m->in, m->in + k, m->in_len - k);
+      m->in_len -= k;
+      m->reads++;
+      m->s.proto->on_read(&m->s, p, k);
+      did = 1;
+      continue;
+    }
     uint8_t *chunk = malloc(n); /* the core may not keep pointers into it */
     if (!chunk) abort();
     memcpy(chunk, m->in, n);
@@ -322,12 +336,14 @@ static inline uint8_t *tr_body_into(hx *x, size_t *len) {
   *len = TR_INTO - t->into_len;
   return *len ? t->into + t->into_len : NULL;
 }
+/* The first TR_INTO body bytes are kept in t->into (fuzz drivers send
+ * more: the rest is only recorded by tr_on_body). */
 static inline void tr_into_body(hx *x, const uint8_t *d, size_t n) {
   trx *t = tr_of(x);
-  if (d == t->into + t->into_len) t->into_bytes += n;
-  else if (n <= TR_INTO - t->into_len) memcpy(t->into + t->into_len, d, n);
-  else abort(); /* the tests send at most TR_INTO */
-  t->into_len += n;
+  size_t room = TR_INTO - t->into_len, k = n < room ? n : room;
+  if (k && d == t->into + t->into_len) t->into_bytes += k;
+  else if (k) memcpy(t->into + t->into_len, d, k);
+  t->into_len += k;
   tr_on_body(x, d, n);
 }
 static const hx_handler tr_into_handler = {tr_into_body, tr_on_body_end, tr_on_abort, tr_on_drain,

@@ -332,7 +332,10 @@ TEST(read_into_content_length) {
   start(&m);
   size_t len = 1;
   ASSERT(m.s.proto->read_into(&m.s, &len) == NULL); /* no request yet */
-  memsink_feeds(&m, "POST /into HTTP/1.1\r\nContent-Length: 20\r\n\r\n");
+  memsink_feeds(&m, "POST /into HTTP/1.1\r\nContent-Length: 20\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(m.s.proto->read_into(&m.s, &len) == NULL); /* the head is not complete */
+  memsink_feeds(&m, "\r\n");
   ASSERT_EQ(memsink_run(&m), 0);
   uint8_t *p = m.s.proto->read_into(&m.s, &len);
   ASSERT(p == tr_x[0].into);
@@ -380,6 +383,15 @@ TEST(read_into_content_length) {
   ASSERT(m.s.proto->read_into(&m.s, &len) == NULL);
   hx_pause_body(tr_x[0].x, 0);
   ASSERT(m.s.proto->read_into(&m.s, &len) != NULL);
+
+  /* more than the double keeps, copied (the fuzz drivers' case) */
+  memsink_free(&m);
+  start(&m);
+  memsink_feeds(&m, "POST /into HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
+  for (int i = 0; i < 10; i++) memsink_feeds(&m, "0123456789");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT_EQ(tr_x[0].body_len, 100);
+  ASSERT(tr_x[0].body_ended);
   memsink_free(&m);
 }
 
