@@ -27,7 +27,11 @@ typedef struct fake {
   hsink *s;
 } fake;
 
-enum { F_ECHO, F_MANY, F_TIMER, F_PAUSE, F_LATER };
+enum { F_ECHO, F_MANY, F_TIMER, F_PAUSE, F_LATER, F_INTO };
+
+/* F_INTO: the protocol offers its own memory to read into (read_into). */
+static uint8_t into_buf[1 << 17];
+static size_t into_len, into_offer, into_reads, rbuf_bytes;
 
 static fake F;
 static int inits_h1, inits_h2;
@@ -48,6 +52,15 @@ static void resume_cb(uv_timer_t *t) {
 static void f_on_read(hsink *s, const uint8_t *d, size_t n) {
   fake *f = s->p;
   f->reads++;
+  if (f->mode == F_INTO && f->in_len) { /* after the sniffed first bytes */
+    if (d == into_buf + into_len) into_reads++;
+    else {
+      memcpy(into_buf + into_len, d, n);
+      rbuf_bytes += n;
+    }
+    into_len += n;
+    return;
+  }
   if (f->in_len + n <= sizeof f->in) {
     memcpy(f->in + f->in_len, d, n);
     f->in_len += n;
@@ -95,12 +108,20 @@ static void f_on_close(hsink *s) {
   s->p = NULL;
 }
 static const hproto fake_proto = {f_on_read, f_on_written, f_on_timeout, f_on_close};
+static uint8_t *f_read_into(hsink *s, size_t *len) {
+  (void)s;
+  if (!into_offer || into_len + into_offer > sizeof into_buf) return NULL;
+  *len = into_offer;
+  return into_buf + into_len;
+}
+static const hproto fake_proto_into = {f_on_read, f_on_written, f_on_timeout, f_on_close,
+                                       f_read_into};
 
 static int f_h1_init(hsink *s) {
   inits_h1++;
   F.which = 1;
   F.s = s;
-  s->proto = &fake_proto;
+  s->proto = F.mode == F_INTO ? &fake_proto_into : &fake_proto;
   s->p = &F;
   return 0;
 }
@@ -295,6 +316,41 @@ TEST(read_pause) {
   run_until(fd, NULL, 5);
 }
 
+/* conn_alloc reads into the protocol's memory when it offers 16 KiB or
+ * more (CONN_INTO_MIN), never past the offer; smaller offers are not
+ * taken.  The bytes arrive whole and in order either way. */
+static size_t into_want;
+static int c_into_all(void) { return into_len >= into_want; }
+
+TEST(read_into_offer) {
+  setup(F_INTO);
+  into_len = into_reads = rbuf_bytes = 0;
+  into_offer = 0;
+  client_reset();
+  int fd = client();
+  ASSERT_EQ(send(fd, "GET", 3, 0), 3); /* picks HTTP/1.1 through rbuf */
+  run_until(fd, c_one_read, 2000);
+  ASSERT_EQ(F.in_len, 3);
+  static uint8_t data[100000];
+  for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 31 + 7);
+  into_offer = 8 * 1024; /* too small: the conn's own buffer */
+  into_want = 30000;
+  ASSERT_EQ(send(fd, data, 30000, 0), 30000);
+  run_until(fd, c_into_all, 2000);
+  ASSERT_EQ(into_len, 30000);
+  ASSERT_EQ(into_reads, 0);
+  ASSERT_EQ(rbuf_bytes, 30000);
+  into_offer = 20 * 1024; /* taken, at most 20 KiB a read */
+  into_want = sizeof data;
+  ASSERT_EQ(send(fd, data + 30000, sizeof data - 30000, 0), (ssize_t)(sizeof data - 30000));
+  run_until(fd, c_into_all, 2000);
+  ASSERT_EQ(into_len, sizeof data);
+  ASSERT(into_reads >= (sizeof data - 30000) / (20 * 1024));
+  ASSERT_EQ(rbuf_bytes, 30000);
+  ASSERT_MEM_EQ(into_buf, data, sizeof data);
+  finish(fd);
+}
+
 TEST(eof_closes) {
   setup(F_ECHO);
   client_reset();
@@ -358,6 +414,7 @@ int main(void) {
   RUN(free_later_after_writes);
   RUN(timer_then_close);
   RUN(read_pause);
+  RUN(read_into_offer);
   RUN(eof_closes);
   RUN(silent_client_closed);
   RUN(connection_limit);
