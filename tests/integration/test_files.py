@@ -360,6 +360,52 @@ def test_upload_proto_kept_and_copied_chunks(client, tmp_path):
     assert open(target, "rb").read() == data
 
 
+def test_upload_content_length_pipelined_odd_pieces(client, tmp_path):
+    """HTTP/1.1 Content-Length bodies are read straight into the message being
+    assembled (agent/http1.c h1_read_into, connect.c on_body_into), never past
+    the body: two uploads with odd message sizes, sent pipelined on one
+    connection in random pieces with pauses, come out whole, both answered."""
+    import random
+    import agent_pb2 as pb
+    rnd = random.Random(7)
+    files, body = [], b""
+    for k in range(2):
+        target = str(tmp_path / f"piped{k}.bin")
+        sizes = [(1 << 20) - 7, 3, 300 << 10, 1 << 20, 65 << 10]
+        data = os.urandom(sum(sizes))
+        env, off = b"", 0
+        for i, n in enumerate(sizes):
+            m = pb.FileChunk(content=data[off:off + n])
+            if i == 0:
+                m.filepath = target
+            env += envelope(m.SerializeToString())
+            off += n
+        head = (f"POST {UPLOAD} HTTP/1.1\r\nHost: t\r\nContent-Type: application/connect+proto\r\n"
+                f"conch-init-token: {client.token}\r\nContent-Length: {len(env)}\r\n\r\n").encode()
+        body += head + env
+        files.append((target, data))
+    s = socket.create_connection((client.host, client.port), timeout=60)
+    off = 0
+    while off < len(body):
+        n = rnd.choice([1, 5, 4093, 16 << 10, 70001, 1 << 20])
+        s.sendall(body[off:off + n])
+        off += n
+        if rnd.random() < 0.1:
+            time.sleep(0.01)
+    got = b""
+    while got.count(b"HTTP/1.1 200") < 2 or not got.endswith(b"\r\n0\r\n\r\n"):
+        d = s.recv(65536)
+        assert d, got
+        got += d
+        if got.count(b"0\r\n\r\n") >= 2:
+            break
+    s.close()
+    assert got.count(b"HTTP/1.1 200 OK") == 2, got
+    assert b"error" not in got, got
+    for target, data in files:
+        assert open(target, "rb").read() == data
+
+
 # ---------------------------------------------------------------- download
 
 def down(client, path, **kw):
