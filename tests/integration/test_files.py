@@ -360,11 +360,14 @@ def test_upload_proto_kept_and_copied_chunks(client, tmp_path):
     assert open(target, "rb").read() == data
 
 
-def test_upload_content_length_pipelined_odd_pieces(client, tmp_path):
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_upload_pipelined_odd_pieces(client, tmp_path, framing):
     """HTTP/1.1 Content-Length bodies are read straight into the message being
     assembled (agent/http1.c h1_read_into, connect.c on_body_into), never past
-    the body: two uploads with odd message sizes, sent pipelined on one
-    connection in random pieces with pauses, come out whole, both answered."""
+    the body; chunked ones are copied: two uploads with odd message sizes,
+    sent pipelined on one connection in random pieces with pauses (chunked:
+    in chunks of random sizes, 1 byte to 300 KiB), come out whole, both
+    answered."""
     import random
     import agent_pb2 as pb
     rnd = random.Random(7)
@@ -380,8 +383,17 @@ def test_upload_content_length_pipelined_odd_pieces(client, tmp_path):
                 m.filepath = target
             env += envelope(m.SerializeToString())
             off += n
+        if framing == "chunked":
+            framed, i = b"", 0
+            while i < len(env):
+                n = rnd.choice([1, 7, 4096, 65536, 300 << 10])
+                framed += b"%x\r\n" % len(env[i:i + n]) + env[i:i + n] + b"\r\n"
+                i += n
+            env, te = framed + b"0\r\n\r\n", "Transfer-Encoding: chunked"
+        else:
+            te = f"Content-Length: {len(env)}"
         head = (f"POST {UPLOAD} HTTP/1.1\r\nHost: t\r\nContent-Type: application/connect+proto\r\n"
-                f"conch-init-token: {client.token}\r\nContent-Length: {len(env)}\r\n\r\n").encode()
+                f"conch-init-token: {client.token}\r\n{te}\r\n\r\n").encode()
         body += head + env
         files.append((target, data))
     s = socket.create_connection((client.host, client.port), timeout=60)
