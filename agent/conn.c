@@ -298,13 +298,14 @@ static int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_
   return 0;
 }
 
-/* One read buffer per connection, reused: protocols copy what they keep
- * before on_read returns (a fresh 64 KiB block per read made malloc trim
- * and re-fault the heap top on every request). */
 /* Big enough that a read into the protocol's memory saves more than the
  * extra read it may cost (the rest then comes through rbuf). */
 #define CONN_INTO_MIN (16u * 1024)
 
+/* One read buffer per connection, reused: protocols copy what they keep
+ * before on_read returns (a fresh 64 KiB block per read made malloc trim
+ * and re-fault the heap top on every request) — unless the protocol
+ * offers memory of its own for the next read (hproto.read_into). */
 static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   (void)hint;
   conn *c = h->data;
