@@ -744,7 +744,7 @@ static uint8_t *h1_read_into(hsink *c, size_t *len) {
   h1 *s = c->p;
   hx *x = s ? s->x : NULL;
   if (!x || s->scan != SC_DONE || !s->dispatched || s->msg_done || s->upgrade || s->failed ||
-      s->pend_len || s->parser_paused || s->body_paused || s->in_execute || x->ended || !x->h ||
+      s->pend_len || s->parser_paused || s->body_paused || x->ended || !x->h ||
       !x->h->on_body || !x->h->body_into || (s->parser.flags & F_CHUNKED) ||
       HTTP_PARSER_ERRNO(&s->parser) != HPE_OK)
     return NULL;

@@ -182,24 +182,17 @@ static inline int memsink_pump(memsink *m) {
     size_t n = m->read_chunk && m->read_chunk < m->in_len ? m->read_chunk : m->in_len;
     size_t into = 0;
     uint8_t *p = m->use_into && m->s.proto->read_into ? m->s.proto->read_into(&m->s, &into) : NULL;
-    if (p && into) {
-      size_t k = into < n ? into : n;
-      memcpy(p, m->in, k);
-      memmove(m->in, m->in + k, m->in_len - k);
-      m->in_len -= k;
-      m->reads++;
-      m->s.proto->on_read(&m->s, p, k);
-      did = 1;
-      continue;
-    }
-    uint8_t *chunk = malloc(n); /* the core may not keep pointers into it */
-    if (!chunk) abort();
-    memcpy(chunk, m->in, n);
+    uint8_t *chunk = NULL; /* ours: the core may not keep pointers into it */
+    if (p && into)
+      n = into < n ? into : n;
+    else if (!(p = chunk = malloc(n)))
+      abort();
+    memcpy(p, m->in, n);
     memmove(m->in, m->in + n, m->in_len - n);
     m->in_len -= n;
     m->reads++;
-    m->s.proto->on_read(&m->s, chunk, n);
-    memset(chunk, 0xdd, n);
+    m->s.proto->on_read(&m->s, p, n);
+    if (chunk) memset(chunk, 0xdd, n);
     free(chunk);
     did = 1;
   }
@@ -264,6 +257,7 @@ static inline int memsink_count(memsink *m, const char *needle) {
 
 #define TR_MAX 512
 #define TR_BODY_MAX (1u << 20)
+#define TR_INTO 64u /* /into's buffer */
 
 typedef struct trx {
   hx *x;
@@ -272,10 +266,9 @@ typedef struct trx {
   size_t body_len;
   int body_ended, aborted, drained, done;
   size_t big;
-  uint8_t into[64];
+  uint8_t into[TR_INTO];
   size_t into_len, into_bytes;
 } trx;
-#define TR_INTO 64
 
 static trx tr_x[TR_MAX];
 static int tr_n;
