@@ -36,6 +36,16 @@ struct rpc_call {
   uint8_t *in;
   size_t in_len, in_cap;
   size_t msgs_in;
+  /* the envelope at in[0]: where pbwire_find_big has walked; then (big.data)
+   * its big bytes field, read into a block of its own (call_split) */
+  pbwire_big scan;
+  int scan_done; /* NONE: no big field in this envelope */
+  struct {
+    uint8_t *data;  /* malloc'd, len bytes; the message's once decoded */
+    size_t len, got;
+    size_t at;      /* where in `in` the field was: the rest of the message follows */
+    size_t cut;     /* the field's key and length, in neither buffer */
+  } big;
   ProtobufCMessage *req; /* server streaming: the request until body end */
   int req_nul;
   int decoding;     /* a pool decode (pool_decode) holds the call */
@@ -100,8 +110,9 @@ static void call_closed(uv_handle_t *h) {
     budget_unwait(c);
     conch.held -= c->breserved;
     free(c->in);
-    conch.rx_buffered -= c->in_cap;
-    conch.held -= c->in_cap;
+    conch.rx_buffered -= c->in_cap + c->big.len;
+    conch.held -= c->in_cap + c->big.len;
+    free(c->big.data);
     bufref_owner_free(c->unary_owner);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
     free(c->pend_msg);
@@ -890,13 +901,97 @@ ProtobufCMessage *rpc_take_request(rpc_call *c) {
   return c->req;
 }
 
+/* ---- a big bytes field read into its own block ----
+ *
+ * A binary message with a bytes field of CALL_BIG_MIN bytes or more (a file
+ * chunk's content) would be assembled in `in` and then copied by
+ * protobuf-c's unpack.  Instead, once the field's key and length are here
+ * (within the message's first CALL_BIG_WITHIN bytes), its bytes go to a
+ * block of their own — read there in place (on_body_into) or copied there
+ * from the transport's buffer, once either way — while `in` keeps the
+ * envelope's header and the rest of the message; the rest is decoded and
+ * the field given the block (pbwire.h).  One copy less per byte uploaded.
+ * The block counts in the input budget like `in` until the message is
+ * decoded, as protobuf-c's copy would then be the message's. */
+#define CALL_BIG_MIN (64u * 1024)
+#define CALL_BIG_WITHIN (8u * 1024)
+
+static void call_scan_reset(rpc_call *c) {
+  memset(&c->scan, 0, sizeof c->scan);
+  c->scan_done = 0;
+}
+
+/* The envelope at in[0] is incomplete: move its big field out of `in` if it
+ * has one.  1 when the message is complete by then (deliver it now). */
+static int call_split(rpc_call *c) {
+  uint8_t flags;
+  uint32_t mlen;
+  if (c->big.data || c->scan_done || c->json || c->w == W_CONNECT_UNARY || c->finished ||
+      c->decoding || c->in_done || c->in_len < 5 || c->in[0] != 0 /* compressed, or bad flags */ ||
+      env_next(c->in, c->in_len, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &mlen) != ENV_NEED ||
+      mlen < CALL_BIG_MIN)
+    return 0;
+  pbwire_big_status st = pbwire_find_big(c->m->input, c->in + 5, c->in_len - 5, mlen, CALL_BIG_MIN,
+                                         CALL_BIG_WITHIN, &c->scan);
+  if (st == PBWIRE_BIG_NEED) return 0;
+  c->scan_done = 1;
+  if (st != PBWIRE_BIG_FOUND) return 0;
+  size_t key = 5 + c->scan.key, val = 5 + c->scan.val, len = c->scan.len;
+  /* as on_body's growth: within the budgets, else assembled in `in` (which
+   * then fails the call there if it must) */
+  if (conch.rx_buffered + len > conch.rx_budget || conch.held + len > conch.budget) return 0;
+  uint8_t *b = malloc(len);
+  if (!b) return 0;
+  conch.rx_buffered += len;
+  conch.held += len;
+  size_t have = c->in_len - val, take = have < len ? have : len;
+  memcpy(b, c->in + val, take);
+  memmove(c->in + key, c->in + val + take, have - take);
+  c->in_len = key + (have - take);
+  c->big.data = b;
+  c->big.len = len;
+  c->big.got = take;
+  c->big.at = key;
+  c->big.cut = val - key;
+  return take == len && c->in_len >= 5 + (size_t)mlen - c->big.cut - len;
+}
+
+/* The split envelope at in[0] once all of it is here: the rest decoded,
+ * the block attached.  NULL when the call failed. */
+static ProtobufCMessage *call_decode_split(rpc_call *c, size_t end) {
+  pbmem mem;
+  ProtobufCMessage *m = call_decode(c, c->in + 5, end - 5, 0, NULL, 0, &mem);
+  if (m && !pbwire_attach_big(m, c->scan.f, c->in + c->big.at, end - c->big.at, c->big.data, c->big.len))
+    free(c->big.data); /* the field is set again later on: that one wins */
+  if (!m) free(c->big.data);
+  conch.rx_buffered -= c->big.len;
+  conch.held -= c->big.len;
+  memset(&c->big, 0, sizeof c->big);
+  return m;
+}
+
 /* Envelope parsing for streaming protocols: deliver what is complete. */
 static void call_pump(rpc_call *c) {
   size_t off = 0;
+again:
   while (!c->finished && !c->in_paused && !c->decoding && c->in_len - off >= 5) {
     const uint8_t *h = c->in + off;
     uint8_t flags;
     uint32_t len;
+    if (c->big.data && off == 0) { /* checked when it was split */
+      size_t end = 5 + ((size_t)h[1] << 24 | (size_t)h[2] << 16 | (size_t)h[3] << 8 | h[4]) - c->big.cut - c->big.len;
+      if (c->big.got < c->big.len || c->in_len < end) break;
+      if (c->req) {
+        call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: expected only one message, but got multiple");
+        return;
+      }
+      c->msgs_in++;
+      ProtobufCMessage *m = call_decode_split(c, end);
+      off = end;
+      if (!m) return;
+      deliver_message(c, m);
+      continue;
+    }
     env_status es = env_next(h, c->in_len - off, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &len);
     if (es == ENV_TOO_BIG) {
       char e[128];
@@ -929,12 +1024,16 @@ static void call_pump(rpc_call *c) {
   if (off) {
     memmove(c->in, c->in + off, c->in_len - off);
     c->in_len -= off;
+    off = 0;
+    call_scan_reset(c);
   }
+  if (call_split(c)) goto again;
   if (c->in_done && !c->in_paused && !c->decoding && !c->in_end_sent) {
     c->in_end_sent = 1;
-    if (c->in_len) {
+    size_t left = c->in_len + (c->big.data ? c->big.cut + c->big.got : 0);
+    if (left) {
       char e[160];
-      snprintf(e, sizeof e, "protocol error: incomplete envelope: %zu bytes left over", c->in_len);
+      snprintf(e, sizeof e, "protocol error: incomplete envelope: %zu bytes left over", left);
       call_fail(c, RPC_INVALID_ARGUMENT, e);
       return;
     }
@@ -955,6 +1054,17 @@ static void call_pump(rpc_call *c) {
 static void on_body(hx *x, const uint8_t *d, size_t n) {
   rpc_call *c = x->hdata;
   if (c->finished) return;
+  if (c->big.got < c->big.len) { /* the big field's bytes come first */
+    size_t k = c->big.len - c->big.got < n ? c->big.len - c->big.got : n;
+    if (d != c->big.data + c->big.got) memcpy(c->big.data + c->big.got, d, k); /* else read there */
+    c->big.got += k;
+    d += k;
+    n -= k;
+    if (!n) {
+      if (c->big.got == c->big.len) call_pump(c);
+      return;
+    }
+  }
   size_t limit = (size_t)RPC_MAX_MESSAGE + (c->w == W_CONNECT_UNARY ? 0 : 5);
   if (c->w == W_CONNECT_UNARY && c->in_len + n > limit) {
     call_fail(c, RPC_RESOURCE_EXHAUSTED, "message is larger than configured max 16777216 bytes");
@@ -1001,6 +1111,10 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
 static uint8_t *on_body_into(hx *x, size_t *len) {
   rpc_call *c = x->hdata;
   if (c->finished || c->in_paused || c->decoding || !c->in) return NULL;
+  if (c->big.got < c->big.len) {
+    *len = c->big.len - c->big.got;
+    return c->big.data + c->big.got;
+  }
   size_t room = c->in_cap - c->in_len, want = room;
   if (c->w != W_CONNECT_UNARY) {
     if (c->in_len < 5) return NULL;
@@ -1008,7 +1122,9 @@ static uint8_t *on_body_into(hx *x, size_t *len) {
     uint32_t mlen;
     if (env_next(c->in, c->in_len, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &mlen) != ENV_NEED)
       return NULL;
-    want = 5 + (size_t)mlen - c->in_len;
+    size_t end = 5 + (size_t)mlen - (c->big.data ? c->big.cut + c->big.len : 0);
+    if (c->in_len >= end) return NULL;
+    want = end - c->in_len;
   }
   *len = want < room ? want : room;
   return *len ? c->in + c->in_len : NULL;

@@ -50,3 +50,98 @@ ProtobufCMessage *pbwire_unpack_mem(const ProtobufCMessageDescriptor *d, const u
                                     pbmem *m) {
   return protobuf_c_message_unpack(d, &m->a, n, p);
 }
+
+/* The field at p[*s]: 0 walked past it (*s moved on, *num and *wt set,
+ * for a length-delimited one *val and *len too without walking its bytes),
+ * 1 not all here yet, -1 invalid.  `more`: bytes may still come after n. */
+static int field_head(const uint8_t *p, size_t n, int more, size_t *s, uint32_t *num, unsigned *wt,
+                      size_t *val, uint64_t *len) {
+  const uint8_t *q = p + *s, *end = p + n;
+  uint64_t key, v;
+  if (wire_varint_get(&q, end, &key) != 0)
+    return more && n - *s < WIRE_VARINT_MAX ? 1 : -1;
+  *wt = (unsigned)(key & 7);
+  *num = (uint32_t)(key >> 3);
+  if (*num == 0 || (key >> 3) > UINT32_MAX) return -1;
+  const uint8_t *a = q;
+  switch (*wt) {
+    case WIRE_T_VARINT:
+      if (wire_varint_get(&q, end, &v) != 0) return more && (size_t)(end - a) < WIRE_VARINT_MAX ? 1 : -1;
+      break;
+    case WIRE_T_I64:
+    case WIRE_T_I32: {
+      size_t w = *wt == WIRE_T_I64 ? 8 : 4;
+      if ((size_t)(end - q) < w) return more ? 1 : -1;
+      q += w;
+      break;
+    }
+    case WIRE_T_LEN:
+      if (wire_varint_get(&q, end, len) != 0) return more && (size_t)(end - a) < WIRE_VARINT_MAX ? 1 : -1;
+      *val = (size_t)(q - p);
+      break;
+    default:
+      return -1;
+  }
+  *s = (size_t)(q - p);
+  return 0;
+}
+
+/* 1 when a top-level field numbered num is in p[0, n) (valid wire bytes). */
+static int has_field(const uint8_t *p, size_t n, uint32_t num) {
+  size_t s = 0, val;
+  uint64_t len;
+  uint32_t k;
+  unsigned wt;
+  while (s < n) {
+    if (field_head(p, n, 0, &s, &k, &wt, &val, &len) != 0) return 0;
+    if (k == num) return 1;
+    if (wt == WIRE_T_LEN) {
+      if (len > (uint64_t)(n - val)) return 0;
+      s = val + (size_t)len;
+    }
+  }
+  return 0;
+}
+
+pbwire_big_status pbwire_find_big(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+                                  size_t total, size_t min, size_t within, pbwire_big *b) {
+  while (b->scan < n) {
+    if (b->scan >= within) return PBWIRE_BIG_NONE;
+    size_t s = b->scan, val = 0;
+    uint64_t len = 0;
+    uint32_t num;
+    unsigned wt;
+    int r = field_head(p, n, n < total, &s, &num, &wt, &val, &len);
+    if (r < 0 || s > total) return PBWIRE_BIG_NONE;
+    if (r > 0) return PBWIRE_BIG_NEED;
+    if (wt == WIRE_T_LEN) {
+      if (len > (uint64_t)(total - val)) return PBWIRE_BIG_NONE;
+      const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, num);
+      if (f && f->type == PROTOBUF_C_TYPE_BYTES && len >= min && !f->default_value &&
+          !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+          (f->label == PROTOBUF_C_LABEL_NONE || f->label == PROTOBUF_C_LABEL_OPTIONAL)) {
+        if (has_field(p, b->scan, num)) return PBWIRE_BIG_NONE;
+        b->key = b->scan;
+        b->val = val;
+        b->len = (size_t)len;
+        b->f = f;
+        return PBWIRE_BIG_FOUND;
+      }
+      if (len > (uint64_t)(n - val)) return PBWIRE_BIG_NEED; /* walked again once it is all here */
+      s = val + (size_t)len;
+    }
+    b->scan = s;
+  }
+  return b->scan < total ? PBWIRE_BIG_NEED : PBWIRE_BIG_NONE;
+}
+
+int pbwire_attach_big(ProtobufCMessage *m, const ProtobufCFieldDescriptor *f, const uint8_t *after,
+                      size_t after_len, uint8_t *data, size_t len) {
+  if (has_field(after, after_len, f->id)) return 0;
+  ProtobufCBinaryData *bd = (ProtobufCBinaryData *)((char *)m + f->offset);
+  bd->data = data;
+  bd->len = len;
+  if (f->label == PROTOBUF_C_LABEL_OPTIONAL)
+    *(protobuf_c_boolean *)((char *)m + f->quantifier_offset) = 1;
+  return 1;
+}

@@ -5,7 +5,10 @@
  * protobuf-c keeps unknown fields, which JSON rightly drops).  And the
  * varint reader of proto/wire.h, over the same bytes: a varint it takes is
  * never shorter than the writer's form of its value, and is exactly that
- * form when it has no redundant trailing zero groups. */
+ * form when it has no redundant trailing zero groups.  And the big-field
+ * split of connect.c: where pbwire_find_big finds one (walked byte by
+ * byte as the bytes would arrive, any size), the rest decoded with the
+ * field attached packs to the same bytes as the whole decoded. */
 #include <string.h>
 
 #include "proto/pbjson.h"
@@ -32,6 +35,36 @@ static void varints(const uint8_t *p, const uint8_t *end) {
   }
 }
 
+static void same_split(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+                       const ProtobufCMessage *whole) {
+  pbwire_big b;
+  memset(&b, 0, sizeof b);
+  pbwire_big_status st = PBWIRE_BIG_NEED;
+  for (size_t k = 0; k <= n && st == PBWIRE_BIG_NEED; k++) st = pbwire_find_big(d, p, k, n, 1, n, &b);
+  if (st != PBWIRE_BIG_FOUND) return;
+  FUZZ_CHECK(b.key < b.val && b.val + b.len <= n && b.f != NULL);
+  size_t rl = b.key + (n - b.val - b.len);
+  uint8_t *rest = malloc(rl + 1), *blk = malloc(b.len + 1);
+  FUZZ_CHECK(rest && blk);
+  memcpy(rest, p, b.key);
+  memcpy(rest + b.key, p + b.val + b.len, n - b.val - b.len);
+  memcpy(blk, p + b.val, b.len);
+  ProtobufCMessage *s = protobuf_c_message_unpack(d, NULL, rl, rest);
+  FUZZ_CHECK(s != NULL); /* the whole decoded, so the rest does */
+  if (!pbwire_attach_big(s, b.f, rest + b.key, rl - b.key, blk, b.len)) free(blk);
+  size_t a = protobuf_c_message_get_packed_size(whole), sl = protobuf_c_message_get_packed_size(s);
+  FUZZ_CHECK(a == sl);
+  uint8_t *pa = malloc(a + 1), *ps = malloc(sl + 1);
+  FUZZ_CHECK(pa && ps);
+  protobuf_c_message_pack(whole, pa);
+  protobuf_c_message_pack(s, ps);
+  FUZZ_CHECK(memcmp(pa, ps, a) == 0);
+  free(pa);
+  free(ps);
+  free(rest);
+  protobuf_c_message_free_unpacked(s, NULL);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   varints(data, data + size);
   if (size < 1) return 0;
@@ -39,6 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);
   int nul = pbwire_has_nul_string(d, data + 1, size - 1);
   if (!m) return 0;
+  same_split(d, data + 1, size - 1, m);
   char err[256];
   if (pbjson_check_decoded(m, err, sizeof err) != 0 || nul) {
     protobuf_c_message_free_unpacked(m, NULL);

@@ -1131,6 +1131,140 @@ TEST(envelopes_read_into) {
   fake_done();
 }
 
+/* A chunk whose content is 64 KiB or more: the content goes to a block of
+ * its own as soon as its key and length are here (agent/connect.c
+ * call_split), whichever way the bytes come; fields after it, the field
+ * set again after it, an envelope cut short, the input budget, a
+ * compressed envelope and an abort in the middle. */
+TEST(envelopes_big_field) {
+  static uint8_t large[200000];
+  unsigned sum = 0;
+  for (size_t i = 0; i < sizeof large; i++) sum += large[i] = (uint8_t)(i * 11 + 3);
+  bb in = {0};
+  bb_env_msg(&in, 0, chunk("L", large, sizeof large));
+  size_t one = in.len;
+  bb_env_msg(&in, 0, chunk("", "hello", 5));
+  bb_env_msg(&in, 0, chunk("", large, 70000));
+  unsigned sum7 = 0;
+  for (size_t i = 0; i < 70000; i++) sum7 += large[i];
+  char want[128];
+  snprintf(want, sizeof want, "open;msg(L,200000,%u);msg(,5,532);msg(,70000,%u);end;", sum, sum7);
+  static const size_t steps[] = {1, 7, 1000, 4096, 65536, 300000};
+  for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    feed_bb(&in, steps[i]);
+    feed_end();
+    if (strcmp(svc.log, want) != 0) TEST_FAIL_("step %zu: %s", steps[i], svc.log);
+    expect_post_ok(3);
+  }
+  /* split: once the key and length are here, the offer is the content's
+   * rest in one piece (the buffer itself has 1024 bytes) */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed(in.p, 1000, 1000);
+  size_t len = 0;
+  uint8_t *p = F.x.h->body_into(&F.x, &len);
+  size_t head = 5 + 1 + 1 + 1 + 1 + 3; /* envelope, filepath "L", content key and length */
+  ASSERT(p != NULL);
+  ASSERT_EQ(len, sizeof large - (1000 - head));
+  memcpy(p, in.p + 1000, len);
+  hx_body(&F.x, p, len);
+  ASSERT_EQ(svc.nmsg, 1);
+  feed(in.p + one, in.len - one, 333);
+  feed_end();
+  ASSERT_STR_EQ(svc.log, want);
+  expect_post_ok(3);
+
+  /* fields after the content; the content set again after it (the last wins) */
+  bb m = chunk("a", large, 100000);
+  bb_put(&m, "\x0a\x01" "b", 3);         /* filepath "b" */
+  bb_put(&m, "\x78\x05", 2);             /* field 15, varint: unknown */
+  bb m2 = chunk("c", large, 100000);
+  bb_put(&m2, "\x12\x02" "xy", 4);       /* content "xy" */
+  bb in2 = {0};
+  bb_env_msg(&in2, 0, m);
+  bb_env_msg(&in2, 0, m2);
+  unsigned s1 = 0;
+  for (size_t i = 0; i < 100000; i++) s1 += large[i];
+  snprintf(want, sizeof want, "open;msg(b,100000,%u);msg(c,2,%u);end;", s1, (unsigned)('x' + 'y'));
+  for (size_t step = 3; step < 70000; step *= 9) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    feed_bb(&in2, step);
+    feed_end();
+    if (strcmp(svc.log, want) != 0) TEST_FAIL_("step %zu: %s", step, svc.log);
+  }
+  bb_free(&in2);
+
+  /* cut short inside the content, and inside the fields after it: every
+   * byte of the envelope counts as left over */
+  static const size_t cuts[] = {150000, 200000 + 12};
+  for (size_t i = 0; i < 2; i++) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    bb t = {0};
+    bb m3 = chunk("L", large, sizeof large);
+    bb_put(&m3, "\x0a\x01" "b", 3);
+    bb_env_msg(&t, 0, m3);
+    ASSERT(cuts[i] < t.len);
+    feed(t.p, cuts[i], 4096);
+    feed_end();
+    char e[200];
+    snprintf(e, sizeof e, "{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: "
+             "incomplete envelope: %zu bytes left over\"}}", cuts[i]);
+    expect_stream_end(e);
+    bb_free(&t);
+  }
+
+  /* the block counts in the input budget: over it, the call fails as a
+   * buffer that large would */
+  fake_done(); /* the calls before are freed: their input no longer counts */
+  size_t saved = conch.rx_budget;
+  conch.rx_budget = conch.rx_buffered + 150000;
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  feed(in.p, one, 4096);
+  expect_stream_end("{\"error\":{\"code\":\"resource_exhausted\",\"message\":\"server is busy: too "
+                    "much request data buffered\"}}");
+  conch.rx_budget = saved;
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  size_t before = conch.rx_buffered;
+  feed(in.p, 100000, 4096);
+  ASSERT(conch.rx_buffered >= before + sizeof large); /* the block, counted */
+  peer_abort(); /* in the middle of the content: ASan sees the block freed */
+  fake_done();
+  ASSERT_EQ(conch.rx_buffered, before);
+
+  /* compressed (incompressible content, so the envelope is big too):
+   * assembled whole, inflated and decoded in the pool as before */
+  static uint8_t rnd[100000];
+  uint32_t x = 12345;
+  unsigned rsum = 0;
+  for (size_t i = 0; i < sizeof rnd; i++) {
+    x = x * 1103515245u + 12345u;
+    rsum += rnd[i] = (uint8_t)(x >> 23);
+  }
+  bb c = chunk("Z", rnd, sizeof rnd);
+  bb zc = gz(c.p, c.len);
+  ASSERT(zc.len >= 65536);
+  bb in3 = {0};
+  bb_env(&in3, 1, zc.p, zc.len);
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", "Connect-Content-Encoding", "gzip", NULL);
+  feed_bb(&in3, 1000);
+  feed_end();
+  for (int i = 0; i < 1000 && svc.nmsg == 0; i++) uv_run(loop, UV_RUN_ONCE);
+  snprintf(want, sizeof want, "open;msg(Z,100000,%u);end;", rsum);
+  ASSERT_STR_EQ(svc.log, want);
+  bb_free(&c);
+  bb_free(&zc);
+  bb_free(&in3);
+  bb_free(&in);
+  fake_done();
+}
+
 /* A unary body with a Content-Length: the rest of it may be read into the
  * buffer that length sized. */
 TEST(unary_read_into) {
@@ -2310,6 +2444,7 @@ int main(void) {
   RUN(envelopes_byte_by_byte);
   RUN(envelopes_split_everywhere);
   RUN(envelopes_read_into);
+  RUN(envelopes_big_field);
   RUN(unary_read_into);
   RUN(server_stream_request);
   RUN(truncated_envelope);
