@@ -7,7 +7,9 @@
 # binary's median MiB/s over ROUNDS (default 15) and the median of the
 # rounds' own speed ratios against the first binary, and each binary's
 # median CPU time (all its threads, from schedstat) per MiB moved — the
-# steadier figure when a change takes work off the server.  Needs root
+# steadier figure when a change takes work off the server.  Then each
+# binary's peak RSS (VmHWM) while PEAK_UPLOADS (default 8) uploads of
+# 64 MiB run at once against a fresh server, median of 3.  Needs root
 # (tmpfs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,6 +41,9 @@ with open(f"{w}/big", "rb") as src, open(f"{w}/post.env", "wb") as out:
         b = src.read(1 << 20)
         if not b: break
         out.write(env((s(1, f"{w}/up".encode()) if first else b"") + s(2, b))); first = False
+with open(f"{w}/big", "rb") as src, open(f"{w}/post64.env", "wb") as out:
+    for i in range(64):
+        out.write(env((s(1, f"{w}/up64".encode()) if i == 0 else b"") + s(2, src.read(1 << 20))))
 PY
 port() { /usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 PORTS=()
@@ -78,3 +83,27 @@ for i, n in enumerate(names):
     ms = [round(st.median(x[k] for x in cpu[i]), 3) for k in range(4)]
     print(f"{n:40s} {med}  ratio {rat}  server CPU ms/MiB {ms}")
 PY
+
+# peak memory of concurrent uploads, a fresh server each time
+K=${PEAK_UPLOADS:-8}
+peak() {
+  local p pid c=() hwm
+  p=$(port)
+  "$1" serve --listen 127.0.0.1:$p --token tok --log-level error & pid=$!
+  PIDS+=("$pid")
+  sleep 0.3
+  for _ in $(seq "$K"); do
+    curl -s -o /dev/null "${H[@]}" -X POST -T "$W/post64.env" http://127.0.0.1:$p/pb.FileService/PostFileStream & c+=($!)
+  done
+  wait "${c[@]}"
+  hwm=$(awk '/VmHWM/{print $2}' /proc/"$pid"/status)
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  rm -f "$W/up64"
+  echo "$hwm"
+}
+line="peak RSS KiB, $K uploads of 64 MiB at once (median of 3):"
+for b in "${BINS[@]}"; do
+  v=$(for _ in 1 2 3; do peak "$b"; done | sort -n | sed -n 2p)
+  line="$line $b $v"
+done
+echo "$line"
