@@ -679,11 +679,13 @@ const char *rpc_protocol_name(const rpc_call *c) {
  * malloc, within the decode budget); on error fails the call and returns
  * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
 /* The decode itself, on any thread (no call state is touched): the
- * message, or NULL with *code and err (err2 bytes) set; *nul as req_nul. */
+ * message, or NULL with *code and err (err2 bytes) set; *nul as req_nul.
+ * whole (0: n): the memory budget is that of a message of `whole` bytes,
+ * less `charged` already taken (a big field's block, call_split). */
 static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int json, int gzip_in,
                                         const uint8_t *p, size_t n, int compressed, void *scratch,
                                         size_t scratch_len, pbmem *mem, rpc_code *code, char *err2,
-                                        size_t err2n, int *nul_out) {
+                                        size_t err2n, int *nul_out, size_t whole, size_t charged) {
   uint8_t *plain = NULL;
   if (compressed) {
     if (!gzip_in) {
@@ -708,7 +710,9 @@ static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int
   ProtobufCMessage *m;
   int nul = 0, too_big = 0;
   /* the same bound for both codecs: a JSON document's (json.h) */
-  pbmem_init(mem, scratch, scratch_len, JSON_MEM_BUDGET(n));
+  if (!whole) whole = n;
+  size_t budget = JSON_MEM_BUDGET(whole);
+  pbmem_init(mem, scratch, scratch_len, budget > charged ? budget - charged : 0);
   if (json) {
     int flags = 0;
     m = pbjson_decode_mem(d, (const char *)p, n, &mem->a, &flags, err, sizeof err);
@@ -726,8 +730,7 @@ static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int
       nul = pbwire_has_nul_string(d, p, n);
   }
   if (too_big)
-    snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode",
-             (size_t)JSON_MEM_BUDGET(n));
+    snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode", budget);
   free(plain);
   if (!m) {
     snprintf(err2, err2n, "unmarshal into %s: %s", d->name, err);
@@ -743,12 +746,13 @@ static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int
  * malloc, within the decode budget); on error fails the call and returns
  * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
 static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed,
-                                     void *scratch, size_t scratch_len, pbmem *mem) {
+                                     void *scratch, size_t scratch_len, pbmem *mem, size_t whole,
+                                     size_t charged) {
   rpc_code code = RPC_INTERNAL;
   char err[700];
   int nul = 0;
   ProtobufCMessage *m = decode_message(c->m->input, c->json, c->gzip_in, p, n, compressed, scratch,
-                                       scratch_len, mem, &code, err, sizeof err, &nul);
+                                       scratch_len, mem, &code, err, sizeof err, &nul, whole, charged);
   if (!m) {
     call_fail(c, code, err);
     return NULL;
@@ -775,7 +779,7 @@ static void decode_job_run(uv_work_t *w) {
   struct decode_job *j = (struct decode_job *)w;
   pbmem mem; /* no scratch: the message is plain malloc'd (freed with NULL) */
   j->m = decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
-                        j->err, sizeof j->err, &j->nul);
+                        j->err, sizeof j->err, &j->nul, 0, 0);
   if (!j->unary) { /* c->in is the loop's */
     free(j->bytes);
     j->bytes = NULL;
@@ -922,26 +926,26 @@ static void call_scan_reset(rpc_call *c) {
 }
 
 /* The envelope at in[0] is incomplete: move its big field out of `in` if it
- * has one.  1 when the message is complete by then (deliver it now). */
-static int call_split(rpc_call *c) {
+ * has one (the envelope stays incomplete: its last byte is still to come). */
+static void call_split(rpc_call *c) {
   uint8_t flags;
   uint32_t mlen;
   if (c->big.data || c->scan_done || c->json || c->w == W_CONNECT_UNARY || c->finished ||
       c->decoding || c->in_done || c->in_len < 5 || c->in[0] != 0 /* compressed, or bad flags */ ||
       env_next(c->in, c->in_len, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &mlen) != ENV_NEED ||
       mlen < CALL_BIG_MIN)
-    return 0;
+    return;
   pbwire_big_status st = pbwire_find_big(c->m->input, c->in + 5, c->in_len - 5, mlen, CALL_BIG_MIN,
                                          CALL_BIG_WITHIN, &c->scan);
-  if (st == PBWIRE_BIG_NEED) return 0;
+  if (st == PBWIRE_BIG_NEED) return;
   c->scan_done = 1;
-  if (st != PBWIRE_BIG_FOUND) return 0;
+  if (st != PBWIRE_BIG_FOUND) return;
   size_t key = 5 + c->scan.key, val = 5 + c->scan.val, len = c->scan.len;
   /* as on_body's growth: within the budgets, else assembled in `in` (which
    * then fails the call there if it must) */
-  if (conch.rx_buffered + len > conch.rx_budget || conch.held + len > conch.budget) return 0;
+  if (conch.rx_buffered + len > conch.rx_budget || conch.held + len > conch.budget) return;
   uint8_t *b = malloc(len);
-  if (!b) return 0;
+  if (!b) return;
   conch.rx_buffered += len;
   conch.held += len;
   size_t have = c->in_len - val, take = have < len ? have : len;
@@ -953,14 +957,29 @@ static int call_split(rpc_call *c) {
   c->big.got = take;
   c->big.at = key;
   c->big.cut = val - key;
-  return take == len && c->in_len >= 5 + (size_t)mlen - c->big.cut - len;
+  /* `in` may have been sized for the whole body (a Content-Length): what
+   * it still has to hold is the rest of the message */
+  if (c->in_cap > 2 * CALL_BIG_WITHIN && c->in_cap > 2 * c->in_len) {
+    size_t cap = c->in_len > CALL_BIG_WITHIN ? c->in_len : CALL_BIG_WITHIN;
+    uint8_t *q = realloc(c->in, cap);
+    if (q) {
+      conch.rx_buffered -= c->in_cap - cap;
+      conch.held -= c->in_cap - cap;
+      c->in = q;
+      c->in_cap = cap;
+    }
+  }
 }
 
 /* The split envelope at in[0] once all of it is here: the rest decoded,
  * the block attached.  NULL when the call failed. */
 static ProtobufCMessage *call_decode_split(rpc_call *c, size_t end) {
   pbmem mem;
-  ProtobufCMessage *m = call_decode(c, c->in + 5, end - 5, 0, NULL, 0, &mem);
+  /* the whole message's memory budget, less the block as protobuf-c's
+   * allocation of it would have been charged (pbmem.h): the same messages
+   * refused as "needs more memory" */
+  size_t whole = end - 5 + c->big.cut + c->big.len, charged = ((c->big.len + 15) & ~(size_t)15) + 16;
+  ProtobufCMessage *m = call_decode(c, c->in + 5, end - 5, 0, NULL, 0, &mem, whole, charged);
   if (m && !pbwire_attach_big(m, c->scan.f, c->in + c->big.at, end - c->big.at, c->big.data, c->big.len))
     free(c->big.data); /* the field is set again later on: that one wins */
   if (!m) free(c->big.data);
@@ -973,7 +992,6 @@ static ProtobufCMessage *call_decode_split(rpc_call *c, size_t end) {
 /* Envelope parsing for streaming protocols: deliver what is complete. */
 static void call_pump(rpc_call *c) {
   size_t off = 0;
-again:
   while (!c->finished && !c->in_paused && !c->decoding && c->in_len - off >= 5) {
     const uint8_t *h = c->in + off;
     uint8_t flags;
@@ -1015,7 +1033,7 @@ again:
       break;
     }
     pbmem mem; /* no scratch: messages outlive this frame (deliver_message) */
-    ProtobufCMessage *m = call_decode(c, h + 5, len, flags & 1, NULL, 0, &mem);
+    ProtobufCMessage *m = call_decode(c, h + 5, len, flags & 1, NULL, 0, &mem, 0, 0);
     off += 5 + (size_t)len;
     if (!m) return;
     deliver_message(c, m);
@@ -1027,7 +1045,7 @@ again:
     off = 0;
     call_scan_reset(c);
   }
-  if (call_split(c)) goto again;
+  call_split(c);
   if (c->in_done && !c->in_paused && !c->decoding && !c->in_end_sent) {
     c->in_end_sent = 1;
     size_t left = c->in_len + (c->big.data ? c->big.cut + c->big.got : 0);
@@ -1143,7 +1161,7 @@ static void on_body_end(hx *x) {
    * the stack (a small one needs no malloc) */
   _Alignas(16) uint8_t scratch[1024];
   pbmem mem;
-  ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in, scratch, sizeof scratch, &mem);
+  ProtobufCMessage *m = call_decode(c, c->in, c->in_len, c->gzip_in, scratch, sizeof scratch, &mem, 0, 0);
   call_drop_input(c);
   if (m) start_service(c, m, &mem.a);
 }

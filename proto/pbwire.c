@@ -2,6 +2,7 @@
 #include "proto/pbwire.h"
 #include "proto/wire.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,32 @@ ProtobufCMessage *pbwire_unpack_mem(const ProtobufCMessageDescriptor *d, const u
   return protobuf_c_message_unpack(d, &m->a, n, p);
 }
 
+/* Keys and length prefixes are read exactly as protobuf-c 1.4 reads them
+ * (parse_tag_and_wiretype, scan_length_prefixed_data): at most 5 bytes
+ * each, a key refused only when its first byte has no field bits (so
+ * "80 00" is field 0, an unknown field), a length over INT_MAX refused.  A
+ * walk that split fields differently could miss the field set again after
+ * the big one, or take a key protobuf-c refuses (test_pbwire, fuzz_pbwire). */
+#define PB_HEAD_MAX 5
+
+/* 0 and *v, 1 not all here yet, -1 invalid.  key: the key's rules. */
+static int head_get(const uint8_t **q, const uint8_t *end, int more, int key, uint64_t *v) {
+  const uint8_t *a = *q;
+  if (a >= end) return more ? 1 : -1;
+  if (key && (a[0] & 0xf8) == 0) return -1;
+  uint64_t r = 0;
+  for (unsigned i = 0; i < PB_HEAD_MAX; i++) {
+    if (a + i >= end) return more ? 1 : -1;
+    r |= (uint64_t)(a[i] & 0x7f) << (7 * i);
+    if (!(a[i] & 0x80)) {
+      *q = a + i + 1;
+      *v = r;
+      return 0;
+    }
+  }
+  return -1;
+}
+
 /* The field at p[*s]: 0 walked past it (*s moved on, *num and *wt set,
  * for a length-delimited one *val and *len too without walking its bytes),
  * 1 not all here yet, -1 invalid.  `more`: bytes may still come after n. */
@@ -58,11 +85,10 @@ static int field_head(const uint8_t *p, size_t n, int more, size_t *s, uint32_t 
                       size_t *val, uint64_t *len) {
   const uint8_t *q = p + *s, *end = p + n;
   uint64_t key, v;
-  if (wire_varint_get(&q, end, &key) != 0)
-    return more && n - *s < WIRE_VARINT_MAX ? 1 : -1;
+  int r = head_get(&q, end, more, 1, &key);
+  if (r) return r;
   *wt = (unsigned)(key & 7);
-  *num = (uint32_t)(key >> 3);
-  if (*num == 0 || (key >> 3) > UINT32_MAX) return -1;
+  *num = (uint32_t)(key >> 3); /* bits past 32 fall off, as in protobuf-c */
   const uint8_t *a = q;
   switch (*wt) {
     case WIRE_T_VARINT:
@@ -76,7 +102,8 @@ static int field_head(const uint8_t *p, size_t n, int more, size_t *s, uint32_t 
       break;
     }
     case WIRE_T_LEN:
-      if (wire_varint_get(&q, end, len) != 0) return more && (size_t)(end - a) < WIRE_VARINT_MAX ? 1 : -1;
+      if ((r = head_get(&q, end, more, 0, len)) != 0) return r;
+      if (*len > INT_MAX) return -1;
       *val = (size_t)(q - p);
       break;
     default:

@@ -7,8 +7,8 @@
  * never shorter than the writer's form of its value, and is exactly that
  * form when it has no redundant trailing zero groups.  And the big-field
  * split of connect.c: where pbwire_find_big finds one (walked byte by
- * byte as the bytes would arrive, any size), the rest decoded with the
- * field attached packs to the same bytes as the whole decoded. */
+ * byte as the bytes would arrive, any size), the rest decodes exactly when
+ * the whole does, and with the field attached packs to the same bytes. */
 #include <string.h>
 
 #include "proto/pbjson.h"
@@ -50,7 +50,12 @@ static void same_split(const ProtobufCMessageDescriptor *d, const uint8_t *p, si
   memcpy(rest + b.key, p + b.val + b.len, n - b.val - b.len);
   memcpy(blk, p + b.val, b.len);
   ProtobufCMessage *s = protobuf_c_message_unpack(d, NULL, rl, rest);
-  FUZZ_CHECK(s != NULL); /* the whole decoded, so the rest does */
+  FUZZ_CHECK((s != NULL) == (whole != NULL)); /* refused whole, refused split */
+  if (!s) {
+    free(rest);
+    free(blk);
+    return;
+  }
   if (!pbwire_attach_big(s, b.f, rest + b.key, rl - b.key, blk, b.len)) free(blk);
   size_t a = protobuf_c_message_get_packed_size(whole), sl = protobuf_c_message_get_packed_size(s);
   FUZZ_CHECK(a == sl);
@@ -71,8 +76,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const ProtobufCMessageDescriptor *d = fuzz_msgs[data[0] % FUZZ_NMSGS];
   ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, size - 1, data + 1);
   int nul = pbwire_has_nul_string(d, data + 1, size - 1);
-  if (!m) return 0;
   same_split(d, data + 1, size - 1, m);
+  if (!m) return 0;
   char err[256];
   if (pbjson_check_decoded(m, err, sizeof err) != 0 || nul) {
     protobuf_c_message_free_unpacked(m, NULL);

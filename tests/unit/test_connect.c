@@ -1237,6 +1237,60 @@ TEST(envelopes_big_field) {
   fake_done();
   ASSERT_EQ(conch.rx_buffered, before);
 
+  /* what protobuf-c refuses whole is refused however it arrives: a
+   * 6-byte length in front of the content */
+  bb l6 = {0};
+  bb_put(&l6, "\x0a\x01" "A" "\x12\x80\x80\x84\x80\x80\x00", 10);
+  bb_put(&l6, large, 65536);
+  bb in6 = {0};
+  bb_env_msg(&in6, 0, l6);
+  static const size_t steps6[] = {4096, 1000000};
+  for (size_t i = 0; i < 2; i++) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    feed_bb(&in6, steps6[i]);
+    feed_end();
+    expect_stream_end("{\"error\":{\"code\":\"invalid_argument\",\"message\":\"unmarshal into "
+                      "pb.FileChunk: invalid protobuf\"}}");
+  }
+  bb_free(&in6);
+
+  /* the decode's memory budget is the whole message's either way: 8 MiB
+   * of content and 570 000 unknown fields of 2 bytes need more than the
+   * 64 MiB a message of that size may take */
+  size_t nu = 570000;
+  uint8_t *fat = malloc(8 * MIB);
+  memset(fat, 'f', 8 * MIB);
+  bb mb = chunk("F", fat, 8 * MIB);
+  for (size_t i = 0; i < nu; i++) bb_put(&mb, "\x78\x01", 2);
+  bb inb = {0};
+  bb_env_msg(&inb, 0, mb);
+  static const size_t stepsb[] = {65536, 16 * MIB};
+  for (size_t i = 0; i < 2; i++) {
+    svc_reset(S_REPLY);
+    open_call(&m_cstream, "application/connect+proto", NULL);
+    feed_bb(&inb, stepsb[i]);
+    feed_end();
+    expect_stream_end("{\"error\":{\"code\":\"resource_exhausted\",\"message\":\"unmarshal into "
+                      "pb.FileChunk: message needs more than 67108864 bytes of memory to decode\"}}");
+  }
+  bb_free(&inb);
+  free(fat);
+
+  /* a buffer sized for the whole body by its Content-Length gives back
+   * what the block took over: the input is counted once */
+  svc_reset(S_REPLY);
+  open_call(&m_cstream, "application/connect+proto", NULL);
+  F.x.content_length = (int64_t)one;
+  size_t before1 = conch.rx_buffered;
+  feed(in.p, 1000, 1000);
+  ASSERT(conch.rx_buffered >= before1 + sizeof large);
+  ASSERT(conch.rx_buffered <= before1 + sizeof large + 16384);
+  feed(in.p + 1000, one - 1000, 65536);
+  feed_end();
+  snprintf(want, sizeof want, "open;msg(L,200000,%u);end;", sum);
+  ASSERT_STR_EQ(svc.log, want);
+
   /* compressed (incompressible content, so the envelope is big too):
    * assembled whole, inflated and decoded in the pool as before */
   static uint8_t rnd[100000];

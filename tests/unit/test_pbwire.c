@@ -123,6 +123,27 @@ TEST(file_chunk_found_at_every_cut) {
   ASSERT(s && s->content.len == 2 && memcmp(s->content.data, "xy", 2) == 0);
   ASSERT_STR_EQ(s->filepath, "/other");
   pb__file_chunk__free_unpacked(s, NULL);
+  /* a 2-byte key of field 0 (protobuf-c keeps it as an unknown field)
+   * before the field set again: still seen, still the last one */
+  buf z = {0};
+  put_len(&z, 1, "B", 1);
+  put_len(&z, 2, content, n);
+  put(&z, "\x80\x00\x00", 3);
+  put_len(&z, 2, "xy", 2);
+  ASSERT_EQ(walk(d, &z, 4096, 65536, 8192, &b, &at), PBWIRE_BIG_FOUND);
+  same_message(d, &z, &b);
+  s = (Pb__FileChunk *)split_unpack(d, &z, &b);
+  ASSERT(s && s->content.len == 2);
+  pb__file_chunk__free_unpacked(s, NULL);
+  /* and before the big field: walked past like any unknown field */
+  buf z2 = {0};
+  put(&z2, "\x80\x00\x00", 3);
+  put_len(&z2, 2, content, n);
+  ASSERT_EQ(walk(d, &z2, 1, 65536, 8192, &b, &at), PBWIRE_BIG_FOUND);
+  ASSERT_EQ(b.key, 3);
+  same_message(d, &z2, &b);
+  free(z.p);
+  free(z2.p);
   free(m.p);
   free(content);
 }
@@ -163,6 +184,27 @@ TEST(refused) {
   ASSERT_EQ(pbwire_find_big(d, overlong, 12, 100000, 65536, 8192, &(pbwire_big){0}), PBWIRE_BIG_NONE);
   ASSERT_EQ(pbwire_find_big(d, overlong, 5, 100000, 65536, 8192, &(pbwire_big){0}), PBWIRE_BIG_NEED);
   ASSERT_EQ(pbwire_find_big(d, zero, 2, 100000, 65536, 8192, &(pbwire_big){0}), PBWIRE_BIG_NONE);
+  /* a key or a length of more than 5 bytes: protobuf-c refuses them, so
+   * the message is left whole for it to refuse */
+  buf k6 = {0}, l6 = {0};
+  put(&k6, "\x92\x80\x80\x80\x80\x00", 6); /* field 2, length-delimited, in 6 bytes */
+  put_varint(&k6, n);
+  put(&k6, content, n);
+  put(&l6, "\x12\x80\x80\x84\x80\x80\x00", 7); /* 65536 in 6 bytes */
+  put(&l6, content, 65536);
+  ASSERT_EQ(walk(d, &k6, 1, 65536, 8192, &b, &at), PBWIRE_BIG_NONE);
+  ASSERT_EQ(walk(d, &l6, 1, 65536, 8192, &b, &at), PBWIRE_BIG_NONE);
+  ASSERT(protobuf_c_message_unpack(d, NULL, k6.len, k6.p) == NULL);
+  ASSERT(protobuf_c_message_unpack(d, NULL, l6.len, l6.p) == NULL);
+  /* 5 bytes is still protobuf-c's: found */
+  buf l5 = {0};
+  put(&l5, "\x12\x80\x80\x84\x80\x00", 6);
+  put(&l5, content, 65536);
+  ASSERT_EQ(walk(d, &l5, 1, 65536, 8192, &b, &at), PBWIRE_BIG_FOUND);
+  same_message(d, &l5, &b);
+  free(k6.p);
+  free(l6.p);
+  free(l5.p);
   /* a string field, however long, is not a bytes field */
   buf str = {0};
   put_len(&str, 1, content, n);
