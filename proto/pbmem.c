@@ -23,7 +23,7 @@ static void *pbmem_alloc(void *data, size_t size) {
 
 static void pbmem_free(void *data, void *ptr) {
   pbmem *m = data;
-  if ((uint8_t *)ptr >= m->buf && (uint8_t *)ptr < m->buf + m->cap) return; /* the buffer's */
+  if (m->buf && (uint8_t *)ptr >= m->buf && (uint8_t *)ptr < m->buf + m->cap) return; /* the buffer's */
   free(ptr);
 }
 
