@@ -43,9 +43,8 @@ struct rpc_call {
   struct {
     uint8_t *data;  /* malloc'd, len bytes; the message's once decoded */
     size_t len, got;
-    size_t at;      /* where in `in` the field was: the rest of the message follows */
-    size_t cut;     /* the field's key and length, in neither buffer */
-  } big;
+  } big; /* where it was in `in` (5 + scan.key) and the key and length dropped
+            * (scan.val - scan.key) are the walk's */
   ProtobufCMessage *req; /* server streaming: the request until body end */
   int req_nul;
   int decoding;     /* a pool decode (pool_decode) holds the call */
@@ -920,6 +919,9 @@ ProtobufCMessage *rpc_take_request(rpc_call *c) {
 #define CALL_BIG_MIN (64u * 1024)
 #define CALL_BIG_WITHIN (8u * 1024)
 
+/* The big field's key and length: bytes of the envelope in neither buffer. */
+static size_t big_cut(const rpc_call *c) { return c->scan.val - c->scan.key; }
+
 static void call_scan_reset(rpc_call *c) {
   memset(&c->scan, 0, sizeof c->scan);
   c->scan_done = 0;
@@ -955,8 +957,6 @@ static void call_split(rpc_call *c) {
   c->big.data = b;
   c->big.len = len;
   c->big.got = take;
-  c->big.at = key;
-  c->big.cut = val - key;
   /* `in` may have been sized for the whole body (a Content-Length): what
    * it still has to hold is the rest of the message */
   if (c->in_cap > 2 * CALL_BIG_WITHIN && c->in_cap > 2 * c->in_len) {
@@ -978,9 +978,10 @@ static ProtobufCMessage *call_decode_split(rpc_call *c, size_t end) {
   /* the whole message's memory budget, less the block as protobuf-c's
    * allocation of it would have been charged (pbmem.h): the same messages
    * refused as "needs more memory" */
-  size_t whole = end - 5 + c->big.cut + c->big.len, charged = ((c->big.len + 15) & ~(size_t)15) + 16;
+  size_t at = 5 + c->scan.key;
+  size_t whole = end - 5 + big_cut(c) + c->big.len, charged = ((c->big.len + 15) & ~(size_t)15) + 16;
   ProtobufCMessage *m = call_decode(c, c->in + 5, end - 5, 0, NULL, 0, &mem, whole, charged);
-  if (m && !pbwire_attach_big(m, c->scan.f, c->in + c->big.at, end - c->big.at, c->big.data, c->big.len))
+  if (m && !pbwire_attach_big(m, c->scan.f, c->in + at, end - at, c->big.data, c->big.len))
     free(c->big.data); /* the field is set again later on: that one wins */
   if (!m) free(c->big.data);
   conch.rx_buffered -= c->big.len;
@@ -996,8 +997,9 @@ static void call_pump(rpc_call *c) {
     const uint8_t *h = c->in + off;
     uint8_t flags;
     uint32_t len;
-    if (c->big.data && off == 0) { /* checked when it was split */
-      size_t end = 5 + ((size_t)h[1] << 24 | (size_t)h[2] << 16 | (size_t)h[3] << 8 | h[4]) - c->big.cut - c->big.len;
+    if (c->big.data && off == 0) { /* its header was checked when it was split */
+      env_next(h, c->in_len, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &len);
+      size_t end = 5 + (size_t)len - big_cut(c) - c->big.len;
       if (c->big.got < c->big.len || c->in_len < end) break;
       if (c->req) {
         call_fail(c, RPC_INVALID_ARGUMENT, "protocol error: expected only one message, but got multiple");
@@ -1048,7 +1050,7 @@ static void call_pump(rpc_call *c) {
   call_split(c);
   if (c->in_done && !c->in_paused && !c->decoding && !c->in_end_sent) {
     c->in_end_sent = 1;
-    size_t left = c->in_len + (c->big.data ? c->big.cut + c->big.got : 0);
+    size_t left = c->in_len + (c->big.data ? big_cut(c) + c->big.got : 0);
     if (left) {
       char e[160];
       snprintf(e, sizeof e, "protocol error: incomplete envelope: %zu bytes left over", left);
@@ -1140,7 +1142,7 @@ static uint8_t *on_body_into(hx *x, size_t *len) {
     uint32_t mlen;
     if (env_next(c->in, c->in_len, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &mlen) != ENV_NEED)
       return NULL;
-    size_t end = 5 + (size_t)mlen - (c->big.data ? c->big.cut + c->big.len : 0);
+    size_t end = 5 + (size_t)mlen - (c->big.data ? big_cut(c) + c->big.len : 0);
     if (c->in_len >= end) return NULL;
     want = end - c->in_len;
   }
