@@ -11,9 +11,12 @@
 #     splicing socket → pipe → file, in one thread or (-t) with the file
 #     written by a second thread, as the agent's loop and pool;
 #   * the client's own ceiling for uploads, a receiver that discards the
-#     body: upsink writing to /dev/null (HTTP/1.1) and a second nghttpd
+#     body: upsink writing to /dev/null (HTTP/1.1); a second nghttpd
 #     with the agent's flow-control windows (1 MiB per stream, 16 MiB per
-#     connection) that reads and drops a POSTed body (curl h2c -T);
+#     connection) that reads and drops a POSTed body (curl h2c -T); and
+#     tests/bench/h2null.c, no HTTP/2 library and windows of 2^31-1, which
+#     only reads the socket: blocking, and (-s) spinning on a non-blocking
+#     read so that curl's sends never have to wake it;
 #   * unary ListFiles rate with h2load against nghttpd serving a small file;
 #   * ListFiles of 10 000 entries (JSON) with and without gzip (api.md §9):
 #     bytes on the wire and rate;
@@ -29,7 +32,7 @@ for t in nghttpd h2load curl; do command -v $t >/dev/null || { echo "missing $t 
 
 W=$(mktemp -d /tmp/conch-bench.XXXXXX)
 mount -t tmpfs -o size=$((SIZE_MIB * 5 + 256))m tmpfs "$W"
-cleanup() { kill "${NGPID:-}" "${NGDPID:-}" "${NULLPID:-}" "${CIPID:-}" "${SINKPID[@]}" 2>/dev/null || true; wait 2>/dev/null || true; umount "$W" 2>/dev/null || true; rmdir "$W" 2>/dev/null || true; }
+cleanup() { kill "${NGPID:-}" "${NGDPID:-}" "${NULLPID:-}" "${H2NPID:-}" "${H2SPID:-}" "${CIPID:-}" "${SINKPID[@]}" 2>/dev/null || true; wait 2>/dev/null || true; umount "$W" 2>/dev/null || true; rmdir "$W" 2>/dev/null || true; }
 trap cleanup EXIT
 head -c $((SIZE_MIB * 1024 * 1024)) /dev/urandom > "$W/big"
 echo '{"status":"OK"}' > "$W/small"
@@ -41,11 +44,15 @@ NGP=$(port); CIP=$(port); TOK=benchtoken
 SINKS=("" "-s" "-t" "-s -t") SINKP=() SINKPID=()
 mkdir -p build/bench
 cc -std=gnu11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -o build/bench/upsink tests/bench/upsink.c -lpthread
+cc -std=gnu11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -o build/bench/h2null tests/bench/h2null.c
 nghttpd --no-tls -d "$W" "$NGP" >/dev/null 2>&1 & NGPID=$!
 NGDP=$(port)
 nghttpd --no-tls -w 20 -W 24 -d "$W" "$NGDP" >/dev/null 2>&1 & NGDPID=$!
 NULLP=$(port)
 build/bench/upsink "$NULLP" /dev/null & NULLPID=$!
+H2NP=$(port); H2SP=$(port)
+build/bench/h2null "$H2NP" & H2NPID=$!
+build/bench/h2null -s "$H2SP" & H2SPID=$!
 for i in "${!SINKS[@]}"; do
   SINKP[i]=$(port)
   # shellcheck disable=SC2086 # the options are words
@@ -88,6 +95,7 @@ ng_h2()   { curl -s --http2-prior-knowledge -o /dev/null http://127.0.0.1:$NGP/b
 sink_h1() { curl -s -o /dev/null -T "$W/post.env" "http://127.0.0.1:$1/"; }
 # nghttpd drops a POSTed body and answers with the file named by the path
 drop_h2() { curl -s --http2-prior-knowledge -o /dev/null -w '%{http_code} %{size_upload}' -X POST -T "$W/post.env" http://127.0.0.1:$NGDP/small; }
+null_h2() { curl -s --http2-prior-knowledge -o /dev/null -w '%{http_code} %{size_upload}' -T "$W/post.env" "http://127.0.0.1:$1/"; }
 
 # sanity: the download is the file, framed
 curl -s -o "$W/got" "${H[@]}" -H 'Content-Type: application/connect+proto' --data-binary @"$W/get.env" http://127.0.0.1:$CIP/pb.FileService/GetFileStream
@@ -113,6 +121,7 @@ rm -f "$W/got"
 rm -f "$W/uploaded"; post_h1; cmp -s "$W/big" "$W/uploaded" || { echo "PostFileStream sanity check failed"; exit 1; }
 for p in "${SINKP[@]}"; do rm -f "$W/sunk"; sink_h1 "$p"; cmp -s "$W/post.env" "$W/sunk" || { echo "upsink sanity check failed"; exit 1; }; done
 [ "$(drop_h2)" = "200 $(stat -c %s "$W/post.env")" ] || { echo "nghttpd upload sanity check failed"; exit 1; }
+for p in $H2NP $H2SP; do [ "$(null_h2 $p)" = "200 $(stat -c %s "$W/post.env")" ] || { echo "h2null sanity check failed"; exit 1; }; done
 
 RSS_IDLE=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
 # Rounds interleave the baseline and every candidate, so that a slow phase
@@ -121,7 +130,7 @@ RSS_IDLE=$(awk '/VmRSS/{print $2}' /proc/$CIPID/status)
 # the previous 256 MiB tmpfs file takes 35–50 ms here, which is not the upload.
 secs() { local s e; s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N); echo "$e - $s" | bc -l; }
 min() { echo "$1 $2" | awk '{print ($1<$2)?$1:$2}'; }
-base=999999; g1=999999; g2=999999; p1=999999; p2=999999; u=(999999 999999 999999 999999); dn=999999; dh=999999
+base=999999; g1=999999; g2=999999; p1=999999; p2=999999; u=(999999 999999 999999 999999); dn=999999; dh=999999; hn=999999; hs=999999
 for _ in $(seq $REPS); do
   base=$(min "$(secs ng_h2)" $base)
   g1=$(min "$(secs get_h1)" $g1); g2=$(min "$(secs get_h2)" $g2)
@@ -129,6 +138,7 @@ for _ in $(seq $REPS); do
   rm -f "$W/uploaded"; p2=$(min "$(secs post_h2)" $p2)
   for i in "${!SINKS[@]}"; do rm -f "$W/sunk"; u[i]=$(min "$(secs sink_h1 "${SINKP[i]}")" "${u[i]}"); done
   rm -f "$W/sunk"; dn=$(min "$(secs sink_h1 "$NULLP")" $dn); dh=$(min "$(secs drop_h2)" $dh)
+  hn=$(min "$(secs null_h2 $H2NP)" $hn); hs=$(min "$(secs null_h2 $H2SP)" $hs)
 done
 r() { echo "$base / $1" | bc -l | awk '{printf "%.2f", $1}'; }
 mbps() { echo "$SIZE_MIB / $1" | bc -l | awk '{printf "%.0f", $1}'; }
@@ -145,6 +155,8 @@ for i in "${!SINKS[@]}"; do
 done
 printf '%-38s %10.3f %10s %8s\n' "upsink to /dev/null ← curl -T" "$dn" "$(mbps $dn)" "$(r $dn)"
 printf '%-38s %10.3f %10s %8s\n' "nghttpd drops it ← curl h2c -T" "$dh" "$(mbps $dh)" "$(r $dh)"
+printf '%-38s %10.3f %10s %8s\n' "h2null drops it ← curl h2c -T" "$hn" "$(mbps $hn)" "$(r $hn)"
+printf '%-38s %10.3f %10s %8s\n' "h2null -s drops it ← curl h2c -T" "$hs" "$(mbps $hs)" "$(r $hs)"
 
 # unary rate: h2load, 10 clients x 10 streams.  The rate target is judged
 # by the median of RATE_ROUNDS paired rounds: each round measures nghttpd
