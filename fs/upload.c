@@ -25,6 +25,10 @@
  * input is paused while UP_QUEUE_HIGH bytes wait, so at most about
  * 2 x (UP_QUEUE_HIGH + 1 MiB) is held per upload.  A layer that kept
  * delivering past the pause would be stopped at UP_QUEUE_MAX.
+ * UP_QUEUE_HIGH is one chunk: with two, an upload's working set (~6 MiB)
+ * crossed main.c's 4 MiB trim threshold, so the heap top was trimmed and
+ * re-faulted all along (~3000 page faults per 256 MiB); with one it is
+ * ~4 MiB, faster and half the memory (tests/bench/README.md, session 18).
  * A target that is an existing directory fails at the first chunk with
  * invalid_argument "path is a directory: <p>".
  */
@@ -45,7 +49,7 @@
 #include "fs/path.h"
 #include "proto/agent.pb-c.h"
 
-#define UP_QUEUE_HIGH (2u * 1024 * 1024)
+#define UP_QUEUE_HIGH (1u * 1024 * 1024)
 #define UP_QUEUE_MAX (8u * 1024 * 1024)
 #define UP_TAKE_MIN (64u * 1024) /* content from which a chunk is kept as its message */
 #define UP_TAKE_SLACK (4u * 1024 + 64) /* the rest of such a message: a path, the tags */
