@@ -25,10 +25,9 @@
  * input is paused while UP_QUEUE_HIGH bytes wait, so at most about
  * 2 x (UP_QUEUE_HIGH + 1 MiB) is held per upload.  A layer that kept
  * delivering past the pause would be stopped at UP_QUEUE_MAX.
- * UP_QUEUE_HIGH is one chunk: with two, an upload's working set (~6 MiB)
- * crossed main.c's 4 MiB trim threshold, so the heap top was trimmed and
- * re-faulted all along (~3000 page faults per 256 MiB); with one it is
- * ~4 MiB, faster and half the memory (tests/bench/README.md, session 18).
+ * UP_QUEUE_HIGH is one chunk: an upload's working set then stays under
+ * main.c's 4 MiB trim threshold, so the heap top is not trimmed and
+ * faulted back in chunk after chunk (docs/internals/profile.md).
  * A target that is an existing directory fails at the first chunk with
  * invalid_argument "path is a directory: <p>".
  */
