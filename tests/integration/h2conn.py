@@ -83,6 +83,10 @@ class H2Client:
     def flush(self):
         data = self.conn.data_to_send()
         if data:
+            # the whole timeout, not what a pump(0.05) left: a server that
+            # reads a stream's data only once its answer has room is slow
+            # to take what its windows let through, not wrong
+            self.sock.settimeout(self.timeout)
             self.sock.sendall(data)
 
     def close(self):

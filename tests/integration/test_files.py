@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import threading
 import time
 
@@ -296,6 +297,41 @@ def test_upload_permission_denied(client):
         pass
     expect_upload_error(client, [{"filepath": "/sys/conch-x.txt", "content": "YQ=="}],
                         "permission_denied", "create file /sys/conch-x.txt: permission denied")
+
+
+@pytest.fixture()
+def small_fs(tmp_path):
+    """A 3 MiB tmpfs of the test's own."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_upload_disk_full_mid_stream(server, small_fs, existing):
+    """ENOSPC in a later write (two may be in the pool at once): the error
+    text, no temp file left, the space back, the target as it was."""
+    client = Client(server.url, server.token)
+    target = str(small_fs / "f.bin")
+    if existing:
+        with open(target, "wb") as f:
+            f.write(b"original")
+    data = os.urandom(8 << 20)
+    expect_upload_error(client, upload_msgs(target, data), "internal",
+                        f"write file {target}: no space left on device")
+    assert temp_leftovers(str(small_fs), server.proc.pid) == []
+    if existing:
+        assert open(target, "rb").read() == b"original"
+    else:
+        assert not os.path.exists(target)
+    st = os.statvfs(str(small_fs))
+    assert st.f_bfree * st.f_frsize >= (3 << 20) - 64 * 1024  # the temp file's blocks freed
+    out, end = up(client, upload_msgs(target, data[:2 << 20]))  # what fits still goes in
+    assert end == {} and out[0]["uploadedCount"] == 1
+    assert open(target, "rb").read() == data[:2 << 20]
+    assert server.alive()
 
 
 def test_upload_client_disconnect_removes_temp(server, tmp_path):

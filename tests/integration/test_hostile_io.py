@@ -818,14 +818,20 @@ def test_memory_comes_back_after_attacks(dev_server, tmp_path):
 BIG_RAW = 11 * MiB + MiB // 2  # its base64 stays within the 16 MiB message cap
 
 
+def json_upload_request(srv, msgs):
+    """The bytes of one PostFileStream call over HTTP/1.1 with the given
+    JSON messages."""
+    body = b"".join(struct.pack(">BI", 0, len(m)) + m for m in msgs)
+    return (b"POST /pb.FileService/PostFileStream HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/connect+json\r\nconch-init-token: %s\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (srv.token.encode(), len(body), body))
+
+
 def json_upload(srv, msgs):
     """One PostFileStream call over HTTP/1.1 with the given JSON messages;
     the raw answer."""
-    body = b"".join(struct.pack(">BI", 0, len(m)) + m for m in msgs)
-    return exchange(srv.port, b"POST /pb.FileService/PostFileStream HTTP/1.1\r\nHost: x\r\n"
-                              b"Content-Type: application/connect+json\r\nconch-init-token: %s\r\n"
-                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                              % (srv.token.encode(), len(body), body), timeout=60)
+    return exchange(srv.port, json_upload_request(srv, msgs), timeout=60)
 
 
 def chunk_msg(path, data):
@@ -852,9 +858,13 @@ def test_big_messages_are_decoded_off_the_loop(roomy, tmp_path):
     arrives whole and in order."""
     srv = roomy
     results = [None] * 6
+    # built before the probes start: six threads base64-encoding 15 MiB hold
+    # the GIL long enough to delay a probe by a second on their own
+    reqs = [json_upload_request(srv, [chunk_msg(str(tmp_path / f"big{i}"), os.urandom(BIG_RAW))])
+            for i in range(len(results))]
 
     def up(i):
-        results[i] = json_upload(srv, [chunk_msg(str(tmp_path / f"big{i}"), os.urandom(BIG_RAW))])
+        results[i] = exchange(srv.port, reqs[i], timeout=60)
 
     ts = [threading.Thread(target=up, args=(i,)) for i in range(len(results))]
     for t in ts:
