@@ -766,7 +766,9 @@ struct decode_job {
   rpc_call *c;
   const ProtobufCMessageDescriptor *d;
   int json, gzip_in, compressed, nul;
-  uint8_t *bytes; /* a copy (c->in may grow while the pool works), or c->in itself for a Connect unary body */
+  uint8_t *bytes; /* the message: in buf, or in c->in itself for a Connect unary body */
+  uint8_t *buf;   /* owned: a copy (freed in the pool), or c->in taken from the call */
+  size_t held;    /* a taken c->in's size, counted as held until done (0: a copy) */
   size_t n;
   int unary;      /* the Connect unary body: the service starts when it is decoded */
   ProtobufCMessage *m;
@@ -779,9 +781,9 @@ static void decode_job_run(uv_work_t *w) {
   pbmem mem; /* no scratch: the message is plain malloc'd (freed with NULL) */
   j->m = decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
                         j->err, sizeof j->err, &j->nul, 0, 0);
-  if (!j->unary) { /* c->in is the loop's */
-    free(j->bytes);
-    j->bytes = NULL;
+  if (!j->held) { /* a copy, or NULL for a unary body (c->in is the loop's) */
+    free(j->buf);
+    j->buf = NULL;
   }
 }
 
@@ -802,7 +804,12 @@ static void decode_job_done(uv_work_t *w, int status) {
   rpc_call *c = j->c;
   c->decoding = 0;
   if (j->unary) call_drop_input(c);
-  else free(j->bytes);
+  /* a taken c->in is freed here, not in the pool: the read that ended the
+   * message may still have been inside it (http1.c keeps the byte the
+   * parser paused on) */
+  free(j->buf);
+  conch.rx_buffered -= j->held;
+  conch.held -= j->held;
   if (!j->unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 0);
   if (c->finished || status != 0) { /* aborted, deadline, shutdown */
     if (j->m) protobuf_c_message_free_unpacked(j->m, NULL);
@@ -824,8 +831,14 @@ static void decode_job_done(uv_work_t *w, int status) {
   free(j);
 }
 
-/* 1: the message went to the pool (or failed the call), 0: decode it here.
- * Messages are delivered in order: the pump waits while one decodes. */
+/* 1: the message went to the pool (or failed the call), 2: the same, and
+ * it was at the start of c->in, which went with it, so c->in now holds
+ * only what followed it; 0: decode it here.  Messages are delivered in
+ * order: the pump waits while one decodes.  A message of
+ * CALL_TAKE_MIN or more is taken rather than copied: its copy would be a
+ * fresh mmap (main.c's M_MMAP_THRESHOLD), every page faulted in on the
+ * loop — six 15 MiB JSON messages at once kept /health waiting 0.6 s —
+ * while below it the copy reuses heap and c->in keeps its room. */
 /* A binary message whose own fields include bytes (a file chunk, input)
  * is mostly those bytes: protobuf-c copies them at memcpy speed (16 MiB in
  * a few ms), so the pool hop and the copy for it would only add latency. */
@@ -835,31 +848,52 @@ static int plain_bytes_message(const ProtobufCMessageDescriptor *d) {
   return 0;
 }
 
+static void call_scan_reset(rpc_call *c);
+
+#define CALL_TAKE_MIN (4u << 20)
+
 static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
   if (n < RPC_POOL_DECODE_MIN) return 0;
   if (!c->json && !compressed && plain_bytes_message(c->m->input)) return 0;
   int unary = c->w == W_CONNECT_UNARY;
+  int take = !unary && p == c->in + 5 && n >= CALL_TAKE_MIN;
+  size_t rest = take ? c->in_len - 5 - n : 0, cap = rest > 1024 ? rest : 1024;
   struct decode_job *j = calloc(1, sizeof *j);
-  uint8_t *bytes = !j ? NULL : unary ? (uint8_t *)p : malloc(n);
-  if (!bytes) {
+  uint8_t *buf = !j || unary ? NULL : malloc(take ? cap : n);
+  if (!j || (!unary && !buf)) {
     free(j);
     call_fail(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return 1;
   }
-  if (!unary) memcpy(bytes, p, n);
   *j = (struct decode_job){.c = c, .d = c->m->input, .json = c->json, .gzip_in = c->gzip_in,
-                           .compressed = compressed, .bytes = bytes, .n = n, .unary = unary};
+                           .compressed = compressed, .bytes = (uint8_t *)p, .n = n, .unary = unary};
+  if (take) { /* buf becomes c->in, the old one the job's */
+    memcpy(buf, p + n, rest);
+    j->buf = c->in;
+    j->held = c->in_cap;
+    c->in = buf;
+    c->in_len = rest;
+    c->in_cap = cap;
+    conch.rx_buffered += cap;
+    conch.held += cap;
+    call_scan_reset(c);
+  } else if (!unary) {
+    memcpy(buf, p, n);
+    j->buf = j->bytes = buf;
+  }
   if (uv_queue_work(conch.loop, &j->w, decode_job_run, decode_job_done) != 0) {
-    if (!unary) free(bytes);
+    free(j->buf);
+    conch.rx_buffered -= j->held;
+    conch.held -= j->held;
     free(j);
     call_fail(c, RPC_INTERNAL, "cannot queue work");
-    return 1;
+    return take ? 2 : 1;
   }
   c->decoding = 1;
   /* no more input while it decodes (the pump waits anyway): a fast writer
    * must not fill c->in meanwhile */
   if (!unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 1);
-  return 1;
+  return take ? 2 : 1;
 }
 
 static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
@@ -1029,8 +1063,9 @@ static void call_pump(rpc_call *c) {
       return;
     }
     c->msgs_in++;
-    if (pool_decode(c, h + 5, len, flags & 1)) {
-      off += 5 + (size_t)len;
+    int pooled = pool_decode(c, h + 5, len, flags & 1);
+    if (pooled) {
+      off = pooled == 2 ? 0 : off + 5 + (size_t)len; /* 2: c->in starts after it now */
       if (c->finished) return;
       break;
     }
