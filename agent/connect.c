@@ -831,14 +831,6 @@ static void decode_job_done(uv_work_t *w, int status) {
   free(j);
 }
 
-/* 1: the message went to the pool (or failed the call), 2: the same, and
- * it was at the start of c->in, which went with it, so c->in now holds
- * only what followed it; 0: decode it here.  Messages are delivered in
- * order: the pump waits while one decodes.  A message of
- * CALL_TAKE_MIN or more is taken rather than copied: its copy would be a
- * fresh mmap (main.c's M_MMAP_THRESHOLD), every page faulted in on the
- * loop — six 15 MiB JSON messages at once kept /health waiting 0.6 s —
- * while below it the copy reuses heap and c->in keeps its room. */
 /* A binary message whose own fields include bytes (a file chunk, input)
  * is mostly those bytes: protobuf-c copies them at memcpy speed (16 MiB in
  * a few ms), so the pool hop and the copy for it would only add latency. */
@@ -852,6 +844,13 @@ static void call_scan_reset(rpc_call *c);
 
 #define CALL_TAKE_MIN (4u << 20)
 
+/* 1: the message went to the pool (or failed the call), 2: the same, and
+ * it was at the start of c->in, which went with it, so c->in now holds
+ * only what followed it; 0: decode it here.  Messages are delivered in
+ * order: the pump waits while one decodes.  A message of CALL_TAKE_MIN or
+ * more is taken rather than copied: its copy would be a fresh mmap
+ * (main.c's M_MMAP_THRESHOLD) whose every page faults in on the loop;
+ * below it the copy reuses heap and c->in keeps its room. */
 static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) {
   if (n < RPC_POOL_DECODE_MIN) return 0;
   if (!c->json && !compressed && plain_bytes_message(c->m->input)) return 0;

@@ -391,8 +391,8 @@ static void proc_connect_on_request(rpc_call *c, const ProtobufCMessage *m) {
 
 /* The answer is built on the loop (pointers into the records, O(processes))
  * but for the env entries, which the pool points at the records' strings
- * (immutable while pinned): 40 000 entries in each of 8 processes made
- * ten concurrent Lists cost the loop over a second.  Each process's usage
+ * (immutable while pinned), so that the loop's share does not grow with
+ * the size of the processes' environments.  Each process's usage
  * is read in the pool too (cgroup files, or /proc without cgroups: 4000
  * processes are 8000 file reads), where the answer is then encoded, with
  * the records and their cgroups pinned.  An empty list is answered at
