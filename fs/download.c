@@ -6,7 +6,7 @@
  *
  * Regular files and block devices: each pool read fills a 1 MiB chunk (or
  * stops at EOF), so a file of 1 MiB + 4 bytes gives exactly 2 chunks and an
- * empty file none.  Each read (or map) waits until the transport has room
+ * empty file none.  Each read waits until the transport has room
  * for its chunk (rpc_out_room): the previous chunk has left for the socket
  * (HTTP/2: into the peer's flow-control window) and the connection's queue
  * is about empty — so a client that stops reading, or holds its window at
@@ -18,23 +18,11 @@
  * window) is "file changed during download: <p>" (data_loss), in both
  * codecs.
  *
- * Regular files with the proto codec, when the answer is not gzipped
- * (rpc_compresses), are not read at all (unless their size is 0: procfs
- * files have content all the same): the pool maps
- * a window of DL_WINDOW bytes (mmap + MADV_POPULATE_READ, so any disk
- * reading happens there, never on the loop) and each 1 MiB chunk goes out
- * as a small framing buffer followed by the mapped bytes themselves
- * (rpc_send_bytes_tail): the page cache is copied once, straight into the
- * socket.  The window is unmapped (in the pool) when its last chunk is
- * written.  Only
- * the kernel reads mapped bytes.  The size is taken by fstat before each
- * window and again once it is populated, so a shrink seen by then ends the
- * stream with data_loss; when mapping or populating fails the download
- * falls back to reads from that offset, which report the real error (or
- * the shrink).  Residual race: a file truncated after that second fstat,
- * while the window's pages are still queued for the socket, makes the
- * write fail with EFAULT (the connection closes) instead of SIGBUS — only
- * the one window in flight is exposed.
+ * The chunk is read into its own buffer with its framing room in front
+ * and sent from there (no copy on the loop).  Mapping the file instead
+ * (one copy less) was slower: every window's pages, mapped and unmapped
+ * again, cost more than the copy they save (docs/internals/profile.md,
+ * GetFileStream).
  *
  * Special files (FIFOs, character devices) stream until EOF: the fd is
  * non-blocking and watched with uv_poll; each readiness gives one read
@@ -54,7 +42,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -65,18 +52,6 @@
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 #include "proto/wire.h"
-
-/* Bytes mapped per pool job (whole chunks). */
-#define DL_WINDOW (2u * FS_CHUNK_MAX)
-
-/* A mapped window of the file; one reference per chunk in flight plus the
- * producer's own while it sends.  Released on the loop thread only. */
-typedef struct dl_win {
-  bufref ref; /* first */
-  uint8_t *map;
-  size_t len;
-  unsigned refs;
-} dl_win;
 
 typedef struct fs_download {
   rpc_call *call; /* NULL once ended (finished or canceled) */
@@ -92,15 +67,12 @@ typedef struct fs_download {
   size_t data_off;    /* where file bytes go in buf: room for framing before them */
   size_t n;       /* bytes in buf from the last read */
   int eof;
-  int map_mode;   /* regular file, proto codec: windows are mapped, not read */
   int json;       /* the call's codec: chunks are encoded in the pool */
   uint8_t *enc;   /* JSON: the encoded chunk (RPC_HEADROOM in front), from the pool */
   size_t enc_len;
-  uint64_t off;   /* map mode: file offset of the next window */
-  uint64_t pos;   /* read mode: file offset of the next read */
-  uint64_t size;  /* sized: its size at open (or at the last window), else 0 */
+  uint64_t pos;   /* file offset of the next read */
+  uint64_t size;  /* sized: its size at open, else 0 */
   int sized;      /* a regular file whose size means something (dl_pseudo_fs) */
-  dl_win *win;    /* map mode: the window from the last pool job */
   int sent;       /* chunks sent */
   uint64_t bytes;
   fs_status st;
@@ -121,27 +93,7 @@ static int dl_alloc(fs_download *d) {
 
 static void dl_on_poll(uv_poll_t *h, int status, int events);
 
-static void dl_win_unmap(void *data) {
-  dl_win *w = data;
-  munmap(w->map, w->len);
-}
-
-static void dl_win_unmapped(void *data, int canceled) {
-  dl_win *w = data;
-  if (canceled) munmap(w->map, w->len); /* no runner could be started: unmap here */
-  free(w);
-}
-
-/* The last reference: unmap off the loop (a 2 MiB window is 512 page
- * table entries to tear down). */
-static void dl_win_release(bufref *r) {
-  dl_win *w = (dl_win *)r;
-  if (--w->refs) return;
-  if (!rpc_work_submit(NULL, dl_win_unmap, dl_win_unmapped, w)) dl_win_unmapped(w, 1); /* ENOMEM: here */
-}
-
 static void dl_free(fs_download *d) {
-  if (d->win) dl_win_release(&d->win->ref);
   if (d->fd >= 0) close(d->fd);
   free(d->buf);
   free(d->enc);
@@ -196,63 +148,6 @@ static void dl_fill(fs_download *d) {
   }
 }
 
-/* Map mode (pool thread): map and populate the next window, or set eof.
- * Falls back to reads for good when mapping is not possible. */
-static void dl_map(fs_download *d) {
-  struct stat st;
-  if (fstat(d->fd, &st) != 0) {
-    fs_status_os(&d->st, "stat file", d->path, errno);
-    return;
-  }
-  if ((uint64_t)st.st_size < d->size) {
-    dl_changed(d);
-    return;
-  }
-  if (d->sized) d->size = (uint64_t)st.st_size;
-  if (st.st_size <= 0 || (uint64_t)st.st_size <= d->off) {
-    d->eof = 1;
-    return;
-  }
-  uint64_t left = (uint64_t)st.st_size - d->off;
-  size_t len = left < DL_WINDOW ? (size_t)left : DL_WINDOW;
-  dl_win *w = malloc(sizeof *w);
-  void *m = w ? mmap(NULL, len, PROT_READ, MAP_SHARED, d->fd, (off_t)d->off) : MAP_FAILED;
-  if (m != MAP_FAILED && madvise(m, len, MADV_POPULATE_READ) != 0) {
-    munmap(m, len); /* an I/O error or a truncation: the reads say which */
-    m = MAP_FAILED;
-  }
-  /* truncated while being populated: say so now rather than let the
-   * socket write fail on the missing pages */
-  if (m != MAP_FAILED && d->sized && (fstat(d->fd, &st) != 0 || (uint64_t)st.st_size < d->off + len)) {
-    munmap(m, len);
-    free(w);
-    dl_changed(d);
-    return;
-  }
-  if (m == MAP_FAILED) {
-    free(w);
-    d->map_mode = 0;
-    d->pos = d->off;
-    if (lseek(d->fd, (off_t)d->off, SEEK_SET) < 0) {
-      fs_status_os(&d->st, "read file", d->path, errno);
-      return;
-    }
-    if (dl_alloc(d) != 0) {
-      fs_status_set(&d->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
-      return;
-    }
-    dl_fill(d);
-    return;
-  }
-  w->ref.release = dl_win_release;
-  w->map = m;
-  w->len = len;
-  w->refs = 1;
-  d->win = w;
-  d->off += len;
-  if (d->off >= (uint64_t)st.st_size) d->eof = 1;
-}
-
 /* Kernel pseudo filesystems: their sizes promise nothing (a sysfs
  * attribute says 4096 and reads a few bytes), so a short read there is not
  * a file that changed. */
@@ -294,13 +189,10 @@ static void dl_open_work(void *data) {
   if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    /* pseudo files (procfs: size 0, content on read) are read, not mapped */
-    if (!S_ISREG(st.st_mode) || st.st_size <= 0) d->map_mode = 0;
     d->sized = S_ISREG(st.st_mode) && st.st_size > 0 && !dl_pseudo_fs(fd);
     if (d->sized) d->size = (uint64_t)st.st_size;
     /* the first chunk is read once the transport has room for it */
   } else {
-    d->map_mode = 0;
     d->pollable = 1; /* decided on the loop: uv_poll or pool reads */
   }
 }
@@ -320,17 +212,12 @@ static void dl_encode(fs_download *d) {
 
 static void dl_read_work(void *data) {
   fs_download *d = data;
-  if (d->map_mode) dl_map(d);
-  else dl_fill(d);
+  dl_fill(d);
   if (d->json && d->n > 0 && d->st.code == RPC_OK) dl_encode(d);
 }
 
 static void dl_encode_work(void *data) { dl_encode(data); }
 
-/* Send what is in buf (which goes with it); 0 ok, -1 failed: d->call NULL
- * when on_cancel ran meanwhile, else the call is still ours.  With the
- * proto codec the FileChunk is framed in place, in front of the data: no
- * copy of the file bytes on the loop. */
 /* The FileChunk fields in front of n content bytes at buf + data_off
  * (filepath in the first chunk only); returns where the message starts. */
 static size_t dl_frame(const fs_download *d, unsigned char *buf, size_t n) {
@@ -344,30 +231,15 @@ static size_t dl_frame(const fs_download *d, unsigned char *buf, size_t n) {
   return off;
 }
 
-/* Map mode: the window's chunks, each a small framing buffer followed by
- * a reference to the mapped bytes.  Same contract as dl_send. */
-static int dl_send_window(fs_download *d, dl_win *w) {
-  for (size_t pos = 0; pos < w->len; pos += FS_CHUNK_MAX) {
-    size_t n = w->len - pos < FS_CHUNK_MAX ? w->len - pos : FS_CHUNK_MAX;
-    unsigned char *pb = malloc(d->data_off);
-    if (!pb) return -1;
-    size_t off = dl_frame(d, pb, n);
-    w->refs++;
-    d->sending = 1;
-    int r = rpc_send_bytes_tail(d->call, pb, pb + off, d->data_off - off, w->map + pos, n, &w->ref);
-    d->sending = 0;
-    if (r != 0 || !d->call) return -1;
-    d->sent++;
-    d->bytes += n;
-  }
-  return 0;
-}
-
-/* The same for a chunk the pool encoded (JSON): enc[RPC_HEADROOM, +len),
- * n file bytes. */
-static int dl_send_json(fs_download *d, uint8_t *enc, size_t len, size_t n) {
+/* Send what is in buf (which goes with it); 0 ok, -1 failed: d->call NULL
+ * when on_cancel ran meanwhile, else the call is still ours.  With the
+ * proto codec the FileChunk is framed in place, in front of the data: no
+ * copy of the file bytes on the loop. */
+static int dl_send(fs_download *d, unsigned char *buf, size_t n) {
+  int r;
   d->sending = 1;
-  int r = rpc_send_bytes(d->call, enc, enc + RPC_HEADROOM, len);
+  size_t off = dl_frame(d, buf, n);
+  r = rpc_send_bytes(d->call, buf, buf + off, d->data_off + n - off);
   d->sending = 0;
   if (r != 0 || !d->call) return -1;
   d->sent++;
@@ -375,11 +247,11 @@ static int dl_send_json(fs_download *d, uint8_t *enc, size_t len, size_t n) {
   return 0;
 }
 
-static int dl_send(fs_download *d, unsigned char *buf, size_t n) {
-  int r;
+/* A chunk the pool encoded (JSON): enc[RPC_HEADROOM, +len), n file bytes.
+ * Same contract as dl_send. */
+static int dl_send_json(fs_download *d, uint8_t *enc, size_t len, size_t n) {
   d->sending = 1;
-  size_t off = dl_frame(d, buf, n);
-  r = rpc_send_bytes(d->call, buf, buf + off, d->data_off + n - off);
+  int r = rpc_send_bytes(d->call, enc, enc + RPC_HEADROOM, len);
   d->sending = 0;
   if (r != 0 || !d->call) return -1;
   d->sent++;
@@ -403,10 +275,10 @@ static void dl_on_room(rpc_call *c) {
 }
 
 /* The next chunk, once the transport has room for it (else dl_on_room
- * comes back here): a pool read or map, or (special files) polling. */
+ * comes back here): a pool read, or (special files) polling. */
 static void dl_go(fs_download *d) {
   /* the room asked is what the next send holds: a JSON chunk is base64 */
-  size_t room = d->map_mode ? DL_WINDOW : d->json ? FS_CHUNK_MAX / 3 * 4 + 4096 : FS_CHUNK_MAX;
+  size_t room = d->json ? FS_CHUNK_MAX / 3 * 4 + 4096 : FS_CHUNK_MAX;
   if (!rpc_out_room(d->call, room, dl_on_room)) {
     if (d->polling) {
       uv_poll_stop(&d->poll);
@@ -441,25 +313,20 @@ static void dl_after_read(void *data, int canceled) {
     return;
   }
   int eof = d->eof;
-  dl_win *w = d->win;        /* map mode: the window just mapped */
-  unsigned char *chunk = d->buf; /* read mode: the chunk just read */
+  unsigned char *chunk = d->buf; /* the chunk just read */
   uint8_t *enc = d->enc;         /* JSON: the chunk just encoded */
   size_t n = d->n;
-  d->win = NULL;
   d->buf = NULL;
   d->enc = NULL;
   d->n = 0;
   int r = 0;
-  if (w) {
-    r = dl_send_window(d, w);
-  } else if (enc) {
+  if (enc) {
     r = dl_send_json(d, enc, d->enc_len, n);
   } else if (n > 0) {
     r = dl_send(d, chunk, n);
     chunk = NULL; /* dl_send took it */
   }
   free(chunk);
-  if (w) dl_win_release(&w->ref); /* the producer's reference */
   if (r < 0)
     dl_send_failed(d);
   else if (eof)
@@ -469,7 +336,7 @@ static void dl_after_read(void *data, int canceled) {
 }
 
 static int dl_read_more(fs_download *d) {
-  if (!d->map_mode && dl_alloc(d) != 0) return -1;
+  if (dl_alloc(d) != 0) return -1;
   d->busy = 1;
   d->work = rpc_work_submit(d->call, dl_read_work, dl_after_read, d);
   if (!d->work) d->busy = 0;
@@ -562,9 +429,6 @@ void fs_download_on_request(rpc_call *c, const ProtobufCMessage *msg) {
     d->path = strdup(req->filepath);
     /* headroom + field 1 (tag, varint, path) + field 2 (tag, 3-byte varint) */
     if (d->path) d->data_off = RPC_HEADROOM + 1 + 10 + strlen(d->path) + 1 + 3;
-    /* decided for good once the file is open; a gzipped answer needs the
-     * bytes in memory we may read (mapped pages only the kernel reads) */
-    d->map_mode = !rpc_is_json(c) && !rpc_compresses(c);
     d->json = rpc_is_json(c);
   }
   if (!d || !d->path) {

@@ -514,10 +514,10 @@ def test_download_proto_codec(client, tmp_path):
 @pytest.mark.parametrize("mode", list(HTTP_MODES))
 @pytest.mark.parametrize("size", [0, 1, 1 << 20, (1 << 20) + 4, 2 << 20, (2 << 20) + 1,
                                   (5 << 20) + 7])
-def test_download_proto_mapped_sizes(server, tmp_path, mode, size):
-    """With the proto codec a regular file is sent from mapped windows of
-    2 MiB (fs/download.c): chunks still break at every 1 MiB, across window
-    edges, only the first names the file, and the bytes are the file's."""
+def test_download_proto_sizes(server, tmp_path, mode, size):
+    """With the proto codec a regular file's chunks break at every 1 MiB
+    (an empty file has none), only the first names the file, and the bytes
+    are the file's."""
     pb = pytest.importorskip("agent_pb2")
     p = str(tmp_path / "m")
     data = os.urandom(size)
@@ -542,8 +542,8 @@ PSEUDO_FILES = ["/proc/version", "/sys/kernel/mm/transparent_hugepage/enabled"]
 @pytest.mark.parametrize("path", PSEUDO_FILES)
 def test_download_pseudo_file_reads_its_content(client, json_codec, path):
     """procfs files report size 0 and sysfs attributes 4096 yet produce their
-    content on read: they are read, never mapped (a mapped window would see
-    an empty or a zero-filled file)."""
+    content on read: the download reads until EOF, not up to the size, and
+    a short read there is not a file that changed."""
     pb = pytest.importorskip("agent_pb2")
     if not os.path.exists(path):
         pytest.skip(f"{path} not on this machine")

@@ -234,9 +234,8 @@ def test_stream_h2(server, accept):
 
 def test_stream_download_json_and_proto(server, client, tmp_path):
     """GetFileStream: JSON chunks (1 MiB of content, base64) and proto
-    chunks alike are deflated in the pool, in order (a gzipped proto
-    download reads the file instead of mapping it: mapped pages are only
-    read by the kernel); without gzip the proto chunks go as they are."""
+    chunks alike are deflated in the pool, in order; without gzip the
+    proto chunks go as they are."""
     data = (b"conch " * 600000)[:3 * MiB + 17]
     p = tmp_path / "big.txt"
     p.write_bytes(data)

@@ -703,9 +703,9 @@ def proto_chunk_len(path, first):
 @pytest.mark.parametrize("codec", ["proto", "json"])
 def test_h2_download_of_a_shrinking_file_is_data_loss(one, tmp_path, codec):
     """Row 9 over HTTP/2, both codecs end the same way.  Proto: the stream
-    window admits exactly the first mapped window (two chunks); the file
-    shrinks while the server waits for credit, then the window opens: the
-    next window's fstat sees the shrink.  JSON: the window is shut from the
+    window admits exactly two chunks; the file shrinks while the server
+    waits for credit, then the window opens: the next read ends before the
+    file's size.  JSON: the window is shut from the
     start and the file shrinks before the second chunk is read."""
     p = str(tmp_path / "shrinks.bin")
     with open(p, "wb") as f:
