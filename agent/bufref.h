@@ -5,13 +5,14 @@
  * more.  An owner is either
  *   - a malloc'd pointer (released with free()), the common case, or
  *   - a bufref: any object that embeds a struct bufref and releases itself
- *     in release() — e.g. a file window mapped with mmap (fs/download.c),
+ *     in release() — e.g. a block of retained process output (proc/ring.c),
  *     shared by several pieces through its own count.
  * Both travel as one `void *` (a bufref is tagged in its low bit; malloc'd
  * pointers are always aligned), so queues keep one word per piece.  A
- * bufref whose bytes are ordinary memory (not mapped file pages) may say so
- * with bufref_owner_plain (second bit): transports may then read and copy
- * them like malloc'd bytes.
+ * bufref's bytes are only handed to the kernel (rpc_send_bytes_tail's
+ * contract: never read, copied or compressed in user space) unless it is
+ * given as bufref_owner_plain (second bit): transports may then read and
+ * copy them like malloc'd bytes.
  */
 #ifndef CONCH_BUFREF_H
 #define CONCH_BUFREF_H
@@ -28,9 +29,8 @@ static inline void *bufref_owner(bufref *r) { return (void *)((uintptr_t)r | 1u)
 /* The same for a bufref whose bytes are ordinary memory. */
 static inline void *bufref_owner_plain(bufref *r) { return (void *)((uintptr_t)r | 3u); }
 
-/* 1 when the owner word is a bufref (its bytes may be mapped file pages,
- * which user code must not read: a truncated file would raise SIGBUS; the
- * kernel answers EFAULT instead). */
+/* 1 when the owner word is a bufref (its bytes go to the kernel as they
+ * are, above). */
 static inline int bufref_owner_is_ref(const void *owner) { return ((uintptr_t)owner & 1u) != 0; }
 
 /* 1 when the owner's bytes may be read by user code: malloc'd, or a bufref

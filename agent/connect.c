@@ -419,9 +419,9 @@ static int gz_send(rpc_call *c, void *owner, const uint8_t *msg, size_t len, int
   return 1;
 }
 
-/* The same for rpc_send_bytes_tail: its tail may be mapped file pages,
- * which only the kernel reads (bufref.h), so it is never compressed; it
- * queues only behind a deflate. */
+/* The same for rpc_send_bytes_tail: its tail goes to the kernel as it is
+ * (bufref.h), so it is never compressed; it queues only behind a
+ * deflate. */
 static int gz_send_pair(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
                         size_t dlen, bufref *ref, int *rc) {
   if (!c->gzq_head) return 0;
@@ -494,7 +494,7 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
   }
   /* hx_write_pair takes a malloc'd head (the message at head + off): a
    * bufref-held one is copied (the few bytes of framing and field tags in
-   * front of a file window) */
+   * front of the tail) */
   uint8_t *head = owner;
   size_t off = (size_t)(data - head);
   if (bufref_owner_is_ref(owner)) {

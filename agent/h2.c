@@ -526,7 +526,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   /* A small buffer sent whole (a unary answer) is copied behind the other
    * frames, so that many answers leave in one buffer (no queued write can
    * point into it: none of it was referenced before).  Never a bufref's
-   * bytes: those only reach the kernel. */
+   * bytes: those only reach the kernel (bufref.h). */
   int copy = length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len &&
              bufref_owner_readable(b->owner);
   if (copy) {

@@ -123,8 +123,8 @@ int hx_write_copy(hx *x, const void *data, size_t len);
  * written, or at once on failure. */
 int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len);
 /* buf[off, off+len) (malloc'd, taken) and then dlen bytes at data held by
- * ref — memory the caller does not own through malloc, such as a mapped
- * file window; ref->release(ref) runs once, when they are written or at once
+ * ref — memory the caller does not own through malloc, such as retained
+ * process output; ref->release(ref) runs once, when they are written or at once
  * on failure — queued together or not at all (a message's framing never
  * goes out without its body). */
 int hx_write_pair(hx *x, uint8_t *buf, size_t off, size_t len, const uint8_t *data, size_t dlen,

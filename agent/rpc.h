@@ -151,7 +151,7 @@ uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
 int rpc_send_bytes(rpc_call *c, void *owner, uint8_t *data, size_t len);
 
 /* The same for a message whose tail the service does not own through
- * malloc (a mapped file window): the message is data[0, len) followed by
+ * malloc (retained process output, shared by its readers): the message is data[0, len) followed by
  * tail[0, tail_len), and tail_ref->release(tail_ref) runs exactly once,
  * when the tail is written or at once on failure.  The tail only ever
  * reaches the kernel, never a user-space read.  Streaming calls in the
@@ -161,7 +161,7 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
                         size_t tail_len, bufref *tail_ref);
 
 /* ---- thread-pool work ----
- * Short blocking jobs (stat, a directory walk, a big encode, an munmap) on
+ * Short blocking jobs (stat, a directory walk, a big encode, a file read) on
  * the daemon's batched thread pool (agent/pool.h): run(data) in a pool
  * thread — touching only data — then done(data, canceled) on the loop,
  * exactly once, never from inside rpc_work_submit or rpc_work_cancel.  c is the
