@@ -14,9 +14,9 @@
  * (and nothing is read while half the daemon-wide budget is held).
  * Disk and network still overlap through the kernel's socket buffer.
  *
- * A regular file that ends before the size it had at open (or at the last
- * window) is "file changed during download: <p>" (data_loss), in both
- * codecs.
+ * A regular file smaller than the size it had at open, or at the last
+ * chunk's fstat, is "file changed during download: <p>" (data_loss), in
+ * both codecs.
  *
  * The chunk is read into its own buffer with its framing room in front
  * and sent from there (no copy on the loop).  Mapping the file instead
@@ -71,7 +71,7 @@ typedef struct fs_download {
   uint8_t *enc;   /* JSON: the encoded chunk (RPC_HEADROOM in front), from the pool */
   size_t enc_len;
   uint64_t pos;   /* file offset of the next read */
-  uint64_t size;  /* sized: its size at open, else 0 */
+  uint64_t size;  /* sized: its size at open or at the last chunk, else 0 */
   int sized;      /* a regular file whose size means something (dl_pseudo_fs) */
   int sent;       /* chunks sent */
   uint64_t bytes;
@@ -210,10 +210,42 @@ static void dl_encode(fs_download *d) {
   d->buf = NULL;
 }
 
+/* Sized files, before each chunk: smaller than the size last seen is a
+ * change (as a read ending short of it is); a file that grew is read to
+ * its new size. */
+static int dl_check_size(fs_download *d) {
+  struct stat st;
+  if (fstat(d->fd, &st) != 0) {
+    fs_status_os(&d->st, "stat file", d->path, errno);
+    return -1;
+  }
+  if ((uint64_t)st.st_size < d->size) {
+    dl_changed(d);
+    return -1;
+  }
+  d->size = (uint64_t)st.st_size;
+  return 0;
+}
+
+/* A short chunk (a small file, a file's last chunk) moves to a buffer of
+ * its size: the 1 MiB one would otherwise stay allocated, though counted
+ * by the budget at its content's size, while the chunk waits for the
+ * client. */
+static void dl_shrink(fs_download *d) {
+  unsigned char *b = malloc(d->data_off + d->n);
+  if (!b) return; /* keeps the big one */
+  memcpy(b + d->data_off, d->buf + d->data_off, d->n);
+  free(d->buf);
+  d->buf = b;
+}
+
 static void dl_read_work(void *data) {
   fs_download *d = data;
+  if (d->sized && dl_check_size(d) != 0) return;
   dl_fill(d);
-  if (d->json && d->n > 0 && d->st.code == RPC_OK) dl_encode(d);
+  if (d->st.code != RPC_OK || d->n == 0) return;
+  if (d->json) dl_encode(d);
+  else if (d->n <= FS_CHUNK_MAX / 2) dl_shrink(d);
 }
 
 static void dl_encode_work(void *data) { dl_encode(data); }
