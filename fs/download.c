@@ -227,10 +227,10 @@ static int dl_check_size(fs_download *d) {
   return 0;
 }
 
-/* A short chunk (a small file, a file's last chunk) moves to a buffer of
- * its size: the 1 MiB one would otherwise stay allocated, though counted
- * by the budget at its content's size, while the chunk waits for the
- * client. */
+/* A short chunk (a small file, a file's last chunk, a FIFO's read) moves
+ * to a buffer of its size: the 1 MiB one would otherwise stay allocated,
+ * though counted by the budget at its content's size, while the chunk
+ * waits for the client.  Half a chunk at most: a copy of its size. */
 static void dl_shrink(fs_download *d) {
   unsigned char *b = malloc(d->data_off + d->n);
   if (!b) return; /* keeps the big one */
@@ -412,6 +412,8 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
     }
     return;
   }
+  d->n = (size_t)r;
+  if (d->n <= FS_CHUNK_MAX / 2) dl_shrink(d); /* a pipe's read: its capacity at most */
   unsigned char *chunk = d->buf;
   d->buf = NULL;
   if (dl_send(d, chunk, (size_t)r) < 0) {

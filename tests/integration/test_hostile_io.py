@@ -832,6 +832,50 @@ def test_small_proto_downloads_behind_shut_windows_hold_their_size(dev_server, t
     assert srv.alive()
 
 
+def test_fifo_downloads_behind_shut_windows_hold_what_they_read(dev_server, tmp_path):
+    """The same for 100 FIFOs that each hold 4 KiB (their writer stays):
+    each download's first read waits for the window in a buffer of its
+    size, not in the 1 MiB one it was read into."""
+    srv = dev_server
+    fds, cs = [], []
+    want = os.urandom(4096)
+    try:
+        for i in range(100):
+            p = str(tmp_path / f"fifo{i}")
+            os.mkfifo(p)
+            fd = os.open(p, os.O_RDWR | os.O_NONBLOCK)  # a writer that stays, so no EOF
+            os.write(fd, want)
+            fds.append(fd)
+        before = status_kib(srv.proc.pid, "VmData")
+        for i in range(100):
+            c = H2Client("127.0.0.1", srv.port, stream_window=0, auto_ack=False)
+            req = pb.GetFileRequest(filepath=str(tmp_path / f"fifo{i}")).SerializeToString()
+            cs.append((c, c.connect_stream(FS + "GetFileStream", [req], srv.token,
+                                           ctype="application/connect+proto")))
+        deadline = time.time() + 20
+        for c, sid in cs:
+            while not c.streams[sid].headers and time.time() < deadline:
+                c.pump(0.05)
+            assert c.streams[sid].headers, "no response head"
+        grown = status_kib(srv.proc.pid, "VmData") - before
+        assert grown < 32 * 1024, f"heap grew by {grown} KiB for 100 FIFO downloads of 4 KiB"
+        c, sid = cs[0]  # the bytes arrive once the window opens
+        c.conn.increment_flow_control_window(MiB, stream_id=sid)
+        c.flush()
+        first = 5 + pb.FileChunk(filepath=str(tmp_path / "fifo0"), content=want).ByteSize()
+        deadline = time.time() + 10
+        while len(c.streams[sid].body) < first and time.time() < deadline:
+            c.pump(0.1)
+        envs = H2Client.envelopes(c.streams[sid].body)
+        assert pb.FileChunk.FromString(envs[0][1]).content == want
+    finally:
+        for c, _ in cs:
+            c.close()
+        for fd in fds:
+            os.close(fd)
+    assert srv.alive()
+
+
 def big_lists(att, srv, nconn=8, per=32, path="/usr/bin"):
     """Legitimate peak: 8 HTTP/2 connections x 32 concurrent ListFiles of
     /usr/bin, answers read, over and over."""
