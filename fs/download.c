@@ -65,6 +65,7 @@ typedef struct fs_download {
   int sending;    /* inside rpc_send: on_cancel must not free */
   unsigned char *buf; /* the chunk being read; handed to the transport when sent */
   size_t data_off;    /* where file bytes go in buf: room for framing before them */
+  size_t cap;     /* file bytes buf has room for */
   size_t n;       /* bytes in buf from the last read */
   int eof;
   int json;       /* the call's codec: chunks are encoded in the pool */
@@ -85,9 +86,16 @@ static void dl_changed(fs_download *d) {
   fs_status_set(&d->st, RPC_DATA_LOSS, "file changed during download: %s", d->path);
 }
 
-/* A fresh chunk buffer: [headroom + FileChunk field headers][1 MiB data]. */
+/* A fresh chunk buffer: [headroom + FileChunk field headers][cap bytes]:
+ * 1 MiB, or for a sized file what is left of it and one byte more (its EOF
+ * then shows in the same fill) when that is less.  The loop reads size and
+ * pos only while no pool job runs. */
 static int dl_alloc(fs_download *d) {
-  if (!d->buf) d->buf = malloc(d->data_off + FS_CHUNK_MAX);
+  if (d->buf) return 0;
+  d->cap = FS_CHUNK_MAX;
+  if (d->sized && d->pos <= d->size && d->size - d->pos < FS_CHUNK_MAX)
+    d->cap = (size_t)(d->size - d->pos) + 1;
+  d->buf = malloc(d->data_off + d->cap);
   return d->buf ? 0 : -1;
 }
 
@@ -128,11 +136,11 @@ static void dl_finish(fs_download *d, rpc_code code, const char *msg) {
   if (!d->busy) dl_destroy(d);
 }
 
-/* Read until buf is full or EOF (blocking fd; pool thread). */
+/* Read until buf is full (cap) or EOF (blocking fd; pool thread). */
 static void dl_fill(fs_download *d) {
   d->n = 0;
-  while (d->n < FS_CHUNK_MAX) {
-    ssize_t r = read(d->fd, d->buf + d->data_off + d->n, FS_CHUNK_MAX - d->n);
+  while (d->n < d->cap) {
+    ssize_t r = read(d->fd, d->buf + d->data_off + d->n, d->cap - d->n);
     if (r < 0) {
       if (errno == EINTR) continue;
       fs_status_os(&d->st, "read file", d->path, errno);
@@ -210,16 +218,16 @@ static void dl_encode(fs_download *d) {
   d->buf = NULL;
 }
 
-/* Sized files, before each chunk: smaller than the size last seen is a
- * change (as a read ending short of it is); a file that grew is read to
- * its new size. */
+/* Sized files, before each chunk: smaller than the size last seen, or
+ * than what was read of it, is a change (as a read ending short of it is);
+ * a file that grew is read to its new size. */
 static int dl_check_size(fs_download *d) {
   struct stat st;
   if (fstat(d->fd, &st) != 0) {
     fs_status_os(&d->st, "stat file", d->path, errno);
     return -1;
   }
-  if ((uint64_t)st.st_size < d->size) {
+  if ((uint64_t)st.st_size < (d->size > d->pos ? d->size : d->pos)) {
     dl_changed(d);
     return -1;
   }
@@ -227,10 +235,11 @@ static int dl_check_size(fs_download *d) {
   return 0;
 }
 
-/* A short chunk (a small file, a file's last chunk, a FIFO's read) moves
- * to a buffer of its size: the 1 MiB one would otherwise stay allocated,
- * though counted by the budget at its content's size, while the chunk
- * waits for the client.  Half a chunk at most: a copy of its size. */
+/* A chunk that fills half its 1 MiB buffer or less (a pseudo file's, a
+ * FIFO's read; a sized file's buffer is already cut to what is left)
+ * moves to a buffer of its size: the big one would otherwise stay
+ * allocated, though counted by the budget at its content's size, while
+ * the chunk waits for the client.  A copy of half a chunk at most. */
 static void dl_shrink(fs_download *d) {
   unsigned char *b = malloc(d->data_off + d->n);
   if (!b) return; /* keeps the big one */
@@ -245,7 +254,7 @@ static void dl_read_work(void *data) {
   dl_fill(d);
   if (d->st.code != RPC_OK || d->n == 0) return;
   if (d->json) dl_encode(d);
-  else if (d->n <= FS_CHUNK_MAX / 2) dl_shrink(d);
+  else if (d->n + FS_CHUNK_MAX / 2 <= d->cap) dl_shrink(d);
 }
 
 static void dl_encode_work(void *data) { dl_encode(data); }
@@ -389,10 +398,14 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
     dl_finish(d, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  do r = read(d->fd, d->buf + d->data_off, FS_CHUNK_MAX);
+  do r = read(d->fd, d->buf + d->data_off, d->cap);
   while (r < 0 && errno == EINTR);
   if (r < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) { /* no 1 MiB held while it waits */
+      free(d->buf);
+      d->buf = NULL;
+      return;
+    }
     fs_status_os(&d->st, "read file", d->path, errno);
     dl_finish(d, d->st.code, d->st.msg);
     return;
@@ -413,9 +426,10 @@ static void dl_on_poll(uv_poll_t *h, int status, int events) {
     return;
   }
   d->n = (size_t)r;
-  if (d->n <= FS_CHUNK_MAX / 2) dl_shrink(d); /* a pipe's read: its capacity at most */
+  if (d->n + FS_CHUNK_MAX / 2 <= d->cap) dl_shrink(d); /* a pipe's read: its capacity at most */
   unsigned char *chunk = d->buf;
   d->buf = NULL;
+  d->n = 0;
   if (dl_send(d, chunk, (size_t)r) < 0) {
     dl_send_failed(d);
     return;
