@@ -700,6 +700,19 @@ def proto_chunk_len(path, first):
     return 5 + m.ByteSize()
 
 
+def open_window_expect_data_loss(c, sid, path):
+    """Open the stream's window wide and read it to its end, which must be
+    data_loss for path (an answer, not a reset); returns its envelopes."""
+    c.conn.increment_flow_control_window(64 * MiB, stream_id=sid)
+    c.flush()
+    c.auto_ack = True
+    st = c.wait(sid, timeout=30)[0]
+    assert st.reset is None, "stream reset instead of an error answer"
+    envs = H2Client.envelopes(st.body)
+    assert envs[-1][0] == 2 and json.loads(envs[-1][1]) == changed_error(path), envs[-1]
+    return envs
+
+
 @pytest.mark.parametrize("codec", ["proto", "json"])
 def test_h2_download_of_a_shrinking_file_is_data_loss(one, tmp_path, codec):
     """Row 9 over HTTP/2, both codecs end the same way.  Proto: the stream
@@ -724,16 +737,9 @@ def test_h2_download_of_a_shrinking_file_is_data_loss(one, tmp_path, codec):
             c.pump(0.1)
         time.sleep(0.5)
         os.truncate(p, 1 << 20)
-        c.conn.increment_flow_control_window(64 * MiB, stream_id=sid)
-        c.flush()
-        c.auto_ack = True
-        st = c.wait(sid, timeout=30)[0]
+        envs = open_window_expect_data_loss(c, sid, p)
     finally:
         c.close()
-    assert st.reset is None, "stream reset instead of an error answer"
-    envs = H2Client.envelopes(st.body)
-    fl, payload = envs[-1]
-    assert fl == 2 and json.loads(payload) == changed_error(p), envs[-1]
     if codec == "proto":
         got = b"".join(pb.FileChunk.FromString(e).content for _, e in envs[:-1])
         assert len(got) == 2 * MiB
@@ -768,18 +774,10 @@ def test_h2_download_of_a_file_that_grew_then_shrank_is_data_loss(one, tmp_path)
         c.conn.increment_flow_control_window(proto_chunk_len(p, False), stream_id=sid)
         c.flush()
         wait_body(two + proto_chunk_len(p, False))
-        time.sleep(0.3)
         os.truncate(p, 9 * MiB)
-        c.conn.increment_flow_control_window(64 * MiB, stream_id=sid)
-        c.flush()
-        c.auto_ack = True
-        st = c.wait(sid, timeout=30)[0]
+        envs = open_window_expect_data_loss(c, sid, p)
     finally:
         c.close()
-    assert st.reset is None, "stream reset instead of an error answer"
-    envs = H2Client.envelopes(st.body)
-    fl, payload = envs[-1]
-    assert fl == 2 and json.loads(payload) == changed_error(p), envs[-1]
     got = b"".join(pb.FileChunk.FromString(e).content for _, e in envs[:-1])
     assert got == data[:3 * MiB]
 
