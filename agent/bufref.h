@@ -10,9 +10,7 @@
  * Both travel as one `void *` (a bufref is tagged in its low bit; malloc'd
  * pointers are always aligned), so queues keep one word per piece.  A
  * bufref's bytes are only handed to the kernel (rpc_send_bytes_tail's
- * contract: never read, copied or compressed in user space) unless it is
- * given as bufref_owner_plain (second bit): transports may then read and
- * copy them like malloc'd bytes.
+ * contract: never read, copied or compressed in user space).
  */
 #ifndef CONCH_BUFREF_H
 #define CONCH_BUFREF_H
@@ -26,23 +24,14 @@ typedef struct bufref {
 
 /* The owner word of a bufref (r must be at least 4-byte aligned). */
 static inline void *bufref_owner(bufref *r) { return (void *)((uintptr_t)r | 1u); }
-/* The same for a bufref whose bytes are ordinary memory. */
-static inline void *bufref_owner_plain(bufref *r) { return (void *)((uintptr_t)r | 3u); }
-
 /* 1 when the owner word is a bufref (its bytes go to the kernel as they
  * are, above). */
 static inline int bufref_owner_is_ref(const void *owner) { return ((uintptr_t)owner & 1u) != 0; }
 
-/* 1 when the owner's bytes may be read by user code: malloc'd, or a bufref
- * given as bufref_owner_plain. */
-static inline int bufref_owner_readable(const void *owner) {
-  return ((uintptr_t)owner & 1u) == 0 || ((uintptr_t)owner & 2u) != 0;
-}
-
 /* Release an owner word: free() or r->release(r); NULL is a no-op. */
 static inline void bufref_owner_free(void *owner) {
   if ((uintptr_t)owner & 1u) {
-    bufref *r = (bufref *)((uintptr_t)owner & ~(uintptr_t)3u);
+    bufref *r = (bufref *)((uintptr_t)owner & ~(uintptr_t)1u);
     r->release(r);
   } else {
     free(owner);

@@ -404,7 +404,7 @@ static void gz_queue(rpc_call *c, gz_item *it, int compress) {
  * by owner): 1 when taken here (compressed, or queued behind a deflate;
  * *rc is the send's result), 0 when it goes as usual. */
 static int gz_send(rpc_call *c, void *owner, const uint8_t *msg, size_t len, int *rc) {
-  int compress = c->gzip_out && len >= GZ_MIN && bufref_owner_readable(owner);
+  int compress = c->gzip_out && len >= GZ_MIN && !bufref_owner_is_ref(owner);
   if (!compress && !c->gzq_head) return 0;
   gz_item *it = calloc(1, sizeof *it);
   if (!it) {
@@ -441,7 +441,7 @@ static int gz_send_pair(rpc_call *c, uint8_t *buf, size_t off, size_t len, const
 /* The unary answer, when it should be compressed (once). */
 static void gz_unary(rpc_call *c) {
   if (!c->gzip_out || c->unary_gz || !c->unary_set || c->unary_len < GZ_MIN ||
-      !bufref_owner_readable(c->unary_owner))
+      bufref_owner_is_ref(c->unary_owner))
     return;
   c->unary_gz = -1; /* tried */
   gz_item *it = calloc(1, sizeof *it);

@@ -528,7 +528,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
    * point into it: none of it was referenced before).  Never a bufref's
    * bytes: those only reach the kernel (bufref.h). */
   int copy = length <= H2_COPY_DATA_MAX && b->off == 0 && length == b->len &&
-             bufref_owner_readable(b->owner);
+             !bufref_owner_is_ref(b->owner);
   if (copy) {
     if (h2_out_put(sc, framehd, 9) != 0 || h2_out_put(sc, b->data, length) != 0)
       return NGHTTP2_ERR_CALLBACK_FAILURE;

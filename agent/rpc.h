@@ -151,8 +151,8 @@ uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len);
 int rpc_send_bytes(rpc_call *c, void *owner, uint8_t *data, size_t len);
 
 /* The same for a message whose tail the service does not own through
- * malloc (retained process output, shared by its readers): the message is data[0, len) followed by
- * tail[0, tail_len), and tail_ref->release(tail_ref) runs exactly once,
+ * malloc (retained process output, shared by its readers): the message is
+ * data[0, len) followed by tail[0, tail_len), and tail_ref->release(tail_ref) runs exactly once,
  * when the tail is written or at once on failure.  The tail only ever
  * reaches the kernel, never a user-space read.  Streaming calls in the
  * binary codec only (-1 for a unary call, which needs its answer in one

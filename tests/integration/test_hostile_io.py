@@ -800,9 +800,9 @@ def shut_window_downloads(srv, paths):
     try:
         for p in paths:
             c = H2Client("127.0.0.1", srv.port, stream_window=0, auto_ack=False)
-            cs.append((c, None))
-            cs[-1] = (c, c.connect_stream(FS + "GetFileStream", [pb.GetFileRequest(filepath=p).SerializeToString()],
-                                          srv.token, ctype="application/connect+proto"))
+            sid = c.connect_stream(FS + "GetFileStream", [pb.GetFileRequest(filepath=p).SerializeToString()],
+                                   srv.token, ctype="application/connect+proto")
+            cs.append((c, sid))
         deadline = time.time() + 30
         for c, sid in cs:
             while not c.streams[sid].headers and time.time() < deadline:
