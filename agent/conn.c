@@ -2,6 +2,8 @@
 #include "agent/conn.h"
 
 #include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +33,7 @@ typedef struct conn {
   int write_failed; /* closed from the loop, never inside a caller's stack */
   int handles_open;
   int counted; /* in conch.nconns */
+  unsigned nbulk; /* exchanges sending bulk data (hx_bulk) */
 } conn;
 
 #define CONN_BATCH_BUFS 64
@@ -398,9 +401,28 @@ static void conn_op_trim(hsink *s) {
   (void)s;
   conn_trim_soon();
 }
+/* While an exchange sends bulk data, the kernel takes only CONN_BULK_LOWAT
+ * bytes beyond what the peer's window lets out (TCP_NOTSENT_LOWAT): the
+ * rest waits in our queue, where the connection's other answers can still
+ * go ahead of it (HTTP/2) instead of behind a socket buffer of megabytes.
+ * Not on every connection: the writes it splits cost a stream of small
+ * events (process output) more CPU than it gains (tests/bench/README.md,
+ * session 21).  0 gives the system's default (no limit) back. */
+#define CONN_BULK_LOWAT (64 * 1024)
+
+static void conn_op_bulk(hsink *s, int on) {
+  conn *c = (conn *)s;
+  if (on && c->nbulk++ > 0) return;             /* already on */
+  if (!on && (c->nbulk == 0 || --c->nbulk > 0)) return; /* others still on */
+  uv_os_fd_t fd;
+  int v = on ? CONN_BULK_LOWAT : 0;
+  if (!c->s.closing && uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+    setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v);
+}
+
 static const hsink_ops conn_sink_ops = {conn_op_write,  conn_op_free_later, conn_op_read_pause,
                                         conn_op_timer,  conn_op_defer,      conn_op_close,
-                                        conn_op_trim};
+                                        conn_op_trim,   conn_op_bulk};
 
 void conn_accept(uv_stream_t *server, const hserve *serve) {
   conn *c = calloc(1, sizeof *c);

@@ -1240,6 +1240,10 @@ void rpc_waiting(rpc_call *c) {
   if (c->hx_live) hx_waiting(c->x);
 }
 
+void rpc_bulk(rpc_call *c) {
+  if (c->hx_live) hx_bulk(c->x);
+}
+
 void rpc_pause_input(rpc_call *c, int paused) {
   if (c->finished || c->in_paused == paused) return;
   c->in_paused = paused;

@@ -150,7 +150,17 @@ int hx_copy_request(hx *dst, const hx *src) {
   return 0;
 }
 
+void hx_bulk(hx *x) {
+  if (x->bulk || x->ended || !x->sink || !x->sink->ops->bulk) return;
+  x->bulk = 1;
+  x->sink->ops->bulk(x->sink, 1);
+}
+
 void hx_free_request(hx *x) {
+  if (x->bulk) {
+    x->bulk = 0;
+    x->sink->ops->bulk(x->sink, 0);
+  }
   for (size_t i = 0; i < x->nhdr; i++) {
     hx_str_free(x, x->hdr[i].name);
     hx_str_free(x, x->hdr[i].value);

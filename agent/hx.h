@@ -97,6 +97,7 @@ struct hx {
   const hx_handler *h;
   void *hdata;
   int responded, ended;
+  int bulk; /* hx_bulk: counted in its sink until freed */
   size_t out_bytes; /* body bytes written: a big answer's end asks for a trim */
   size_t in_bytes;  /* request body bytes handed on (hx_body): a big request's too */
 };
@@ -149,6 +150,9 @@ int hx_room(hx *x, size_t n);
  * among the answers being made, so that waiting calls do not hold back the
  * connection's other requests (h2.c, H2_COMPUTING_MAX). */
 void hx_waiting(hx *x);
+/* The answer is bulk data (rpc_bulk): the connection holds the kernel's
+ * unsent bytes short until the exchange is freed (hx_free_request). */
+void hx_bulk(hx *x);
 /* The request passed the token check: its connection is authenticated. */
 void hx_authed(hx *x);
 
@@ -160,6 +164,8 @@ char *hx_strdup(hx *x, const char *s, size_t n);
 /* Copy src's request part (method, path, query, headers) into dst, which
  * has none yet.  0 or -1 (out of memory). */
 int hx_copy_request(hx *dst, const hx *src);
+/* Frees the request part, and ends what hx_bulk asked of the sink: the
+ * transports call it once, when the exchange goes. */
 void hx_free_request(hx *x);
 
 #endif

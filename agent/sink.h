@@ -51,6 +51,9 @@ typedef struct hsink_ops {
   void (*defer)(hsink *s, void (*fn)(hsink *s));
   void (*close)(hsink *s); /* idempotent */
   void (*trim)(hsink *s);  /* an exchange that sent a lot ended: memory may go back */
+  /* Optional: an exchange that sends bulk data starts (1) or is gone (0);
+   * counted (hx_bulk). */
+  void (*bulk)(hsink *s, int on);
 } hsink_ops;
 
 /* What the server serves: the protocols a connection can speak and the

@@ -461,6 +461,7 @@ static void dl_after_open(void *data, int canceled) {
       if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_NONBLOCK);
     }
   }
+  rpc_bulk(d->call);
   dl_go(d);
 }
 

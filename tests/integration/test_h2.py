@@ -150,6 +150,36 @@ def test_ten_concurrent_streams_on_one_connection(server, tmp_path):
     assert health_ok(server)
 
 
+def test_an_answer_waits_behind_about_one_chunk_of_a_download(server, tmp_path):
+    """A download shares its connection: a /health asked while the client
+    is behind on a big GetFileStream comes after about one 1 MiB chunk of
+    it (what the server has queued, what the kernel holds unsent — short
+    while a download streams, rpc_bulk — and the client's small receive
+    buffer), not after the server's whole socket buffer (4 MiB here).
+    Counted in bytes, not time."""
+    p = tmp_path / "sparse.bin"
+    with open(p, "wb") as f:
+        f.truncate(256 * MiB)
+    c = h2client(server, stream_window=2**31 - 1, conn_window=2**31 - 1)
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    try:
+        sid = c.connect_stream(FS + "GetFileStream", [get_req(str(p))], server.token)
+        st = c.streams[sid]
+        while len(st.body) < 16 * MiB:  # the connection at full speed first
+            assert c.pump(10) and not st.done, (st.status, bytes(st.body[:200]))
+        time.sleep(0.5)  # the client falls behind: every queue on the way fills
+        at = len(st.body)
+        hs = c.request("GET", "/health")
+        c.wait(hs, timeout=30)
+        ahead = len(st.body) - at
+        assert c.streams[hs].status == 200 and c.streams[hs].body == b'{"status":"OK","message":"OK"}'
+        assert not st.done, "the download ended first: nothing was measured"
+        assert ahead <= 2 * MiB, f"{ahead / MiB:.2f} MiB of the download came ahead of the answer"
+    finally:
+        c.close()
+    assert health_ok(server)
+
+
 def test_streams_beyond_the_limit_are_refused(server):
     """Opening a 129th concurrent stream is refused: either that stream is
     reset (REFUSED_STREAM / PROTOCOL_ERROR) or — nghttp2's choice — the

@@ -1,12 +1,13 @@
 /* test_conn — a conn (agent/conn.c) over a loopback socket in a libuv loop,
  * with a fake protocol table: protocol choice by the HTTP/2 preface, the
  * sniffed bytes replayed, ordered batched writes and their owners, the
- * timer, paused reading, close, the connection limit. */
+ * timer, paused reading, close, the connection limit, the bulk lowat. */
 #include "tests/unit/test.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -394,6 +395,50 @@ TEST(connection_limit) {
   run_until(fd, NULL, 20);
 }
 
+/* The server's end of the client's socket cfd (its peer is cfd's name). */
+static int server_fd(int cfd) {
+  struct sockaddr_in me, peer;
+  socklen_t l = sizeof me;
+  ASSERT_EQ(getsockname(cfd, (struct sockaddr *)&me, &l), 0);
+  for (int fd = 3; fd < 1024; fd++) {
+    l = sizeof peer;
+    if (fd != cfd && getpeername(fd, (struct sockaddr *)&peer, &l) == 0 && peer.sin_port == me.sin_port)
+      return fd;
+  }
+  return -1;
+}
+
+static int lowat(int fd) {
+  int v = -1;
+  socklen_t l = sizeof v;
+  ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, &l), 0);
+  return v;
+}
+
+/* Bulk exchanges are counted: the socket's unsent bytes are held short
+ * from the first until the last is gone; an unmatched end is ignored. */
+TEST(bulk_sets_lowat_while_counted) {
+  setup(F_ECHO);
+  client_reset();
+  int fd = client();
+  ASSERT_EQ(send(fd, "a", 1, 0), 1);
+  run_until(fd, c_got_echo, 2000);
+  int sfd = server_fd(fd);
+  ASSERT(sfd >= 0);
+  ASSERT_EQ(lowat(sfd), 0);
+  F.s->ops->bulk(F.s, 1);
+  ASSERT_EQ(lowat(sfd), 64 * 1024);
+  F.s->ops->bulk(F.s, 1);
+  F.s->ops->bulk(F.s, 0);
+  ASSERT_EQ(lowat(sfd), 64 * 1024);
+  F.s->ops->bulk(F.s, 0);
+  ASSERT_EQ(lowat(sfd), 0);
+  F.s->ops->bulk(F.s, 0);
+  F.s->ops->bulk(F.s, 1);
+  ASSERT_EQ(lowat(sfd), 64 * 1024);
+  finish(fd);
+}
+
 int main(void) {
   conch.loop = uv_default_loop();
   struct sockaddr_in a;
@@ -418,6 +463,7 @@ int main(void) {
   RUN(eof_closes);
   RUN(silent_client_closed);
   RUN(connection_limit);
+  RUN(bulk_sets_lowat_while_counted);
   uv_close((uv_handle_t *)&listener, NULL);
   if (conch.trim_timer) uv_close((uv_handle_t *)conch.trim_timer, NULL);
   uv_run(conch.loop, UV_RUN_NOWAIT);
