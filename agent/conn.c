@@ -407,7 +407,7 @@ static void conn_op_trim(hsink *s) {
  * go ahead of it (HTTP/2) instead of behind a socket buffer of megabytes.
  * Not on every connection: the writes it splits cost a stream of small
  * events (process output) more CPU than it gains (tests/bench/README.md,
- * session 21).  0 gives the system's default (no limit) back. */
+ * session 20).  0 gives the system's default (no limit) back. */
 #define CONN_BULK_LOWAT (64 * 1024)
 
 static void conn_op_bulk(hsink *s, int on) {

@@ -461,7 +461,7 @@ static void dl_after_open(void *data, int canceled) {
       if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_NONBLOCK);
     }
   }
-  rpc_bulk(d->call);
+  if (!d->sized || d->size > FS_CHUNK_MAX) rpc_bulk(d->call); /* more than a chunk, or unknown */
   dl_go(d);
 }
 

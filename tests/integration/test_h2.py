@@ -156,7 +156,9 @@ def test_an_answer_waits_behind_about_one_chunk_of_a_download(server, tmp_path):
     it (what the server has queued, what the kernel holds unsent — short
     while a download streams, rpc_bulk — and the client's small receive
     buffer), not after the server's whole socket buffer (4 MiB here).
-    Counted in bytes, not time."""
+    Counted in bytes, not time.  Without the feature this fails where the
+    kernel's send buffer grows past 2 MiB (tcp_wmem's max, 4 MiB on Debian)
+    and net.ipv4.tcp_notsent_lowat is unlimited (the default)."""
     p = tmp_path / "sparse.bin"
     with open(p, "wb") as f:
         f.truncate(256 * MiB)

@@ -10,7 +10,8 @@
  * memsink_run).  Input is held while the core paused reading and handed
  * over in pieces of at most m.read_chunk bytes (with m.use_into, into the
  * core's own memory when it offers some, as conn.c does).  The timer is only
- * recorded (m.timer_ms); memsink_fire_timer() makes it expire.
+ * recorded (m.timer_ms); memsink_fire_timer() makes it expire.  Bulk
+ * exchanges (hx_bulk) are counted in m.bulk_on / m.bulk_off.
  * memsink_run() is the loop: deferred work, flushes, held input, until
  * nothing is left to do.
  *
@@ -57,6 +58,7 @@ typedef struct memsink {
   void (*defer_fn)(hsink *s);
   int closed;
   unsigned writes, reads;
+  unsigned bulk_on, bulk_off;
 } memsink;
 
 static inline void memsink_release(void **v, size_t *n) {
@@ -138,10 +140,14 @@ static inline void memsink_close(hsink *s) {
   m->timer_ms = 0;
 }
 static inline void memsink_trim(hsink *s) { (void)s; }
+static inline void memsink_bulk(hsink *s, int on) {
+  if (on) ((memsink *)s)->bulk_on++;
+  else ((memsink *)s)->bulk_off++;
+}
 
 static const hsink_ops memsink_ops = {memsink_write, memsink_free_later, memsink_read_pause,
                                       memsink_timer, memsink_defer,      memsink_close,
-                                      memsink_trim};
+                                      memsink_trim,  memsink_bulk};
 
 static inline void memsink_init(memsink *m, const hserve *serve) {
   memset(m, 0, sizeof *m);

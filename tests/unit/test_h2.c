@@ -305,6 +305,33 @@ TEST(waiting_answers_do_not_count) {
   h2t_free(&t);
 }
 
+/* A bulk exchange (hx_bulk) ends with its stream: answered, reset by the
+ * client, or cut by the connection's close — once each. */
+TEST(bulk_ends_with_the_stream) {
+  start(NULL, 0, 1);
+  int32_t a = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  int32_t b = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  int32_t c = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 3);
+  for (int i = 0; i < 3; i++) hx_bulk(tr_x[i].x);
+  ASSERT_EQ(t.m.bulk_on, 3);
+  ASSERT_EQ(hx_simple(tr_x[0].x, 200, "text/plain", "done", NULL, 0), 0);
+  h2t_pump(&t);
+  ASSERT(h2t_st(&t, a)->closed);
+  ASSERT_EQ(t.m.bulk_off, 1);
+  nghttp2_submit_rst_stream(t.cl, NGHTTP2_FLAG_NONE, b, NGHTTP2_CANCEL);
+  h2t_pump(&t);
+  ASSERT(tr_x[1].aborted);
+  ASSERT_EQ(t.m.bulk_off, 2);
+  (void)c;
+  memsink_close(&t.m.s);
+  ASSERT(tr_x[2].aborted);
+  ASSERT_EQ(t.m.bulk_off, 3);
+  ASSERT_EQ(t.m.bulk_on, 3);
+  h2t_free(&t);
+}
+
 int main(void) {
   RUN(get_404);
   RUN(echo_and_query);
@@ -321,6 +348,7 @@ int main(void) {
   RUN(unauthenticated_streams);
   RUN(admission_fifo);
   RUN(waiting_answers_do_not_count);
+  RUN(bulk_ends_with_the_stream);
   tr_reset();
   return test_summary();
 }

@@ -431,6 +431,29 @@ TEST(upgrade_bad_settings) {
   memsink_free(&m);
 }
 
+/* A bulk exchange (hx_bulk) ends with the exchange: answered on a
+ * keep-alive connection, or cut by the connection's close. */
+TEST(bulk_ends_with_the_exchange) {
+  memsink m;
+  start(&m);
+  memsink_feeds(&m, "GET /hold HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  hx_bulk(tr_x[0].x);
+  ASSERT_EQ(m.bulk_on, 1);
+  ASSERT_EQ(hx_simple(tr_x[0].x, 200, "text/plain", "one", NULL, 0), 0);
+  memsink_feeds(&m, "GET /hold HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT_EQ(tr_n, 2);
+  ASSERT_EQ(m.bulk_off, 1); /* the first, before the next request */
+  hx_bulk(tr_x[1].x);
+  ASSERT_EQ(m.bulk_on, 2);
+  memsink_close(&m.s);
+  ASSERT(tr_x[1].aborted);
+  ASSERT_EQ(m.bulk_off, 2);
+  memsink_free(&m);
+  ASSERT_EQ(m.bulk_off, 2);
+}
+
 int main(void) {
   RUN(get_404);
   RUN(post_content_length_echo);
@@ -454,6 +477,7 @@ int main(void) {
   RUN(read_into_content_length);
   RUN(upgrade_h2c);
   RUN(upgrade_bad_settings);
+  RUN(bulk_ends_with_the_exchange);
   tr_reset();
   return test_summary();
 }
