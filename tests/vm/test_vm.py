@@ -1,7 +1,8 @@
 """conch-init as the init of a real kernel (Debian's stock cloud kernel)
 under qemu: module loading, the init message over the guest's AF_VSOCK,
 both layer layouts, the seeds' curl examples and SDK behaviours, PID 1's
-duties, snapshot/restore with the restore keys, poweroff.
+duties, snapshot/restore with the restore keys, poweroff, a download's
+unsent bytes held short by the guest kernel.
 
 The API is reached on 127.0.0.1 (qemu hostfwd); the guest's network is
 qemu's restricted user network, so nothing leaves this machine."""
@@ -11,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import subprocess
 import threading
 import time
@@ -194,6 +196,67 @@ def test_files_upload_download(pmem_vm):
     got = b"".join(unb64(m.get("content", "")) for m in out)
     assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
     assert sh(pmem_vm, "sha256sum /root/up/blob.bin")[0].split()[0] == hashlib.sha256(data).hexdigest()
+
+
+# What PID 1's sockets on the API port hold, seen from inside the guest:
+# each connection's (TCP_NOTSENT_LOWAT, bytes the kernel holds unsent),
+# read through a duplicate of PID 1's descriptor (pidfd_getfd).
+SOCKET_PROBE = r"""
+import ctypes, os, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd, out = os.pidfd_open(1), []
+for name in os.listdir("/proc/1/fd"):
+    try:
+        if not os.readlink("/proc/1/fd/" + name).startswith("socket:"):
+            continue
+    except OSError:
+        continue
+    fd = libc.syscall(438, pidfd, int(name), 0)  # pidfd_getfd
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    s = socket.socket(fileno=fd)
+    try:
+        if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) and s.getsockname()[1] == 4064:
+            s.getpeername()  # not the listener
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+            out.append([s.getsockopt(socket.IPPROTO_TCP, 25), struct.unpack_from("I", info, 144)[0]])
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(sorted(out))
+"""
+
+
+def test_download_holds_unsent_bytes_short(pmem_vm):
+    """A download whose client stopped reading: the guest kernel holds at
+    most about 64 KiB of it unsent (TCP_NOTSENT_LOWAT on that connection,
+    conn.c), the rest waits in the agent; other connections keep the
+    system's default."""
+    assert sh(pmem_vm, "truncate -s 256M /root/sparse.bin && echo ok")[0] == "ok\n"
+    body = json.dumps({"filepath": "/root/sparse.bin"}).encode()
+    body = b"\0" + len(body).to_bytes(4, "big") + body
+    s = socket.create_connection(("127.0.0.1", pmem_vm.port), timeout=60)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    try:
+        s.sendall(b"POST /pb.FileService/GetFileStream HTTP/1.1\r\nHost: vm\r\n"
+                  b"Content-Type: application/connect+json\r\nconch-init-token: " + pmem_vm.token.encode() +
+                  b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while len(got) < 1 << 20:
+            got += s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        time.sleep(3)  # the client no longer reads: every buffer on the way fills
+        socks = json.loads(sh(pmem_vm, "python3 -c '" + SOCKET_PROBE.replace("'", "\"") + "'")[0])
+        bulk = [x for x in socks if x[0] != 0]
+        assert len(bulk) == 1 and bulk[0][0] == 65536, socks
+        # the option plus the one segment being filled (<= 64 KiB); 220 KiB
+        # here without it
+        assert 0 < bulk[0][1] <= 128 * 1024, socks
+        assert all(x[0] == 0 for x in socks if x is not bulk[0]), socks  # the probe's own call
+    finally:
+        s.close()
+    assert wait_for(lambda: json.loads(sh(pmem_vm, "python3 -c '" + SOCKET_PROBE.replace("'", "\"") + "'")[0])
+                    == [[0, 0]], 30, 0.5)
 
 
 # ---------------------------------------------------------------- PID 1
