@@ -261,45 +261,38 @@ TEST(authed_and_trim) {
   memsink_free(&m);
 }
 
-static int bulk_on, bulk_off;
-static void t_bulk(hsink *s, int on) {
-  (void)s;
-  if (on) bulk_on++;
-  else bulk_off++;
-}
-
-/* hx_bulk tells the sink once per exchange, and freeing the exchange ends
- * it; an ended exchange, or a sink without the op, asks nothing. */
+/* hx_bulk tells the sink once per exchange (memsink counts), and freeing
+ * the exchange ends it; an ended exchange, or a sink without the op, asks
+ * nothing. */
 TEST(bulk_once_until_freed) {
   memsink m;
   memsink_init(&m, NULL);
-  hsink_ops ops = *m.s.ops;
-  ops.bulk = t_bulk;
-  m.s.ops = &ops;
   hx x;
   fresh(&x);
   x.sink = &m.s;
   hx_bulk(&x);
   hx_bulk(&x);
-  ASSERT_EQ(bulk_on, 1);
-  ASSERT_EQ(bulk_off, 0);
+  ASSERT_EQ(m.bulk_on, 1);
+  ASSERT_EQ(m.bulk_off, 0);
   hx_free_request(&x);
-  ASSERT_EQ(bulk_off, 1);
+  ASSERT_EQ(m.bulk_off, 1);
   hx_free_request(&x);
-  ASSERT_EQ(bulk_off, 1);
+  ASSERT_EQ(m.bulk_off, 1);
   fresh(&x);
   x.sink = &m.s;
   hx_simple(&x, 200, NULL, "done", NULL, 0);
   hx_bulk(&x);
   hx_free_request(&x);
-  ASSERT_EQ(bulk_on, 1);
-  ASSERT_EQ(bulk_off, 1);
+  ASSERT_EQ(m.bulk_on, 1);
+  ASSERT_EQ(m.bulk_off, 1);
+  hsink_ops ops = *m.s.ops;
   ops.bulk = NULL;
+  m.s.ops = &ops;
   fresh(&x);
   x.sink = &m.s;
   hx_bulk(&x);
   hx_free_request(&x);
-  ASSERT_EQ(bulk_on + bulk_off, 2);
+  ASSERT_EQ(m.bulk_on + m.bulk_off, 2);
   memsink_free(&m);
 }
 
