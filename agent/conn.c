@@ -412,7 +412,7 @@ static void conn_op_trim(hsink *s) {
 
 static void conn_op_bulk(hsink *s, int on) {
   conn *c = (conn *)s;
-  if (on && c->nbulk++ > 0) return;             /* already on */
+  if (on && c->nbulk++ > 0) return;                     /* already on */
   if (!on && (c->nbulk == 0 || --c->nbulk > 0)) return; /* others still on */
   uv_os_fd_t fd;
   int v = on ? CONN_BULK_LOWAT : 0;

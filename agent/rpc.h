@@ -234,11 +234,12 @@ void rpc_pause_input(rpc_call *c, int paused);
  * holds back the connection's other requests (HTTP/2 admission). */
 void rpc_waiting(rpc_call *c);
 
-/* The call's answer is bulk data (a file's bytes): until the call ends,
- * its connection keeps the bytes the kernel holds unsent short (conn.c), so
- * that the connection's other answers queue behind about one chunk of it,
- * not behind a socket buffer of it (megabytes).  It costs more writes per
- * MiB: not for streams of small events. */
+/* The call's answer is bulk data (a file's bytes): until the call's
+ * exchange is gone, its connection keeps the bytes the kernel holds
+ * unsent short (conn.c), so that the connection's other answers queue
+ * behind about one chunk of it, not behind a socket buffer of it
+ * (megabytes).  It costs more writes per MiB: not for streams of small
+ * events. */
 void rpc_bulk(rpc_call *c);
 
 void rpc_set_user(rpc_call *c, void *user);
