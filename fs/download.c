@@ -461,7 +461,7 @@ static void dl_after_open(void *data, int canceled) {
       if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_NONBLOCK);
     }
   }
-  if (!d->sized || d->size > FS_CHUNK_MAX) rpc_bulk(d->call); /* more than a chunk, or unknown */
+  if (d->sized && d->size > FS_CHUNK_MAX) rpc_bulk(d->call); /* a file of more than a chunk */
   dl_go(d);
 }
 

@@ -8,7 +8,8 @@ GetFileStream of FILE (proto codec) read as fast as this client can while a
 /health is asked 5 ms after the previous answer, until the download ends.
 Prints one line: idle p50, p50 and p90 during the download (ms), their
 ratio, how many calls ran during it and the download's MiB/s.  Fails when
-an answer is wrong or the download ends without its end-of-stream message.
+an answer is wrong, the download ends without its end-of-stream message,
+or the whole run takes more than 300 s.
 """
 import socket
 import statistics
@@ -57,7 +58,11 @@ def main():
         state["answers"][sid] = b""
         return sid
 
+    deadline = time.monotonic() + 300
+
     def pump(timeout):
+        if time.monotonic() > deadline:
+            sys.exit("no end after 300 s")
         s.settimeout(timeout)
         try:
             data = s.recv(1 << 18)

@@ -15,6 +15,7 @@ cd "$(dirname "$0")/../.."
 SIZE_MIB=${SIZE_MIB:-512} ROUNDS=${ROUNDS:-5}
 if [ $# -eq 0 ]; then make -s dev >/dev/null; set -- build/dev/conch-init; fi
 BINS=("$@")
+/usr/bin/python3 -c 'import h2' 2>/dev/null || { echo "missing python3-h2 (apt-get install python3-h2)"; exit 1; }
 W=$(mktemp -d /tmp/conch-contend.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; umount "$W" 2>/dev/null || true; rmdir "$W" 2>/dev/null || true; }

@@ -227,36 +227,62 @@ print(sorted(out))
 """
 
 
+def guest_sockets(v):
+    """SOCKET_PROBE's answer: [lowat, unsent] of each API connection."""
+    out, err, rc = sh(v, "python3 -c '" + SOCKET_PROBE.replace("'", '"') + "'")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def get_file_request(v, path):
+    body = json.dumps({"filepath": path}).encode()
+    body = b"\0" + len(body).to_bytes(4, "big") + body
+    return (b"POST /pb.FileService/GetFileStream HTTP/1.1\r\nHost: vm\r\n"
+            b"Content-Type: application/connect+json\r\nconch-init-token: " + v.token.encode() +
+            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
 def test_download_holds_unsent_bytes_short(pmem_vm):
     """A download whose client stopped reading: the guest kernel holds at
     most about 64 KiB of it unsent (TCP_NOTSENT_LOWAT on that connection,
     conn.c), the rest waits in the agent; other connections keep the
-    system's default."""
-    assert sh(pmem_vm, "truncate -s 256M /root/sparse.bin && echo ok")[0] == "ok\n"
-    body = json.dumps({"filepath": "/root/sparse.bin"}).encode()
-    body = b"\0" + len(body).to_bytes(4, "big") + body
+    system's default, and so does a kept-open connection once its
+    download is over."""
+    assert sh(pmem_vm, "truncate -s 256M /root/sparse.bin && head -c 2M /dev/urandom > /root/two.bin && echo ok")[0] == "ok\n"
     s = socket.create_connection(("127.0.0.1", pmem_vm.port), timeout=60)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     try:
-        s.sendall(b"POST /pb.FileService/GetFileStream HTTP/1.1\r\nHost: vm\r\n"
-                  b"Content-Type: application/connect+json\r\nconch-init-token: " + pmem_vm.token.encode() +
-                  b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.sendall(get_file_request(pmem_vm, "/root/sparse.bin"))
         got = b""
         while len(got) < 1 << 20:
-            got += s.recv(65536)
+            b = s.recv(65536)
+            assert b, got[:200]
+            got += b
         assert got.startswith(b"HTTP/1.1 200"), got[:200]
-        time.sleep(3)  # the client no longer reads: every buffer on the way fills
-        socks = json.loads(sh(pmem_vm, "python3 -c '" + SOCKET_PROBE.replace("'", "\"") + "'")[0])
-        bulk = [x for x in socks if x[0] != 0]
-        assert len(bulk) == 1 and bulk[0][0] == 65536, socks
+        # the client no longer reads: wait until every buffer on the way
+        # is full and the guest holds bytes unsent
+        assert wait_for(lambda: any(x[1] > 0 for x in guest_sockets(pmem_vm)), 60, 1), guest_sockets(pmem_vm)
+        socks = guest_sockets(pmem_vm)
+        assert sorted(x[0] for x in socks) == [0, 65536], socks  # the probe's own call: 0
         # the option plus the one segment being filled (<= 64 KiB); 220 KiB
         # here without it
-        assert 0 < bulk[0][1] <= 128 * 1024, socks
-        assert all(x[0] == 0 for x in socks if x is not bulk[0]), socks  # the probe's own call
+        assert [x[1] for x in socks if x[0]][0] <= 128 * 1024, socks
     finally:
         s.close()
-    assert wait_for(lambda: json.loads(sh(pmem_vm, "python3 -c '" + SOCKET_PROBE.replace("'", "\"") + "'")[0])
-                    == [[0, 0]], 30, 0.5)
+    assert wait_for(lambda: guest_sockets(pmem_vm) == [[0, 0]], 30, 0.5)
+    # keep-alive: a whole download of two chunks, the connection left open
+    s = socket.create_connection(("127.0.0.1", pmem_vm.port), timeout=60)
+    try:
+        s.sendall(get_file_request(pmem_vm, "/root/two.bin"))
+        got = b""
+        while not got.endswith(b"\r\n0\r\n\r\n"):
+            b = s.recv(65536)
+            assert b, got[:200]
+            got += b
+        assert got.startswith(b"HTTP/1.1 200") and b'{"error"' not in got[-300:], got[-300:]
+        assert wait_for(lambda: guest_sockets(pmem_vm) == [[0, 0], [0, 0]], 30, 0.5), guest_sockets(pmem_vm)
+    finally:
+        s.close()
 
 
 # ---------------------------------------------------------------- PID 1
