@@ -51,7 +51,8 @@ STATIC_LIBS := -Wl,-Bstatic -lnghttp2 -luv_a -lprotobuf-c -lb64 -lhttp_parser -l
 
 dev_CFLAGS    := -O2 -g
 asan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-static_CFLAGS := -O2 -DCONCH_STATIC
+# NDEBUG: an internal assert() (callstate.c) logs instead of aborting PID 1
+static_CFLAGS := -O2 -DCONCH_STATIC -DNDEBUG
 # ThreadSanitizer: the thread pool and its unit tests (make tsan-check)
 tsan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 # libFuzzer drivers (tests/fuzz): the library built by clang with coverage

@@ -1,30 +1,41 @@
-/* connect — see connect.h.  One rpc_call per exchange. */
+/* connect — see connect.h.  One rpc_call per exchange; its lifecycle is
+ * one call_state (callstate.h), changed only by call_step. */
 #include "agent/connect.h"
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <uv.h>
 
 #include "agent/auth.h"
+#include "agent/budget.h"
+#include "agent/callstate.h"
 #include "agent/daemon.h"
+#include "agent/gzq.h"
 #include "agent/log.h"
+#include "agent/rpcdecode.h"
 #include "agent/rpcerr.h"
 #include "proto/envelope.h"
 #include "proto/gzip.h"
-#include "proto/json.h"
 #include "proto/pbjson.h"
 #include "proto/pbwire.h"
 
 typedef enum wire { W_CONNECT_UNARY, W_CONNECT_STREAM, W_GRPC, W_GRPC_WEB } wire;
 
-typedef struct gz_item gz_item;
+/* The request body, as the call has seen it. */
+typedef enum call_input {
+  IN_OPEN,      /* more may come */
+  IN_ENDED,     /* the transport's body end: all of it is in c->in */
+  IN_DELIVERED, /* its end went to the service (or failed the call) */
+} call_input;
+
+struct decode_job;
 
 struct rpc_call {
-  hx *x;
+  call_state state; /* changed only by call_step */
+  hx *x;            /* the exchange; NULL once the answer is written or the peer is gone */
   const rpc_method *m;
   wire w;
   int json;
@@ -36,6 +47,8 @@ struct rpc_call {
   uint8_t *in;
   size_t in_len, in_cap;
   size_t msgs_in;
+  call_input input;
+  int in_paused; /* the service's rpc_pause_input */
   /* the envelope at in[0]: where pbwire_find_big has walked; then (big.data)
    * its big bytes field, read into a block of its own (call_split) */
   pbwire_big scan;
@@ -47,23 +60,19 @@ struct rpc_call {
             * (scan.val - scan.key) are the walk's */
   ProtobufCMessage *req; /* server streaming: the request until body end */
   int req_nul;
-  int decoding;     /* a pool decode (pool_decode) holds the call */
+  struct decode_job *decode; /* a request decode in the pool (pool_decode): it holds the call */
   int req_taken;    /* rpc_take_request: the service frees the request */
   int req_takable;  /* inside on_request with a malloc-decoded request */
   ProtobufCMessage *msg_cur; /* inside on_message: the message, until taken */
-  int in_paused, in_done, in_end_sent;
   /* output */
   void *unary_owner; /* owner word (bufref.h) of the answer's bytes */
   uint8_t *unary_out;
   size_t unary_off, unary_len; /* the answer is unary_out[off, off+len) */
   int unary_set;
   int started; /* response head sent */
-  /* lifetime */
-  int svc_live, finished, hx_live, freeing;
-  int in_cancel; /* inside the service's on_cancel */
-  int end_held;  /* rpc_defer_end: the final answer waits for rpc_end_deferred */
-  rpc_code held_code;
-  char *held_msg;
+  /* the end, kept while HELD or FLUSHING */
+  rpc_code end_code;
+  char *end_msg;
   int had_nul;
   void (*drain_cb)(rpc_call *);
   void (*room_cb)(rpc_call *); /* rpc_out_room said no: ask again then */
@@ -71,16 +80,8 @@ struct rpc_call {
   /* response compression (api.md §9) */
   int gzip_out;               /* the client accepts gzip answers */
   int unary_gz;               /* the unary answer: 1 compressed, -1 tried (out of memory) */
-  int gz_jobs;                /* deflates in the pool: the call lives until they return */
-  gz_item *gzq_head, *gzq_tail; /* stream sends from the first pool deflate on, in order */
-  size_t gzq_bytes;           /* their plain sizes (rpc_outq_bytes counts them) */
-  int end_pending;            /* the final answer waits for the deflates */
-  rpc_code pend_code;
-  char *pend_msg;
-  /* rpc_out_room refused for the daemon-wide budget: in the budget FIFO */
-  rpc_call *bnext, *bprev;
-  int bwait;
-  size_t bneed;
+  gzq gzq;                    /* stream sends from the first pool deflate on, in order */
+  budget_waiter bw; /* rpc_out_room refused for the daemon-wide budget: in its FIFO */
   size_t breserved; /* rpc_out_room granted this much: counted in conch.held until the next send */
 };
 
@@ -101,12 +102,24 @@ static const char *ct_for(const rpc_call *c) {
 
 /* ---------------------------------------------------------------- lifetime */
 
-static void budget_unwait(rpc_call *c);
+/* The one place the state changes (callstate.h asserts it is legal). */
+static void call_step(rpc_call *c, call_event ev) {
+  call_state from = c->state;
+  if (call_state_step(&c->state, ev) == 0)
+    LOG_DEBUG("rpc %s %s: %s -> %s", c->m->path, call_event_name(ev), call_state_name(from),
+              call_state_name(c->state));
+}
+
+/* The service holds the call. */
+static int call_serving(const rpc_call *c) { return c->state == CALL_SERVING; }
+
+/* The end is decided: the service finished, was cancelled, or never ran. */
+static int call_over(const rpc_call *c) { return c->state > CALL_SERVING; }
 
 static void call_closed(uv_handle_t *h) {
   rpc_call *c = h->data;
   if (--c->handles == 0) {
-    budget_unwait(c);
+    budget_unwait(&c->bw);
     conch.held -= c->breserved;
     free(c->in);
     conch.rx_buffered -= c->in_cap + c->big.len;
@@ -114,15 +127,16 @@ static void call_closed(uv_handle_t *h) {
     free(c->big.data);
     bufref_owner_free(c->unary_owner);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
-    free(c->pend_msg);
+    free(c->end_msg);
     free(c);
   }
 }
 
-/* Free once neither the service nor the transport can reach the call. */
+/* ENDED → CLOSING once no pool job (a decode, a deflate) holds the call:
+ * then neither the service, the transport nor the pool can reach it. */
 static void call_maybe_free(rpc_call *c) {
-  if (c->svc_live || c->hx_live || c->end_held || c->freeing || c->decoding || c->gz_jobs) return;
-  c->freeing = 1;
+  if (c->state != CALL_ENDED || c->decode || c->gzq.jobs) return;
+  call_step(c, CALL_EV_CLOSE);
   uv_close((uv_handle_t *)&c->deadline, call_closed);
   uv_close((uv_handle_t *)&c->soon, call_closed);
 }
@@ -135,19 +149,14 @@ static void start_stream(rpc_call *c, hx *x) {
   hx_header h[3] = {{"content-type", ct_for(c)}, {NULL, NULL}, {NULL, NULL}};
   size_t n = 1;
   if (c->w == W_GRPC || c->w == W_GRPC_WEB) h[n++] = (hx_header){"grpc-accept-encoding", "gzip"};
-  if (c->gzip_out) /* messages of GZ_MIN bytes and more carry the compressed flag */
+  if (c->gzip_out) /* messages of GZQ_MIN bytes and more carry the compressed flag */
     h[n++] = (hx_header){c->w == W_CONNECT_STREAM ? "connect-content-encoding" : "grpc-encoding", "gzip"};
   hx_respond(x, 200, h, n, -1);
 }
 
-static int gz_hold_end(rpc_call *c, rpc_code code, const char *msg);
-
-/* Write the final answer and let go of the exchange. */
+/* Write the final answer and let go of the exchange (c->x is live). */
 static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
   hx *x = c->x;
-  if (!c->hx_live) return;
-  if (gz_hold_end(c, code, msg)) return; /* deflates first: they come before the end */
-  c->hx_live = 0;
   c->x = NULL;
   if (c->w == W_CONNECT_UNARY) {
     if (code == RPC_OK) {
@@ -208,38 +217,60 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
   free(pm);
 }
 
-/* The layer ends the call with an error: cancel the service, answer. */
-static void call_fail(rpc_call *c, rpc_code code, const char *msg) {
-  if (c->finished) return;
-  c->finished = 1;
-  uv_timer_stop(&c->deadline);
-  if (c->svc_live) {
-    c->svc_live = 0;
-    c->in_cancel = 1;
-    if (c->m->on_cancel) c->m->on_cancel(c, code);
-    c->in_cancel = 0;
-  }
-  LOG_DEBUG("rpc failed path=%s code=%s msg=%s", c->m->path, rpc_code_name(code), msg);
-  if (c->end_held) { /* the service finishes its cleanup first */
-    c->held_code = code;
-    c->held_msg = msg ? strdup(msg) : NULL;
+static void gz_unary(rpc_call *c);
+
+/* The end: answered now (→ ENDED), or, with deflates ahead of it, kept
+ * until they have left (→ FLUSHING).  With no exchange left there is
+ * nobody to answer: ENDED. */
+static void call_end(rpc_call *c, rpc_code code, const char *msg) {
+  if (c->x && c->w == W_CONNECT_UNARY && code == RPC_OK) gz_unary(c);
+  if (c->x && gzq_busy(&c->gzq)) {
+    call_step(c, CALL_EV_FLUSH);
+    c->end_code = code;
+    c->end_msg = msg ? strdup(msg) : NULL;
     return;
   }
-  call_render_end(c, code, msg);
+  call_step(c, CALL_EV_END);
+  if (c->x) call_render_end(c, code, msg);
+}
+
+/* SERVING → CANCELLING, the service's on_cancel, then CANCELLING (the
+ * caller ends the call) or HELD (on_cancel called rpc_defer_end). */
+static void call_cancel(rpc_call *c, rpc_code why) {
+  call_step(c, CALL_EV_CANCEL);
+  if (c->m->on_cancel) c->m->on_cancel(c, why);
+  if (c->state == CALL_CANCEL_HELD) call_step(c, CALL_EV_HOLD);
+}
+
+/* The layer ends the call with an error: cancel the service, answer. */
+static void call_fail(rpc_call *c, rpc_code code, const char *msg) {
+  if (call_over(c)) return;
+  uv_timer_stop(&c->deadline);
+  if (call_serving(c)) call_cancel(c, code);
+  LOG_DEBUG("rpc failed path=%s code=%s msg=%s", c->m->path, rpc_code_name(code), msg);
+  if (c->state == CALL_HELD) { /* the service finishes its cleanup first */
+    c->end_code = code;
+    c->end_msg = msg ? strdup(msg) : NULL;
+    return;
+  }
+  call_end(c, code, msg);
   call_maybe_free(c);
 }
 
 void rpc_defer_end(rpc_call *c) {
-  if (c->in_cancel) c->end_held = 1;
+  if (c->state == CALL_CANCELLING) call_step(c, CALL_EV_DEFER);
 }
 
 void rpc_end_deferred(rpc_call *c) {
-  if (!c->end_held) return;
-  c->end_held = 0;
-  if (c->in_cancel) return; /* still inside on_cancel: its caller answers as usual */
-  if (c->hx_live) call_render_end(c, c->held_code, c->held_msg);
-  free(c->held_msg);
-  c->held_msg = NULL;
+  if (c->state == CALL_CANCEL_HELD) { /* still inside on_cancel: its caller answers as usual */
+    call_step(c, CALL_EV_UNDEFER);
+    return;
+  }
+  if (c->state != CALL_HELD) return;
+  char *m = c->end_msg;
+  c->end_msg = NULL;
+  call_end(c, c->end_code, m);
+  free(m);
   call_maybe_free(c);
 }
 
@@ -255,211 +286,62 @@ uint8_t *rpc_encode(int json, const ProtobufCMessage *msg, size_t *len) {
 
 /* ---------------------------------------------------------------- response compression */
 
-/* api.md §9: a message of GZ_MIN bytes or more is gzipped when the client
- * accepts gzip.  Deflate at level 6 takes ~0.7 ms per 64 KiB of JSON
- * listing (15-23 ms for the answer of a 10 000-entry ListFiles), so a
- * message of GZ_POOL_MIN bytes or more is deflated in the thread pool.
- * From the first such send on, a stream's sends queue in order behind it
- * (gzq), and the final answer waits until the queue has left. */
-#define GZ_MIN 1024u
-#define GZ_POOL_MIN (32u * 1024)
-#define GZ_LEVEL 6
+/* The queue (gzq.h) writes each message in order; the exchange gone, it
+ * is dropped. */
+static void call_gz_write(gzq *q, void *owner, uint8_t *frame, size_t len, const uint8_t *tail,
+                          size_t tail_len, bufref *tail_ref) {
+  rpc_call *c = (rpc_call *)((char *)q - offsetof(rpc_call, gzq));
+  if (!c->x) {
+    bufref_owner_free(owner);
+    if (tail_ref) tail_ref->release(tail_ref);
+    return;
+  }
+  start_stream(c, c->x);
+  if (tail_ref) hx_write_pair(c->x, owner, (size_t)(frame - (uint8_t *)owner), len, tail, tail_len, tail_ref);
+  else hx_write_owned(c->x, owner, frame, len);
+}
+
+static void call_gz_unary(gzq *q, uint8_t *z, size_t zl) {
+  rpc_call *c = (rpc_call *)((char *)q - offsetof(rpc_call, gzq));
+  if (!c->x) {
+    free(z);
+    return;
+  }
+  bufref_owner_free(c->unary_owner);
+  c->unary_owner = c->unary_out = z;
+  c->unary_off = 0;
+  c->unary_len = zl;
+  c->unary_gz = 1;
+}
 
 static void call_on_soon(uv_timer_t *t);
 
-struct gz_item {
-  uv_work_t w;
-  gz_item *next;
-  rpc_call *c;
-  int done;
-  /* the plain message msg[0, len), 5 bytes free in front, held by owner;
-   * or (rpc_send_bytes_tail, never compressed) pbuf[poff, poff + len)
-   * followed by data[0, dlen) held by ref */
-  void *owner;
-  const uint8_t *msg;
-  size_t len;
-  uint8_t *pbuf;
-  size_t poff;
-  const uint8_t *data;
-  size_t dlen;
-  bufref *ref;
-  int unary;  /* the unary answer (c->unary_*), not a queue entry */
-  uint8_t *z; /* compressed, ENV_HEADER bytes in front (unary: none) */
-  size_t zl;
-};
-
-static void gz_release(gz_item *it) {
-  if (it->ref) {
-    free(it->pbuf);
-    it->ref->release(it->ref);
-  } else if (it->owner) {
-    bufref_owner_free(it->owner);
-  }
-  free(it->z);
-  free(it);
-}
-
-static void gz_write(rpc_call *c, gz_item *it) {
-  start_stream(c, c->x);
-  if (it->z) {
-    env_put_header(it->z, ENV_COMPRESSED, it->zl);
-    hx_write(c->x, it->z, ENV_HEADER + it->zl);
-    it->z = NULL;
-  } else if (it->ref) {
-    env_put_header(it->pbuf + it->poff - 5, 0, it->len + it->dlen);
-    hx_write_pair(c->x, it->pbuf, it->poff - 5, it->len + 5, it->data, it->dlen, it->ref);
-    it->pbuf = NULL;
-    it->ref = NULL;
-  } else { /* not compressed (small, or out of memory): as it is */
-    env_put_header((uint8_t *)it->msg - 5, 0, it->len);
-    hx_write_owned(c->x, it->owner, it->msg - 5, it->len + 5);
-    it->owner = NULL;
-  }
-  gz_release(it);
-}
-
-/* Write (or, the exchange gone, drop) what is ready at the queue's head;
- * once it is empty the held final answer goes, and a waiting producer is
- * asked again (the transport may have no drain of its own to report). */
-static void gz_flush(rpc_call *c) {
-  while (c->gzq_head && c->gzq_head->done) {
-    gz_item *it = c->gzq_head;
-    c->gzq_head = it->next;
-    if (!c->gzq_head) c->gzq_tail = NULL;
-    c->gzq_bytes -= it->len + it->dlen;
-    if (c->hx_live) gz_write(c, it);
-    else gz_release(it);
-  }
-  if (c->gzq_head || c->gz_jobs) return;
-  if (c->end_pending) {
-    char *m = c->pend_msg;
-    c->pend_msg = NULL;
-    c->end_pending = 0;
-    call_render_end(c, c->pend_code, m);
+/* Nothing queued or deflating: a FLUSHING end goes now; a waiting
+ * producer is asked again (the transport may have no drain of its own to
+ * report). */
+static void call_gz_settled(gzq *q) {
+  rpc_call *c = (rpc_call *)((char *)q - offsetof(rpc_call, gzq));
+  if (c->state == CALL_FLUSHING) {
+    char *m = c->end_msg;
+    c->end_msg = NULL;
+    call_step(c, CALL_EV_END);
+    if (c->x) call_render_end(c, c->end_code, m);
     free(m);
-    return;
+  } else if (call_serving(c) && (c->drain_cb || c->room_cb)) {
+    uv_timer_start(&c->soon, call_on_soon, 0, 0);
   }
-  if (c->svc_live && (c->drain_cb || c->room_cb)) uv_timer_start(&c->soon, call_on_soon, 0, 0);
-}
-
-static void gz_job_run(uv_work_t *w) {
-  gz_item *it = (gz_item *)w;
-  it->z = gz_deflate(it->msg, it->len, NULL, 0, it->unary ? 0 : ENV_HEADER, GZ_LEVEL, &it->zl);
-}
-
-static void gz_unary_take(rpc_call *c, gz_item *it) {
-  if (!it->z) return; /* out of memory: the answer goes as it is */
-  bufref_owner_free(c->unary_owner);
-  c->unary_owner = c->unary_out = it->z;
-  c->unary_off = 0;
-  c->unary_len = it->zl;
-  c->unary_gz = 1;
-  it->z = NULL;
-}
-
-static void gz_job_done(uv_work_t *w, int status) {
-  gz_item *it = (gz_item *)w;
-  rpc_call *c = it->c;
-  c->gz_jobs--;
-  it->done = 1;
-  if (status != 0) { /* cancelled at shutdown */
-    free(it->z);
-    it->z = NULL;
-  }
-  if (it->unary) {
-    if (c->hx_live) gz_unary_take(c, it);
-    it->owner = NULL; /* the call's unary_owner: released with the call */
-    gz_release(it);
-  }
-  gz_flush(c);
   call_maybe_free(c);
 }
 
-/* Deflate it when asked (in the pool when big), then queue it (a stream
- * message) or take it as the answer (unary). */
-static void gz_queue(rpc_call *c, gz_item *it, int compress) {
-  it->c = c;
-  it->done = 1;
-  if (compress && it->len >= GZ_POOL_MIN &&
-      uv_queue_work(conch.loop, &it->w, gz_job_run, gz_job_done) == 0) {
-    c->gz_jobs++;
-    it->done = 0;
-  } else if (compress) {
-    gz_job_run(&it->w); /* small: ~0.3 ms at most here */
-  }
-  if (it->unary) {
-    if (!it->done) return;
-    gz_unary_take(c, it);
-    gz_release(it);
-    return;
-  }
-  if (c->gzq_tail) c->gzq_tail->next = it;
-  else c->gzq_head = it;
-  c->gzq_tail = it;
-  c->gzq_bytes += it->len + it->dlen;
-  gz_flush(c);
-}
-
-/* A stream message msg[0, len) of the call (5 bytes free in front, held
- * by owner): 1 when taken here (compressed, or queued behind a deflate;
- * *rc is the send's result), 0 when it goes as usual. */
-static int gz_send(rpc_call *c, void *owner, const uint8_t *msg, size_t len, int *rc) {
-  int compress = c->gzip_out && len >= GZ_MIN && !bufref_owner_is_ref(owner);
-  if (!compress && !c->gzq_head) return 0;
-  gz_item *it = calloc(1, sizeof *it);
-  if (!it) {
-    if (!c->gzq_head) return 0; /* as it is: nothing to keep order with */
-    bufref_owner_free(owner);
-    *rc = -1;
-    return 1;
-  }
-  *it = (gz_item){.owner = owner, .msg = msg, .len = len};
-  gz_queue(c, it, compress);
-  *rc = 0;
-  return 1;
-}
-
-/* The same for rpc_send_bytes_tail: its tail goes to the kernel as it is
- * (bufref.h), so it is never compressed; it queues only behind a
- * deflate. */
-static int gz_send_pair(rpc_call *c, uint8_t *buf, size_t off, size_t len, const uint8_t *data,
-                        size_t dlen, bufref *ref, int *rc) {
-  if (!c->gzq_head) return 0;
-  gz_item *it = calloc(1, sizeof *it);
-  if (!it) {
-    free(buf);
-    ref->release(ref);
-    *rc = -1;
-    return 1;
-  }
-  *it = (gz_item){.pbuf = buf, .poff = off, .len = len, .data = data, .dlen = dlen, .ref = ref};
-  gz_queue(c, it, 0);
-  *rc = 0;
-  return 1;
-}
+static const gzq_ops call_gz_ops = {call_gz_write, call_gz_unary, call_gz_settled};
 
 /* The unary answer, when it should be compressed (once). */
 static void gz_unary(rpc_call *c) {
-  if (!c->gzip_out || c->unary_gz || !c->unary_set || c->unary_len < GZ_MIN ||
+  if (!c->gzip_out || c->unary_gz || !c->unary_set || c->unary_len < GZQ_MIN ||
       bufref_owner_is_ref(c->unary_owner))
     return;
   c->unary_gz = -1; /* tried */
-  gz_item *it = calloc(1, sizeof *it);
-  if (!it) return;
-  *it = (gz_item){.msg = c->unary_out + c->unary_off, .len = c->unary_len, .unary = 1};
-  gz_queue(c, it, 1);
-}
-
-/* 1 when the final answer must wait for deflates (it is kept). */
-static int gz_hold_end(rpc_call *c, rpc_code code, const char *msg) {
-  if (c->w == W_CONNECT_UNARY && code == RPC_OK) gz_unary(c);
-  if (!c->gzq_head && !c->gz_jobs) return 0;
-  if (!c->end_pending) {
-    c->end_pending = 1;
-    c->pend_code = code;
-    c->pend_msg = msg ? strdup(msg) : NULL;
-  }
-  return 1;
+  gzq_unary(&c->gzq, c->unary_out + c->unary_off, c->unary_len);
 }
 
 /* The one send path: len bytes at data in the call's codec, RPC_HEADROOM
@@ -470,7 +352,7 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
                         size_t tail_len, bufref *tail_ref) {
   conch.held -= c->breserved; /* the room it asked for is now these bytes */
   c->breserved = 0;
-  if (!data || c->finished || !c->hx_live || len > RPC_MAX_MESSAGE ||
+  if (!data || call_over(c) || !c->x || len > RPC_MAX_MESSAGE ||
       tail_len > RPC_MAX_MESSAGE - len || (tail_ref && (c->w == W_CONNECT_UNARY || c->json))) {
     bufref_owner_free(owner);
     if (tail_ref) tail_ref->release(tail_ref);
@@ -487,7 +369,7 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
   }
   int rc;
   if (!tail_ref) {
-    if (gz_send(c, owner, data, len, &rc)) return rc;
+    if (gzq_send(&c->gzq, c->gzip_out, owner, data, len, &rc)) return rc;
     env_put_header(data - RPC_HEADROOM, 0, len);
     start_stream(c, c->x);
     return hx_write_owned(c->x, owner, data - RPC_HEADROOM, len + RPC_HEADROOM);
@@ -507,7 +389,7 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
       return -1;
     }
   }
-  if (gz_send_pair(c, head, off, len, tail, tail_len, tail_ref, &rc)) return rc;
+  if (gzq_send_pair(&c->gzq, head, off, len, tail, tail_len, tail_ref, &rc)) return rc;
   env_put_header(head + off - RPC_HEADROOM, 0, len + tail_len);
   start_stream(c, c->x);
   return hx_write_pair(c->x, head, off - RPC_HEADROOM, len + RPC_HEADROOM, tail, tail_len, tail_ref);
@@ -518,7 +400,7 @@ int rpc_send_bytes(rpc_call *c, void *owner, uint8_t *data, size_t len) {
 }
 
 int rpc_send(rpc_call *c, const ProtobufCMessage *msg) {
-  if (c->finished || !c->hx_live) return -1;
+  if (call_over(c) || !c->x) return -1;
   size_t len;
   uint8_t *buf = rpc_encode(c->json, msg, &len);
   return rpc_send_bytes(c, buf, buf ? buf + RPC_HEADROOM : NULL, len);
@@ -529,14 +411,12 @@ int rpc_is_json(const rpc_call *c) { return c->json != 0; }
 int rpc_compresses(const rpc_call *c) { return c->gzip_out != 0; }
 
 void rpc_finish(rpc_call *c, rpc_code code, const char *message) {
-  if (c->finished) return;
-  c->finished = 1;
-  c->svc_live = 0;
+  if (!call_serving(c)) return; /* cancelled meanwhile: on_cancel was the end */
   uv_timer_stop(&c->deadline);
   if (code != RPC_OK)
     LOG_DEBUG("rpc error path=%s code=%s msg=%s", c->m->path, rpc_code_name(code),
               message ? message : "");
-  call_render_end(c, code, message);
+  call_end(c, code, message);
   call_maybe_free(c);
 }
 
@@ -549,80 +429,26 @@ void rpc_finishf(rpc_call *c, rpc_code code, const char *fmt, ...) {
   rpc_finish(c, code, buf);
 }
 
-size_t rpc_outq_bytes(const rpc_call *c) { return c->hx_live ? hx_outq(c->x) + c->gzq_bytes : 0; }
+size_t rpc_outq_bytes(const rpc_call *c) { return c->x ? hx_outq(c->x) + c->gzq.bytes : 0; }
 
-/* ---- the daemon-wide budget (daemon.h: conch.held, conch.budget) ----
- * Producers that can wait stop once everything held for clients is past
- * half the budget: the other half stays for requests and for answers that
- * cannot wait.  They wait in one FIFO; a 10 ms timer runs while it is not
- * empty and wakes them in order, as many as fit (the bytes they free come
- * from writes on any connection, which know nothing of the waiters). */
-#define BUDGET_POLL_MS 10
-
-static rpc_call *bw_head, *bw_tail;
-static uv_timer_t bw_timer;
-static int bw_timer_init;
-
-static size_t budget_out_limit(void) { return conch.budget / 2; }
-
-static void budget_unwait(rpc_call *c) {
-  if (!c->bwait) return;
-  c->bwait = 0;
-  if (c->bprev) c->bprev->bnext = c->bnext; else bw_head = c->bnext;
-  if (c->bnext) c->bnext->bprev = c->bprev; else bw_tail = c->bprev;
-  c->bnext = c->bprev = NULL;
-  if (!bw_head && bw_timer_init) uv_timer_stop(&bw_timer);
+/* The budget FIFO (budget.h) says room may be there: ask rpc_out_room
+ * again through the producer (the transport's own bounds next). */
+static void call_budget_wake(budget_waiter *w) {
+  rpc_call *c = (rpc_call *)((char *)w - offsetof(rpc_call, bw));
+  if (!call_serving(c) || !c->room_cb) return;
+  void (*rcb)(rpc_call *) = c->room_cb;
+  c->room_cb = NULL;
+  rcb(c);
 }
-
-static void budget_on_timer(uv_timer_t *t) {
-  (void)t;
-  size_t q = conch.held;
-  while (bw_head && q + bw_head->bneed <= budget_out_limit()) {
-    rpc_call *c = bw_head;
-    q += c->bneed;
-    budget_unwait(c);
-    if (c->finished || !c->svc_live || !c->room_cb) continue;
-    void (*rcb)(rpc_call *) = c->room_cb;
-    c->room_cb = NULL;
-    rcb(c); /* asks rpc_out_room again: the transport's own bounds next */
-  }
-}
-
-static void budget_wait(rpc_call *c, size_t n) {
-  c->bneed = n;
-  if (c->bwait) return; /* keeps its place */
-  if (!bw_timer_init) {
-    uv_timer_init(conch.loop, &bw_timer);
-    uv_unref((uv_handle_t *)&bw_timer);
-    bw_timer_init = 1;
-  }
-  c->bwait = 1;
-  c->bprev = bw_tail;
-  c->bnext = NULL;
-  if (bw_tail) bw_tail->bnext = c; else bw_head = c;
-  bw_tail = c;
-  if (!uv_is_active((uv_handle_t *)&bw_timer))
-    uv_timer_start(&bw_timer, budget_on_timer, BUDGET_POLL_MS, BUDGET_POLL_MS);
-}
-
-int rpc_budget_take(size_t n) {
-  if (n && conch.held + n > conch.budget) return -1;
-  conch.held += n;
-  return 0;
-}
-
-void rpc_budget_give(size_t n) { conch.held -= n; }
-
-int rpc_budget_over(void) { return conch.held > budget_out_limit(); }
 
 int rpc_out_room(rpc_call *c, size_t n, void (*cb)(rpc_call *c)) {
-  if (c->finished || !c->hx_live) return 1; /* the send will say */
-  if (c->bwait || conch.held + n > budget_out_limit()) { /* behind those already waiting */
+  if (call_over(c) || !c->x) return 1; /* the send will say */
+  if (c->bw.waiting || conch.held + n > budget_out_limit()) { /* behind those already waiting */
     c->room_cb = cb;
-    budget_wait(c, n);
+    budget_wait(&c->bw, n);
     return 0;
   }
-  if (!c->gzq_head && hx_room(c->x, n)) {
+  if (!gzq_busy(&c->gzq) && hx_room(c->x, n)) {
     c->room_cb = NULL;
     conch.held += n - c->breserved;
     c->breserved = n;
@@ -637,18 +463,18 @@ static void call_pump(rpc_call *c);
 /* Deferred work of a call: resumed input, a drain callback due. */
 static void call_on_soon(uv_timer_t *t) {
   rpc_call *c = t->data;
-  if (c->finished) return;
+  if (call_over(c)) return;
   if (!c->in_paused && c->w != W_CONNECT_UNARY &&
-      (c->in_len >= 5 || (c->in_done && !c->in_end_sent)))
+      (c->in_len >= 5 || c->input == IN_ENDED))
     call_pump(c);
-  if (c->room_cb && !c->gzq_head && !c->finished && c->svc_live) { /* gz_flush: ask again */
+  if (c->room_cb && !gzq_busy(&c->gzq) && call_serving(c)) { /* the queue settled: ask again */
     void (*rcb)(rpc_call *) = c->room_cb;
     c->room_cb = NULL;
     rcb(c);
     return;
   }
   void (*cb)(rpc_call *) = c->drain_cb;
-  if (c->finished || !c->svc_live || !cb) return;
+  if (!call_serving(c) || !cb) return;
   if (rpc_outq_bytes(c) > RPC_OUTQ_HIGH / 2) return; /* the transport's drain will call */
   c->drain_cb = NULL;
   cb(c);
@@ -677,80 +503,13 @@ const char *rpc_protocol_name(const rpc_call *c) {
 /* Decode one message into mem (pbmem.h: the scratch buffer first, then
  * malloc, within the decode budget); on error fails the call and returns
  * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
-/* The decode itself, on any thread (no call state is touched): the
- * message, or NULL with *code and err (err2 bytes) set; *nul as req_nul.
- * whole (0: n): the memory budget is that of a message of `whole` bytes,
- * less `charged` already taken (a big field's block, call_split). */
-static ProtobufCMessage *decode_message(const ProtobufCMessageDescriptor *d, int json, int gzip_in,
-                                        const uint8_t *p, size_t n, int compressed, void *scratch,
-                                        size_t scratch_len, pbmem *mem, rpc_code *code, char *err2,
-                                        size_t err2n, int *nul_out, size_t whole, size_t charged) {
-  uint8_t *plain = NULL;
-  if (compressed) {
-    if (!gzip_in) {
-      *code = RPC_INTERNAL;
-      snprintf(err2, err2n, "protocol error: received compressed message without encoding");
-      return NULL;
-    }
-    size_t pl;
-    gz_result gr = gz_inflate(p, n, RPC_MAX_MESSAGE, &plain, &pl);
-    if (gr != GZ_OK) {
-      *code = gr == GZ_BAD ? RPC_INVALID_ARGUMENT : RPC_RESOURCE_EXHAUSTED;
-      snprintf(err2, err2n, "%s",
-               gr == GZ_BAD ? "invalid gzip data"
-               : gr == GZ_TOO_BIG ? "message is larger than configured max 16777216 bytes"
-                                  : "out of memory");
-      return NULL;
-    }
-    p = plain;
-    n = pl;
-  }
-  char err[512];
-  ProtobufCMessage *m;
-  int nul = 0, too_big = 0;
-  /* the same bound for both codecs: a JSON document's (json.h) */
-  if (!whole) whole = n;
-  size_t budget = JSON_MEM_BUDGET(whole);
-  pbmem_init(mem, scratch, scratch_len, budget > charged ? budget - charged : 0);
-  if (json) {
-    int flags = 0;
-    m = pbjson_decode_mem(d, (const char *)p, n, &mem->a, &flags, err, sizeof err);
-    too_big = (flags & PBJSON_TOO_BIG) != 0 || (!m && mem->over);
-    nul = (flags & PBJSON_HAD_NUL) != 0;
-  } else {
-    m = pbwire_unpack_mem(d, p, n, mem);
-    too_big = !m && mem->over;
-    if (!m)
-      snprintf(err, sizeof err, "invalid protobuf");
-    else if (pbjson_check_decoded(m, err, sizeof err) != 0) {
-      protobuf_c_message_free_unpacked(m, &mem->a);
-      m = NULL;
-    } else
-      nul = pbwire_has_nul_string(d, p, n);
-  }
-  if (too_big)
-    snprintf(err, sizeof err, "message needs more than %zu bytes of memory to decode", budget);
-  free(plain);
-  if (!m) {
-    snprintf(err2, err2n, "unmarshal into %s: %s", d->name, err);
-    if (too_big) malloc_trim(0); /* a refused decode may leave millions of small free blocks */
-    *code = too_big ? RPC_RESOURCE_EXHAUSTED : RPC_INVALID_ARGUMENT;
-    return NULL;
-  }
-  *nul_out = nul;
-  return m;
-}
-
-/* Decode one message into mem (pbmem.h: the scratch buffer first, then
- * malloc, within the decode budget); on error fails the call and returns
- * NULL.  Free the message with protobuf_c_message_free_unpacked(m, &mem->a). */
 static ProtobufCMessage *call_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed,
                                      void *scratch, size_t scratch_len, pbmem *mem, size_t whole,
                                      size_t charged) {
   rpc_code code = RPC_INTERNAL;
   char err[700];
   int nul = 0;
-  ProtobufCMessage *m = decode_message(c->m->input, c->json, c->gzip_in, p, n, compressed, scratch,
+  ProtobufCMessage *m = rpc_decode_message(c->m->input, c->json, c->gzip_in, p, n, compressed, scratch,
                                        scratch_len, mem, &code, err, sizeof err, &nul, whole, charged);
   if (!m) {
     call_fail(c, code, err);
@@ -779,7 +538,7 @@ struct decode_job {
 static void decode_job_run(uv_work_t *w) {
   struct decode_job *j = (struct decode_job *)w;
   pbmem mem; /* no scratch: the message is plain malloc'd (freed with NULL) */
-  j->m = decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
+  j->m = rpc_decode_message(j->d, j->json, j->gzip_in, j->bytes, j->n, j->compressed, NULL, 0, &mem, &j->code,
                         j->err, sizeof j->err, &j->nul, 0, 0);
   if (!j->held) { /* a copy, or NULL for a unary body (c->in is the loop's) */
     free(j->buf);
@@ -802,7 +561,7 @@ static void start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocator
 static void decode_job_done(uv_work_t *w, int status) {
   struct decode_job *j = (struct decode_job *)w;
   rpc_call *c = j->c;
-  c->decoding = 0;
+  c->decode = NULL;
   if (j->unary) call_drop_input(c);
   /* a taken c->in is freed here, not in the pool: the read that ended the
    * message may still have been inside it (http1.c keeps the byte the
@@ -810,11 +569,11 @@ static void decode_job_done(uv_work_t *w, int status) {
   free(j->buf);
   conch.rx_buffered -= j->held;
   conch.held -= j->held;
-  if (!j->unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 0);
-  if (c->finished || status != 0) { /* aborted, deadline, shutdown */
+  if (!j->unary && !c->in_paused && c->x) hx_pause_body(c->x, 0);
+  if (call_over(c) || status != 0) { /* aborted, deadline, shutdown */
     if (j->m) protobuf_c_message_free_unpacked(j->m, NULL);
     free(j);
-    if (!c->finished) call_fail(c, RPC_CANCELED, "canceled");
+    if (!call_over(c)) call_fail(c, RPC_CANCELED, "canceled");
     call_maybe_free(c);
     return;
   }
@@ -888,10 +647,10 @@ static int pool_decode(rpc_call *c, const uint8_t *p, size_t n, int compressed) 
     call_fail(c, RPC_INTERNAL, "cannot queue work");
     return take ? 2 : 1;
   }
-  c->decoding = 1;
+  c->decode = j;
   /* no more input while it decodes (the pump waits anyway): a fast writer
    * must not fill c->in meanwhile */
-  if (!unary && !c->in_paused && c->hx_live) hx_pause_body(c->x, 1);
+  if (!unary && !c->in_paused && c->x) hx_pause_body(c->x, 1);
   return take ? 2 : 1;
 }
 
@@ -915,7 +674,7 @@ static void deliver_message(rpc_call *c, ProtobufCMessage *m) {
 
 /* req (if any) is freed with allocator a once the service has taken it. */
 static void start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocator *a) {
-  c->svc_live = 1;
+  call_step(c, CALL_EV_START);
   c->had_nul = c->req_nul;
   c->req = req; /* for rpc_take_request during the callback */
   c->req_takable = a == NULL; /* not one decoded on the stack */
@@ -965,8 +724,8 @@ static void call_scan_reset(rpc_call *c) {
 static void call_split(rpc_call *c) {
   uint8_t flags;
   uint32_t mlen;
-  if (c->big.data || c->scan_done || c->json || c->w == W_CONNECT_UNARY || c->finished ||
-      c->decoding || c->in_done || c->in_len < 5 || c->in[0] != 0 /* compressed, or bad flags */ ||
+  if (c->big.data || c->scan_done || c->json || c->w == W_CONNECT_UNARY || call_over(c) ||
+      c->decode || c->input != IN_OPEN || c->in_len < 5 || c->in[0] != 0 /* compressed, or bad flags */ ||
       env_next(c->in, c->in_len, RPC_MAX_MESSAGE, ENV_COMPRESSED, &flags, &mlen) != ENV_NEED ||
       mlen < CALL_BIG_MIN)
     return;
@@ -1026,7 +785,7 @@ static ProtobufCMessage *call_decode_split(rpc_call *c, size_t end) {
 /* Envelope parsing for streaming protocols: deliver what is complete. */
 static void call_pump(rpc_call *c) {
   size_t off = 0;
-  while (!c->finished && !c->in_paused && !c->decoding && c->in_len - off >= 5) {
+  while (!call_over(c) && !c->in_paused && !c->decode && c->in_len - off >= 5) {
     const uint8_t *h = c->in + off;
     uint8_t flags;
     uint32_t len;
@@ -1065,7 +824,7 @@ static void call_pump(rpc_call *c) {
     int pooled = pool_decode(c, h + 5, len, flags & 1);
     if (pooled) {
       off = pooled == 2 ? 0 : off + 5 + (size_t)len; /* 2: c->in starts after it now */
-      if (c->finished) return;
+      if (call_over(c)) return;
       break;
     }
     pbmem mem; /* no scratch: messages outlive this frame (deliver_message) */
@@ -1074,7 +833,7 @@ static void call_pump(rpc_call *c) {
     if (!m) return;
     deliver_message(c, m);
   }
-  if (c->finished) return;
+  if (call_over(c)) return;
   if (off) {
     memmove(c->in, c->in + off, c->in_len - off);
     c->in_len -= off;
@@ -1082,8 +841,8 @@ static void call_pump(rpc_call *c) {
     call_scan_reset(c);
   }
   call_split(c);
-  if (c->in_done && !c->in_paused && !c->decoding && !c->in_end_sent) {
-    c->in_end_sent = 1;
+  if (c->input == IN_ENDED && !c->in_paused && !c->decode) {
+    c->input = IN_DELIVERED;
     size_t left = c->in_len + (c->big.data ? big_cut(c) + c->big.got : 0);
     if (left) {
       char e[160];
@@ -1107,7 +866,7 @@ static void call_pump(rpc_call *c) {
 
 static void on_body(hx *x, const uint8_t *d, size_t n) {
   rpc_call *c = x->hdata;
-  if (c->finished) return;
+  if (call_over(c)) return;
   if (c->big.got < c->big.len) { /* the big field's bytes come first */
     size_t k = c->big.len - c->big.got < n ? c->big.len - c->big.got : n;
     if (d != c->big.data + c->big.got) memcpy(c->big.data + c->big.got, d, k); /* else read there */
@@ -1164,7 +923,7 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
  * A unary body takes the room its Content-Length sized. */
 static uint8_t *on_body_into(hx *x, size_t *len) {
   rpc_call *c = x->hdata;
-  if (c->finished || c->in_paused || c->decoding || !c->in) return NULL;
+  if (call_over(c) || c->in_paused || c->decode || !c->in) return NULL;
   if (c->big.got < c->big.len) {
     *len = c->big.len - c->big.got;
     return c->big.data + c->big.got;
@@ -1186,8 +945,8 @@ static uint8_t *on_body_into(hx *x, size_t *len) {
 
 static void on_body_end(hx *x) {
   rpc_call *c = x->hdata;
-  if (c->finished) return;
-  c->in_done = 1;
+  if (call_over(c)) return;
+  c->input = IN_ENDED;
   if (c->w != W_CONNECT_UNARY) {
     call_pump(c);
     return;
@@ -1202,32 +961,42 @@ static void on_body_end(hx *x) {
   if (m) start_service(c, m, &mem.a);
 }
 
+/* The peer is gone (reset, disconnect, shutdown): nobody is left to
+ * answer.  A held end still waits for rpc_end_deferred, and a call inside
+ * on_cancel is ended by its caller. */
 static void on_abort(hx *x) {
   rpc_call *c = x->hdata;
-  c->hx_live = 0;
   c->x = NULL;
-  if (!c->finished) {
-    c->finished = 1;
-    uv_timer_stop(&c->deadline);
-    if (c->svc_live) {
-      c->svc_live = 0;
-      c->in_cancel = 1;
-      if (c->m->on_cancel) c->m->on_cancel(c, RPC_CANCELED);
-      c->in_cancel = 0;
-    }
+  switch (c->state) {
+    case CALL_READING:
+      uv_timer_stop(&c->deadline);
+      call_step(c, CALL_EV_END);
+      break;
+    case CALL_SERVING:
+      uv_timer_stop(&c->deadline);
+      call_cancel(c, RPC_CANCELED);
+      if (c->state == CALL_CANCELLING) call_step(c, CALL_EV_END);
+      break;
+    case CALL_FLUSHING: /* the queue drops what is left */
+      free(c->end_msg);
+      c->end_msg = NULL;
+      call_step(c, CALL_EV_END);
+      break;
+    default:
+      break;
   }
   call_maybe_free(c);
 }
 
 static void on_drain(hx *x) {
   rpc_call *c = x->hdata;
-  if (c->svc_live && c->room_cb) { /* may end the call: nothing after it */
+  if (call_serving(c) && c->room_cb) { /* may end the call: nothing after it */
     void (*rcb)(rpc_call *) = c->room_cb;
     c->room_cb = NULL;
     rcb(c);
     return;
   }
-  if (!c->svc_live || !c->drain_cb) return;
+  if (!call_serving(c) || !c->drain_cb) return;
   if (rpc_outq_bytes(c) > RPC_OUTQ_HIGH / 2) return;
   void (*cb)(rpc_call *) = c->drain_cb;
   c->drain_cb = NULL;
@@ -1237,17 +1006,17 @@ static void on_drain(hx *x) {
 static const hx_handler call_handler = {on_body, on_body_end, on_abort, on_drain, on_body_into};
 
 void rpc_waiting(rpc_call *c) {
-  if (c->hx_live) hx_waiting(c->x);
+  if (c->x) hx_waiting(c->x);
 }
 
 void rpc_bulk(rpc_call *c) {
-  if (c->hx_live) hx_bulk(c->x);
+  if (c->x) hx_bulk(c->x);
 }
 
 void rpc_pause_input(rpc_call *c, int paused) {
-  if (c->finished || c->in_paused == paused) return;
+  if (call_over(c) || c->in_paused == paused) return;
   c->in_paused = paused;
-  if (c->hx_live) hx_pause_body(c->x, paused);
+  if (c->x) hx_pause_body(c->x, paused);
   if (!paused) uv_timer_start(&c->soon, call_on_soon, 0, 0);
 }
 
@@ -1347,7 +1116,9 @@ void connect_serve(hx *x, const rpc_method *m) {
   c->m = m;
   c->w = w;
   c->json = json;
-  c->hx_live = 1;
+  c->state = CALL_READING;
+  gzq_init(&c->gzq, conch.loop, &call_gz_ops);
+  c->bw.wake = call_budget_wake;
   uv_timer_init(conch.loop, &c->deadline);
   uv_timer_init(conch.loop, &c->soon);
   c->deadline.data = c->soon.data = c;

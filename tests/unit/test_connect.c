@@ -18,6 +18,7 @@
 #include <uv.h>
 #include <zlib.h>
 
+#include "agent/callstate.h"
 #include "agent/connect.h"
 #include "agent/daemon.h"
 #include "proto/agent.pb-c.h"
@@ -2517,6 +2518,67 @@ TEST(encode_headroom) {
   }
 }
 
+/* A client stream whose service sends a message the pool deflates, then
+ * holds: the layer's error then comes while the deflate is out. */
+static void gz_cstream_open(rpc_call *c, const ProtobufCMessage *req) {
+  (void)req;
+  svc.call = c;
+  logf_("open;");
+  Pb__FileChunk ch = PB__FILE_CHUNK__INIT;
+  ch.filepath = "g";
+  ch.content.data = gz_fill;
+  ch.content.len = 150000;
+  if (rpc_send(c, &ch.base) != 0) svc.send_fail++;
+}
+static const rpc_method m_gz_cstream = {"/pb.FileService/PostFileStream", RPC_CLIENT_STREAM,
+                                        &pb__file_chunk__descriptor, &pb__file_chunk__descriptor,
+                                        0, gz_cstream_open, svc_on_message, svc_on_input_end,
+                                        svc_on_cancel};
+
+TEST(error_waits_behind_deflate) {
+  /* CANCELLING → FLUSHING: bad input cancels the service while its
+   * message deflates; the error goes after the message, once */
+  static const char end[] = "{\"error\":{\"code\":\"invalid_argument\",\"message\":\"protocol error: "
+                            "invalid envelope flags\"}}";
+  for (int hold = 0; hold <= 1; hold++) {
+    svc_reset(S_HOLD);
+    svc.hold_end = hold;
+    held_call = NULL;
+    open_call(&m_gz_cstream, "application/connect+proto", "connect-accept-encoding", "gzip", NULL);
+    feed("\x04\x00\x00\x00\x00", 5, 100);
+    ASSERT_STR_EQ(svc.log, "open;cancel(invalid_argument);");
+    if (hold) { /* HELD → FLUSHING: the service's cleanup ends before the deflate */
+      ASSERT(held_call != NULL);
+      rpc_end_deferred(held_call);
+    }
+    ASSERT_EQ(F.nend, 0); /* the end waits for the deflate */
+    uv_run(loop, UV_RUN_DEFAULT);
+    env e[4];
+    ASSERT_EQ(envs(e, 4), 2);
+    expect_chunk(&e[0], 150000, 1);
+    expect_stream_end(end);
+    ASSERT_EQ(svc.send_fail, 0);
+    fake_done();
+  }
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+/* After every test above: each legal transition of callstate.c's table was
+ * taken by a real call at least once, and no illegal one was tried. */
+TEST(every_legal_transition_driven) {
+  int missing = 0;
+  for (int st = 0; st < CALL_NSTATES; st++)
+    for (int ev = 0; ev < CALL_NEVENTS; ev++)
+      if (call_state_next((call_state)st, (call_event)ev) != CALL_NSTATES && !call_state_taken[st][ev]) {
+        fprintf(stderr, "  never taken: %s from %s\n", call_event_name((call_event)ev),
+                call_state_name((call_state)st));
+        missing++;
+      }
+  ASSERT_EQ(missing, 0);
+  ASSERT_EQ(call_state_illegal, 0);
+}
+
 int main(void) {
   loop = uv_default_loop();
   conch.loop = loop;
@@ -2564,7 +2626,9 @@ int main(void) {
   RUN(response_gzip_abort_while_deflating);
   RUN(response_gzip_unary);
   RUN(response_gzip_grpc);
+  RUN(error_waits_behind_deflate);
   fake_done();
+  RUN(every_legal_transition_driven);
   uv_loop_close(loop);
   return test_summary();
 }

@@ -1,0 +1,61 @@
+/* budget — see budget.h. */
+#include "agent/budget.h"
+
+#include <uv.h>
+
+#include "agent/daemon.h"
+#include "agent/rpc.h"
+
+#define BUDGET_POLL_MS 10
+
+static budget_waiter *head, *tail;
+static uv_timer_t timer;
+static int timer_init;
+
+size_t budget_out_limit(void) { return conch.budget / 2; }
+
+void budget_unwait(budget_waiter *w) {
+  if (!w->waiting) return;
+  w->waiting = 0;
+  if (w->prev) w->prev->next = w->next; else head = w->next;
+  if (w->next) w->next->prev = w->prev; else tail = w->prev;
+  w->next = w->prev = NULL;
+  if (!head && timer_init) uv_timer_stop(&timer);
+}
+
+static void on_timer(uv_timer_t *t) {
+  (void)t;
+  size_t q = conch.held;
+  while (head && q + head->need <= budget_out_limit()) {
+    budget_waiter *w = head;
+    q += w->need;
+    budget_unwait(w);
+    w->wake(w); /* may free w */
+  }
+}
+
+void budget_wait(budget_waiter *w, size_t n) {
+  w->need = n;
+  if (w->waiting) return; /* keeps its place */
+  if (!timer_init) {
+    uv_timer_init(conch.loop, &timer);
+    uv_unref((uv_handle_t *)&timer);
+    timer_init = 1;
+  }
+  w->waiting = 1;
+  w->prev = tail;
+  w->next = NULL;
+  if (tail) tail->next = w; else head = w;
+  tail = w;
+  if (!uv_is_active((uv_handle_t *)&timer)) uv_timer_start(&timer, on_timer, BUDGET_POLL_MS, BUDGET_POLL_MS);
+}
+
+int rpc_budget_take(size_t n) {
+  if (n && conch.held + n > conch.budget) return -1;
+  conch.held += n;
+  return 0;
+}
+
+void rpc_budget_give(size_t n) { conch.held -= n; }
+
+int rpc_budget_over(void) { return conch.held > budget_out_limit(); }

@@ -1,0 +1,35 @@
+/* budget — the daemon-wide budget of bytes held for clients (daemon.h:
+ * conch.held, conch.budget) and the FIFO of producers waiting for room in
+ * it; rpc.h's rpc_budget_take/give/over are implemented here.
+ *
+ * Producers that can wait stop once everything held for clients is past
+ * half the budget: the other half stays for requests and for answers that
+ * cannot wait.  They wait in one FIFO; a 10 ms timer runs while it is not
+ * empty and wakes them in order, as many as fit (the bytes they free come
+ * from writes on any connection, which know nothing of the waiters).
+ */
+#ifndef CONCH_BUDGET_H
+#define CONCH_BUDGET_H
+
+#include <stddef.h>
+
+typedef struct budget_waiter budget_waiter;
+struct budget_waiter {
+  budget_waiter *next, *prev;
+  size_t need;
+  int waiting;
+  /* its turn: about `need` bytes fit now (it is out of the FIFO) */
+  void (*wake)(budget_waiter *w);
+};
+
+/* What waiting producers may fill: half the budget. */
+size_t budget_out_limit(void);
+
+/* Wait for n bytes of room; a waiter already in the FIFO keeps its place
+ * (with the new need). */
+void budget_wait(budget_waiter *w, size_t n);
+
+/* Leave the FIFO (a no-op when not in it). */
+void budget_unwait(budget_waiter *w);
+
+#endif
