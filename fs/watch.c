@@ -41,10 +41,10 @@ static void watch_send(fs_watch *w);
 static void watch_free(fs_watch *w) {
   for (wd_item *it = w->head, *n; it; it = n) {
     n = it->next;
-    item_free(it);
+    wd_item_free(it);
   }
   for (size_t i = 0; i < w->nseen; i++) free(w->seen[i].rel);
-  hub_leave(w);
+  wd_hub_leave(w);
   free(w->root);
   fs_status_clear(&w->st);
   free(w);
@@ -82,7 +82,7 @@ static void watch_teardown(fs_watch *w) {
   w->closing = 1;
   w->call = NULL;
   atomic_store(&w->cancel, 1);
-  if (w->hub) hub_unpause(w);
+  if (w->hub) wd_hub_unpause(w);
   uv_close((uv_handle_t *)&w->ka, watch_on_handle_closed);
   watch_maybe_free(w);
 }
@@ -193,7 +193,7 @@ static void watch_send(fs_watch *w) {
     if ((rpc_outq_bytes(w->call) > WD_OUTQ_MAX || rpc_budget_over()) &&
         !rpc_out_room(w->call, WD_OUTQ_MAX, watch_on_drain)) {
       w->drain_armed = 1;
-      hub_unpause(w); /* the client is behind: never hold the hub for it */
+      wd_hub_unpause(w); /* the client is behind: never hold the hub for it */
       return;
     }
     wd_item *it = w->head;
@@ -216,7 +216,7 @@ static void watch_send(fs_watch *w) {
     if (!w->head) w->tail = NULL;
     w->count--;
     w->bytes -= it->cost;
-    item_free(it);
+    wd_item_free(it);
     if (end) {
       w->ending = 1;
       LOG_DEBUG("watch ended: directory gone root=%s", w->root);
@@ -307,7 +307,7 @@ void fs_watch_on_request(rpc_call *c, const ProtobufCMessage *msg) {
   w->rootfd = -1;
   w->cdir_fd = -1;
   w->root_wd = -1;
-  if (!hub_join(w, &watch_hub_ops)) {
+  if (!wd_hub_join(w, &watch_hub_ops)) {
     int e = errno;
     free(w->root);
     free(w);

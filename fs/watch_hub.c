@@ -81,7 +81,7 @@ static void hub_unlink(wd_hub *h, hub_ent **p) {
   free(e);
 }
 
-int hub_add(fs_watch *w, const char *path, int is_root) {
+int wd_hub_add(fs_watch *w, const char *path, int is_root) {
   wd_hub *h = w->hub;
   uv_mutex_lock(&h->mu);
   int wd = inotify_add_watch(h->fd, path, WD_MASK);
@@ -103,7 +103,7 @@ int hub_add(fs_watch *w, const char *path, int is_root) {
   return wd;
 }
 
-void hub_drop(fs_watch *w, int wd) {
+void wd_hub_drop(fs_watch *w, int wd) {
   wd_hub *h = w->hub;
   uv_mutex_lock(&h->mu);
   hub_ent **p = hub_slot(h, wd);
@@ -181,13 +181,13 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
   }
 }
 
-void hub_pause(fs_watch *w) {
+void wd_hub_pause(fs_watch *w) {
   if (w->read_paused) return;
   w->read_paused = 1;
   w->hub->npaused++;
 }
 
-void hub_unpause(fs_watch *w) {
+void wd_hub_unpause(fs_watch *w) {
   if (!w->read_paused) return;
   w->read_paused = 0;
   wd_hub *h = w->hub;
@@ -199,7 +199,7 @@ void hub_unpause(fs_watch *w) {
 
 static wd_hub *hub_cur; /* the hub new streams join (loop) */
 
-wd_hub *hub_join(fs_watch *w, const wd_hub_ops *ops) {
+wd_hub *wd_hub_join(fs_watch *w, const wd_hub_ops *ops) {
   wd_hub *h = hub_cur;
   if (!h) {
     h = calloc(1, sizeof *h);
@@ -254,10 +254,10 @@ static void hub_on_poll_closed(uv_handle_t *hd) {
   if (!rpc_work_submit(NULL, hub_close_work, hub_closed, h)) hub_closed(h, 1);
 }
 
-void hub_leave(fs_watch *w) {
+void wd_hub_leave(fs_watch *w) {
   wd_hub *h = w->hub;
   if (!h) return;
-  hub_unpause(w);
+  wd_hub_unpause(w);
   if (w->hprev) w->hprev->hnext = w->hnext;
   else h->streams = w->hnext;
   if (w->hnext) w->hnext->hprev = w->hprev;

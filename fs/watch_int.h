@@ -17,7 +17,7 @@
  *   watch_hub.c    the one inotify instance: its watch descriptor table
  *                  (loop and pool, under its mutex) and its reads (loop)
  * The hub reaches the streams above it only through wd_hub_ops (watch.c
- * gives them to hub_join), so calls between two files go one way.
+ * gives them to wd_hub_join), so calls between two files go one way.
  */
 #ifndef CONCH_FS_WATCH_INT_H
 #define CONCH_FS_WATCH_INT_H
@@ -178,50 +178,50 @@ static inline size_t wd_hash(int wd, size_t cap) { return ((uint32_t)wd * 265443
 
 /* Watch the directory at path for w: the kernel's watch descriptor (the
  * same for every stream watching that inode), or -1 with errno.  Pool. */
-int hub_add(fs_watch *w, const char *path, int is_root);
+int wd_hub_add(fs_watch *w, const char *path, int is_root);
 /* w stops watching wd; the last stream to do so removes the kernel's watch.
  * Pool. */
-void hub_drop(fs_watch *w, int wd);
+void wd_hub_drop(fs_watch *w, int wd);
 /* w's full queue asks the hub's reads to pause / no longer does.  Loop. */
-void hub_pause(fs_watch *w);
-void hub_unpause(fs_watch *w);
+void wd_hub_pause(fs_watch *w);
+void wd_hub_unpause(fs_watch *w);
 /* The hub for a new stream w (made on first use, with ops); NULL when
  * inotify_init1 or memory fails (errno says which).  Loop. */
-wd_hub *hub_join(fs_watch *w, const wd_hub_ops *ops);
+wd_hub *wd_hub_join(fs_watch *w, const wd_hub_ops *ops);
 /* w leaves its hub (every watch of w already dropped); the last one closes
  * it.  Loop. */
-void hub_leave(fs_watch *w);
+void wd_hub_leave(fs_watch *w);
 
 /* ---- watch_tree.c (a stream's pool jobs only) ---- */
 
 /* The node watching wd; NULL when none. */
-wnode *node_by_wd(fs_watch *w, int wd);
+wnode *wd_node_by_wd(fs_watch *w, int wd);
 /* The node `name` under parent; NULL when not in the tree. */
-wnode *node_child(fs_watch *w, wnode *parent, const char *name);
+wnode *wd_node_child(fs_watch *w, wnode *parent, const char *name);
 /* Drop n and everything below it: unsubscribe, unlink, free.  Iterative,
  * linear in the subtree. */
-void node_drop(fs_watch *w, wnode *n);
+void wd_node_drop(fs_watch *w, wnode *n);
 /* A node for wd at (parent, name); NULL when out of memory.  A stale node
  * still at that name (its directory was replaced) is dropped. */
-wnode *node_add(fs_watch *w, wnode *parent, const char *name, int wd);
+wnode *wd_node_add(fs_watch *w, wnode *parent, const char *name, int wd);
 /* n (with its subtree) now is `name` under parent.  -1 (nothing changed)
  * when parent is n or below it, or out of memory. */
-int node_move(fs_watch *w, wnode *n, wnode *parent, const char *name);
+int wd_node_move(fs_watch *w, wnode *n, wnode *parent, const char *name);
 /* Levels below the root (0 for the root). */
-size_t node_depth(const wnode *n);
+size_t wd_node_depth(const wnode *n);
 /* The relative name of n ("" for the root), malloc'd. */
-char *node_rel(const wnode *n);
+char *wd_node_rel(const wnode *n);
 /* A job ends: it holds no descriptor past it. */
-void job_release(fs_watch *w);
+void wd_job_release(fs_watch *w);
 /* The directory of n, opened component by component from the root fd
  * (O_NOFOLLOW: a component swapped for a symlink fails, it is never
  * followed).  Cached until the tree changes or the job ends; -1 when it
  * is no longer where the tree says. */
-int node_dirfd(fs_watch *w, wnode *n);
+int wd_node_dirfd(fs_watch *w, wnode *n);
 /* root + "/" + rel (rel "" → root), malloc'd. */
-char *join_full(const fs_watch *w, const char *rel);
+char *wd_join_full(const fs_watch *w, const char *rel);
 /* rel of a child: dir "" → name, else dir/name; malloc'd. */
-char *join_rel(const char *dir, const char *name, size_t nl);
+char *wd_join_rel(const char *dir, const char *name, size_t nl);
 
 /* ---- watch_job.c (pool work bodies, one job of a stream at a time) ---- */
 
@@ -238,7 +238,7 @@ void watch_close_work(void *data);
 /* ---- watch_queue.c (loop) ---- */
 
 /* Free an item and the extras a scan attached to it. */
-void item_free(wd_item *it);
+void wd_item_free(wd_item *it);
 /* A read of rdsize bytes holds at most rdsize / 16 events, each costing
  * at most item_cost(w, 0) per 16 bytes read (an event without a name);
  * reads are sized so that one fits in half the queue's bytes. */

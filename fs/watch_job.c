@@ -72,7 +72,7 @@ static int watch_canceled(fs_watch *w) { return atomic_load_explicit(&w->cancel,
  * (any more) is nothing to watch; anything else leaves it uncovered. */
 static int open_failed(fs_watch *w, const char *rel, int e) {
   if (e == ENOENT || e == ENOTDIR || e == ELOOP) return 0;
-  char *full = join_full(w, rel);
+  char *full = wd_join_full(w, rel);
   fs_status_os(&w->st, "watch directory", full ? full : w->root, e);
   if (e == EMFILE || e == ENFILE || e == ENOMEM) w->st.code = RPC_RESOURCE_EXHAUSTED;
   free(full);
@@ -88,7 +88,7 @@ static void scan_report(fs_watch *w, int dfd, const char *name, const char *crel
     return;
   }
   wd_item *x = calloc(1, sizeof *x);
-  if (x) x->full = join_full(w, crel);
+  if (x) x->full = wd_join_full(w, crel);
   if (!x || !x->full) {
     free(x);
     return;
@@ -130,7 +130,7 @@ static int watch_dir(fs_watch *w, int dfd, wnode *parent, const char *name, size
   }
   char proc[40];
   snprintf(proc, sizeof proc, "/proc/self/fd/%d", dfd);
-  int wd = hub_add(w, proc, parent == NULL);
+  int wd = wd_hub_add(w, proc, parent == NULL);
   if (wd < 0) {
     int e = errno;
     close(dfd);
@@ -142,19 +142,19 @@ static int watch_dir(fs_watch *w, int dfd, wnode *parent, const char *name, size
       fs_status_os(&w->st, "watch directory", w->root, e);
     return -1;
   }
-  wnode *n = node_by_wd(w, wd);
+  wnode *n = wd_node_by_wd(w, wd);
   if (n) {
     /* this directory is in the tree already (moved without our seeing
      * both halves, or a bind mount): it takes the new name unless that
      * would put it inside itself; its subtree is watched already */
     close(dfd);
-    if (parent && n->parent) node_move(w, n, parent, name);
+    if (parent && n->parent) wd_node_move(w, n, parent, name);
     return 0;
   }
-  n = node_add(w, parent, name, wd);
+  n = wd_node_add(w, parent, name, wd);
   if (!n) {
     close(dfd);
-    hub_drop(w, wd);
+    wd_hub_drop(w, wd);
     fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory watching %s", w->root);
     return -1;
   }
@@ -170,7 +170,7 @@ static int watch_dir(fs_watch *w, int dfd, wnode *parent, const char *name, size
     fs_status_os(&w->st, "watch directory", w->root, e);
     return -1;
   }
-  char *rel = node_rel(n);
+  char *rel = wd_node_rel(n);
   if (!rel) {
     closedir(d);
     fs_status_set(&w->st, RPC_RESOURCE_EXHAUSTED, "out of memory watching %s", w->root);
@@ -186,7 +186,7 @@ static int watch_dir(fs_watch *w, int dfd, wnode *parent, const char *name, size
     if (fstatat(dirfd(d), cn, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue; /* gone */
     int isdir = S_ISDIR(sb.st_mode);
     if (!out && !(isdir && w->recursive)) continue;
-    char *crel = join_rel(rel, cn, strlen(cn));
+    char *crel = wd_join_rel(rel, cn, strlen(cn));
     if (!crel) break;
     if (out) scan_report(w, dirfd(d), cn, crel, &sb, out, owner);
     if (isdir && w->recursive) {
@@ -224,7 +224,7 @@ void watch_setup_work(void *data) {
   struct stat sb;
   if (fstat(w->rootfd, &sb) != 0) {
     fs_status_os(&w->st, "stat path", w->root, errno);
-    job_release(w);
+    wd_job_release(w);
     return;
   }
   w->root_dev = sb.st_dev;
@@ -233,7 +233,7 @@ void watch_setup_work(void *data) {
   int fd = fcntl(w->rootfd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) fs_status_os(&w->st, "watch directory", w->root, errno);
   else watch_dir(w, fd, NULL, "", 0, NULL, NULL);
-  job_release(w);
+  wd_job_release(w);
 }
 
 /* A directory created or moved in, `name` in dir (open at dfd): watch it
@@ -242,7 +242,7 @@ void watch_setup_work(void *data) {
 static int watch_new_dir(fs_watch *w, wnode *dir, int dfd, const char *name, const char *rel, wd_item ***out,
                          wd_item *owner) {
   int cfd = openat(dfd, name, WD_OPEN_DIR);
-  int rc = cfd < 0 ? open_failed(w, rel, errno) : watch_dir(w, cfd, dir, name, node_depth(dir) + 1, out, owner);
+  int rc = cfd < 0 ? open_failed(w, rel, errno) : watch_dir(w, cfd, dir, name, wd_node_depth(dir) + 1, out, owner);
   if (rc != 0) LOG_DEBUG("watch: %s", w->st.msg ? w->st.msg : "out of memory");
   fs_status_clear(&w->st);
   return rc;
@@ -257,16 +257,16 @@ static int watch_missing(fs_watch *w, wnode *n, int dfd, wd_item ***out, wd_item
     if (fd >= 0) close(fd);
     return -1;
   }
-  char *rel = node_rel(n);
+  char *rel = wd_node_rel(n);
   int rc = rel ? 0 : -1;
   struct dirent *de;
   while (rel && (de = readdir(d)) != NULL) {
     const char *cn = de->d_name;
     struct stat sb;
     if (cn[0] == '.' && (!cn[1] || (cn[1] == '.' && !cn[2]))) continue;
-    if (fstatat(dirfd(d), cn, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) || node_child(w, n, cn))
+    if (fstatat(dirfd(d), cn, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) || wd_node_child(w, n, cn))
       continue;
-    char *crel = join_rel(rel, cn, strlen(cn));
+    char *crel = wd_join_rel(rel, cn, strlen(cn));
     if (!crel || watch_new_dir(w, n, dirfd(d), cn, crel, out, owner) != 0) rc = -1;
     free(crel);
   }
@@ -283,7 +283,7 @@ static void lost_retry(fs_watch *w, wd_item *it) {
   for (;;) {
     size_t i = 0;
     int dfd = -1;
-    for (; i < w->nlost && (dfd = node_dirfd(w, w->lost[i])) < 0; i++) {
+    for (; i < w->nlost && (dfd = wd_node_dirfd(w, w->lost[i])) < 0; i++) {
     }
     if (i == w->nlost) return;
     wnode *n = w->lost[i];
@@ -296,11 +296,11 @@ static void lost_retry(fs_watch *w, wd_item *it) {
 static void watch_item_work(fs_watch *w, wd_item *it) {
   if (it->kind != WI_FS) return;
   if (w->from_pending && !((it->mask & IN_MOVED_TO) && it->cookie == w->from_cookie)) {
-    if (w->from_node) node_drop(w, w->from_node); /* that directory left the tree */
+    if (w->from_node) wd_node_drop(w, w->from_node); /* that directory left the tree */
     w->from_node = NULL;
     w->from_pending = 0;
   }
-  wnode *dir = node_by_wd(w, it->wd);
+  wnode *dir = wd_node_by_wd(w, it->wd);
   if (!dir) {
     it->kind = WI_SKIP; /* a watch already dropped */
     return;
@@ -308,7 +308,7 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
   uint32_t m = it->mask;
   if (m & IN_IGNORED) {
     int is_root = dir == w->rootn;
-    if (!is_root) node_drop(w, dir); /* (the root's go with the stream) */
+    if (!is_root) wd_node_drop(w, dir); /* (the root's go with the stream) */
     it->kind = is_root ? WI_END : WI_SKIP;
     return;
   }
@@ -326,10 +326,10 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
     it->kind = WI_SKIP; /* IN_UNMOUNT and the like: IN_IGNORED follows */
     return;
   }
-  char *drel = node_rel(dir);
-  char *rel = drel ? join_rel(drel, it->name, it->namelen) : NULL;
+  char *drel = wd_node_rel(dir);
+  char *rel = drel ? wd_join_rel(drel, it->name, it->namelen) : NULL;
   free(drel);
-  it->full = rel ? join_full(w, rel) : NULL;
+  it->full = rel ? wd_join_full(w, rel) : NULL;
   if (!it->full) {
     free(rel);
     it->kind = WI_SKIP;
@@ -352,7 +352,7 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
   else it->kind = WI_SKIP;
   int follow = w->recursive && (m & IN_ISDIR) && it->kind == WI_FS;
   /* the directory is reached from the root by descriptor, never by path */
-  int dfd = (want_entry && it->kind == WI_FS) || (follow && !(m & IN_MOVED_FROM)) ? node_dirfd(w, dir) : -1;
+  int dfd = (want_entry && it->kind == WI_FS) || (follow && !(m & IN_MOVED_FROM)) ? wd_node_dirfd(w, dir) : -1;
   if (want_entry && it->kind == WI_FS && dfd >= 0) {
     struct stat sb;
     if (fstatat(dfd, it->name, &sb, 0) == 0 || fstatat(dfd, it->name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
@@ -366,10 +366,10 @@ static void watch_item_work(fs_watch *w, wd_item *it) {
     if (m & IN_MOVED_FROM) {
       w->from_pending = 1;
       w->from_cookie = it->cookie;
-      w->from_node = node_child(w, dir, it->name);
+      w->from_node = wd_node_child(w, dir, it->name);
     } else if ((m & IN_MOVED_TO) && w->from_pending && it->cookie == w->from_cookie && w->from_node) {
       /* moved inside the tree: the subtree keeps its watches */
-      if (node_move(w, w->from_node, dir, it->name) != 0) node_drop(w, w->from_node);
+      if (wd_node_move(w, w->from_node, dir, it->name) != 0) wd_node_drop(w, w->from_node);
       w->from_node = NULL;
       w->from_pending = 0;
       if (w->nlost) lost_retry(w, it);
@@ -401,13 +401,13 @@ void watch_items_work(void *data) {
     watch_item_work(w, it);
     if (i + 1 < w->job_n) it = it->next; /* the last one's next is the loop's */
   }
-  job_release(w);
+  wd_job_release(w);
 }
 
 void watch_close_work(void *data) {
   fs_watch *w = data;
-  job_release(w);
-  if (w->rootn) node_drop(w, w->rootn);
+  wd_job_release(w);
+  if (w->rootn) wd_node_drop(w, w->rootn);
   free(w->by_wd);
   free(w->by_name);
   w->by_wd = w->by_name = NULL;

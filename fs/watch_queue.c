@@ -27,7 +27,7 @@
 
 #include "fs/watch_int.h"
 
-void item_free(wd_item *it) {
+void wd_item_free(wd_item *it) {
   for (wd_item *x = it->extra, *n; x; x = n) {
     n = x->next;
     free(x->full);
@@ -72,8 +72,8 @@ static int watch_read_room(const fs_watch *w) {
 
 void watch_gate(fs_watch *w) {
   if (!w->hub) return;
-  if (!w->call || w->drain_armed || watch_read_room(w)) hub_unpause(w);
-  else if (w->started) hub_pause(w);
+  if (!w->call || w->drain_armed || watch_read_room(w)) wd_hub_unpause(w);
+  else if (w->started) wd_hub_pause(w);
 }
 
 void watch_owe_overflow(fs_watch *w) {

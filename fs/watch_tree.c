@@ -24,14 +24,14 @@ static uint32_t name_hash(const wnode *parent, const char *name) {
   return x;
 }
 
-wnode *node_by_wd(fs_watch *w, int wd) {
+wnode *wd_node_by_wd(fs_watch *w, int wd) {
   if (!w->tab_cap) return NULL;
   wnode *n = w->by_wd[wd_hash(wd, w->tab_cap)];
   while (n && n->wd != wd) n = n->hw;
   return n;
 }
 
-wnode *node_child(fs_watch *w, wnode *parent, const char *name) {
+wnode *wd_node_child(fs_watch *w, wnode *parent, const char *name) {
   if (!w->tab_cap) return NULL;
   uint32_t hv = name_hash(parent, name);
   wnode *n = w->by_name[hv & (w->tab_cap - 1)];
@@ -83,7 +83,7 @@ static void cdir_forget(fs_watch *w) {
   w->cdir_node = NULL;
 }
 
-void node_drop(fs_watch *w, wnode *n) {
+void wd_node_drop(fs_watch *w, wnode *n) {
   cdir_forget(w);
   kid_unlink(n);
   wnode *x = n;
@@ -95,7 +95,7 @@ void node_drop(fs_watch *w, wnode *n) {
       p->kids = x->next_sib;
       if (p->kids) p->kids->prev_sib = NULL;
     }
-    hub_drop(w, x->wd);
+    wd_hub_drop(w, x->wd);
     wnode **q = &w->by_wd[wd_hash(x->wd, w->tab_cap)];
     while (*q != x) q = &(*q)->hw;
     *q = x->hw;
@@ -122,7 +122,7 @@ static int node_within(const wnode *a, const wnode *n) {
   return 0;
 }
 
-wnode *node_add(fs_watch *w, wnode *parent, const char *name, int wd) {
+wnode *wd_node_add(fs_watch *w, wnode *parent, const char *name, int wd) {
   if (w->nnodes + 1 > w->tab_cap) {
     size_t nc = w->tab_cap ? w->tab_cap * 2 : 64;
     wnode **a = calloc(nc, sizeof *a), **b = calloc(nc, sizeof *b);
@@ -151,8 +151,8 @@ wnode *node_add(fs_watch *w, wnode *parent, const char *name, int wd) {
     w->tab_cap = nc;
   }
   if (parent) {
-    wnode *old = node_child(w, parent, name);
-    if (old) node_drop(w, old);
+    wnode *old = wd_node_child(w, parent, name);
+    if (old) wd_node_drop(w, old);
   }
   wnode *n = calloc(1, sizeof *n);
   if (n) n->name = strdup(name);
@@ -169,14 +169,14 @@ wnode *node_add(fs_watch *w, wnode *parent, const char *name, int wd) {
   return n;
 }
 
-int node_move(fs_watch *w, wnode *n, wnode *parent, const char *name) {
+int wd_node_move(fs_watch *w, wnode *n, wnode *parent, const char *name) {
   if (node_within(parent, n)) return -1;
   char *nm = strdup(name);
   if (!nm) return -1;
-  wnode *old = node_child(w, parent, name);
+  wnode *old = wd_node_child(w, parent, name);
   if (old && old != n) {
     if (node_within(n, old)) return -1; /* (a stale tree: leave it) */
-    node_drop(w, old); /* replaced by the rename */
+    wd_node_drop(w, old); /* replaced by the rename */
   }
   cdir_forget(w);
   name_remove(w, n);
@@ -189,13 +189,13 @@ int node_move(fs_watch *w, wnode *n, wnode *parent, const char *name) {
   return 0;
 }
 
-size_t node_depth(const wnode *n) {
+size_t wd_node_depth(const wnode *n) {
   size_t d = 0;
   for (; n && n->parent; n = n->parent) d++;
   return d;
 }
 
-char *node_rel(const wnode *n) {
+char *wd_node_rel(const wnode *n) {
   size_t len = 0;
   for (const wnode *x = n; x->parent; x = x->parent) len += strlen(x->name) + 1;
   char *r = malloc(len ? len : 1);
@@ -228,17 +228,17 @@ static int root_fd(fs_watch *w) {
   return w->rootfd = fd;
 }
 
-void job_release(fs_watch *w) {
+void wd_job_release(fs_watch *w) {
   cdir_forget(w);
   if (w->rootfd >= 0) close(w->rootfd);
   w->rootfd = -1;
 }
 
-int node_dirfd(fs_watch *w, wnode *n) {
+int wd_node_dirfd(fs_watch *w, wnode *n) {
   if (w->cdir_node == n && w->cdir_fd >= 0) return w->cdir_fd;
   cdir_forget(w);
   if (root_fd(w) < 0) return -1;
-  size_t d = node_depth(n);
+  size_t d = wd_node_depth(n);
   int fd;
   if (!d) {
     fd = fcntl(w->rootfd, F_DUPFD_CLOEXEC, 0);
@@ -262,7 +262,7 @@ int node_dirfd(fs_watch *w, wnode *n) {
   return fd;
 }
 
-char *join_full(const fs_watch *w, const char *rel) {
+char *wd_join_full(const fs_watch *w, const char *rel) {
   size_t rl = strlen(rel);
   char *f = malloc(w->rootlen + 1 + rl + 1);
   if (!f) return NULL;
@@ -277,7 +277,7 @@ char *join_full(const fs_watch *w, const char *rel) {
   return f;
 }
 
-char *join_rel(const char *dir, const char *name, size_t nl) {
+char *wd_join_rel(const char *dir, const char *name, size_t nl) {
   size_t dl = strlen(dir);
   char *r = malloc(dl + 1 + nl + 1);
   if (!r) return NULL;
