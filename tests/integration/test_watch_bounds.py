@@ -22,7 +22,7 @@ from test_files_more import FS, MODES, Watch1, Watch2, fs_events, inotify_watche
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
-MAX_DEPTH = 128  # fs/watch.c WD_MAX_DEPTH
+MAX_DEPTH = 128  # fs/watch_int.h WD_MAX_DEPTH
 libc = ctypes.CDLL(None, use_errno=True)
 
 
