@@ -332,7 +332,7 @@ if [ "$CROSS" = 1 ] && [ -f "$DEB_ARM64" ]; then
   check "arm64: lintian reports no error (rc=$lrc)" test "$lrc" -eq 0 -a -z "$(grep '^E:' "$tmp/lintian-arm64.out")"
   took "the arm64 deb's checks"
 fi
-# Into a mmdebstrap rootfs (the README's recipe; Debian's mirror, ~40 s):
+# Into a mmdebstrap rootfs (docs/guide/building.md's recipe; Debian's mirror, ~40 s):
 # dpkg -i inside the chroot, where the binary must run.
 if [ -f "$DEB" ]; then
   deb_abs=$(pwd)/$DEB

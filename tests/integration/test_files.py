@@ -1,6 +1,6 @@
 """FileService integration tests (api.md §7, seed 001): the seed's curl
-examples as written over HTTP/1.1, h2c prior knowledge and h2c upgrade, and
-every FileService error text.
+examples as written (tests/cases/api-examples.sh) over HTTP/1.1, h2c prior
+knowledge and h2c upgrade, and every FileService error text.
 
 Run: make asan && tests/run-integration.sh   (or, from the repo root,
 PYTHONPATH=build/py:tests/integration /usr/bin/python3 -m pytest tests/integration/test_files.py)
@@ -17,31 +17,15 @@ import time
 
 import pytest
 
+from api_examples import api_curl
 from conch import Client, envelope, parse_envelopes
 from files_util import (HTTP_MODES, SEED_DIR, chunk_bytes, curl_post, json_envelopes,
                         make_seed_tree, run_seed_curl, split_stream, temp_leftovers,
                         upload_msgs)
 
-LIST_CURL = r"""curl --request POST \
-  --url "${AGENT_URL}/pb.FileService/ListFiles" \
-  --header 'Connect-Protocol-Version: 1' \
-  --header 'Content-Type: application/json' \
-  --header "conch-init-token: ${AGENT_TOKEN}" \
-  --data '{
-    "path": "/tmp/conch-doc-api",
-    "depth": 2
-  }'"""
-
-SEARCH_CURL = r"""curl --request POST \
-  --url "${AGENT_URL}/pb.FileService/SearchFiles" \
-  --header 'Connect-Protocol-Version: 1' \
-  --header 'Content-Type: application/json' \
-  --header "conch-init-token: ${AGENT_TOKEN}" \
-  --data '{
-    "path": "/tmp/conch-doc-api",
-    "pattern": "*.py",
-    "excludePatterns": ["*.bak"]
-  }'"""
+# the guide's curl examples, as written (tests/cases/api-examples.sh)
+LIST_CURL = api_curl("/pb.FileService/ListFiles")
+SEARCH_CURL = api_curl("/pb.FileService/SearchFiles")
 
 SEED_LIST_DEPTH2 = [  # the seed's SDK output, in order: path, type, size, is_directory
     ("/tmp/conch-doc-api/a.txt", "file", 1, False),

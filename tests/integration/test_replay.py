@@ -596,18 +596,20 @@ def test_retention_budget_150_processes():
     assert sanitizer_report(text) is None
 
 
-# ---------------------------------------------------------------- README
-def readme_resume_section():
-    text = open(os.path.join(ROOT, "README.md")).read()
-    start = text.index("\n### Resuming a stream")
-    return text[start:text.index("\n## ", start)]
+# ---------------------------------------------------------------- the guide's resume examples
+def guide_resume_section():
+    text = open(os.path.join(ROOT, "docs", "guide", "processes.md")).read()
+    start = text.index("\n## Resuming a stream")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
 
 
-def test_readme_resume_examples(fresh_server):
-    """README "Resuming a stream": the curl lines (with the Routes set-up)
-    and the Python follow(), run as written against a daemon of its own."""
+def test_guide_resume_examples(fresh_server):
+    """docs/guide/processes.md "Resuming a stream" (moved there from the
+    README): the curl lines (with the README's Routes set-up) and the Python
+    follow(), run as written against a daemon of its own."""
     srv = fresh_server
-    sec = readme_resume_section()
+    sec = guide_resume_section()
     block = [ln[4:] for ln in sec.splitlines() if ln.startswith("    ")]
     routes = open(os.path.join(ROOT, "README.md")).read().split("\n## Routes\n", 1)[1]
     setup = [ln[4:] for ln in routes.splitlines() if ln.startswith("    S=(") or ln.startswith("    frame() {")]
@@ -628,7 +630,7 @@ def test_readme_resume_examples(fresh_server):
     code = code.replace('port=4064, token="TOKEN"', f'port={srv.port}, token="{srv.token}"')
     body, loop = code.split("\nfor channel, data in follow(")
     ns = {}
-    exec(compile(body, "README.md", "exec"), ns)
+    exec(compile(body, "processes.md", "exec"), ns)
     got = b"".join(d for ch, d in ns["follow"]("build", {"stdout": 4}))
     assert got == b"two\nthree\n"
     assert b"".join(d for ch, d in ns["follow"]("build")) == b"one\ntwo\nthree\n"

@@ -1,8 +1,9 @@
 """conch-init as the init of a real kernel (Debian's stock cloud kernel)
 under qemu: module loading, the init message over the guest's AF_VSOCK,
-both layer layouts, the seeds' curl examples and SDK behaviours, PID 1's
-duties, snapshot/restore with the restore keys, poweroff, a download's
-unsent bytes held short by the guest kernel.
+both layer layouts, the seeds' curl examples (as written in
+tests/cases/api-examples.sh) and SDK behaviours, PID 1's duties,
+snapshot/restore with the restore keys, poweroff, a download's unsent
+bytes held short by the guest kernel.
 
 The API is reached on 127.0.0.1 (qemu hostfwd); the guest's network is
 qemu's restricted user network, so nothing leaves this machine."""
@@ -20,10 +21,9 @@ import time
 import pytest
 
 from conftest import BOOT_TIMEOUT, boot
+from api_examples import api_curls
 from conch import Client, b64, unb64
 from test_process import CONNECT, LIST, SIGNAL, Stream, end_of, err_of, list_procs, output, run, start_bg, wait_for
-
-SEED_API = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "seeds")
 
 
 def sh(v, script, **kw):
@@ -32,22 +32,6 @@ def sh(v, script, **kw):
     assert tr == {}, tr
     e = end_of(ev)
     return output(ev).decode(), output(ev, "stderr").decode(), e[1]
-
-
-def seed_curls():
-    """Every curl example of the agent API seed, as written."""
-    path = [os.path.join(SEED_API, f) for f in sorted(os.listdir(SEED_API)) if f.startswith("001_")][0]
-    lines = open(path, encoding="utf-8").read().splitlines()
-    out, i = [], 0
-    while i < len(lines):
-        if lines[i].startswith("curl "):
-            block = [lines[i]]
-            while block[-1].rstrip().endswith("\\") or "\n".join(block).count("'") % 2:
-                i += 1
-                block.append(lines[i])
-            out.append("\n".join(block))
-        i += 1
-    return out
 
 
 def run_curl(v, cmd, extra=""):
@@ -159,7 +143,7 @@ def test_background_server_signal_and_seed_curls(pmem_vm):
                      "printf 'print(\"hi\")\\n' > /tmp/conch-doc-api/target/main.py && "
                      "touch /tmp/conch-doc-api/target/old.py.bak && ln -s target /tmp/conch-doc-api/linked")
     assert rc == 0
-    curls = seed_curls()
+    curls = api_curls()  # tests/cases/api-examples.sh
     assert len(curls) == 5, curls
     for mode in ["--http1.1", "--http2-prior-knowledge"]:
         outs = {}
