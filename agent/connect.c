@@ -17,6 +17,7 @@
 #include "agent/log.h"
 #include "agent/rpcdecode.h"
 #include "agent/rpcerr.h"
+#include "agent/users.h"
 #include "proto/envelope.h"
 #include "proto/gzip.h"
 #include "proto/pbjson.h"
@@ -77,6 +78,8 @@ struct rpc_call {
   void (*drain_cb)(rpc_call *);
   void (*room_cb)(rpc_call *); /* rpc_out_room said no: ask again then */
   void *user;
+  const rpc_ident *ident; /* a hold (users.h), or NULL: the implicit root */
+  users_wait uw;          /* queued while the user's files are read: no input goes on */
   /* response compression (api.md §9) */
   int gzip_out;               /* the client accepts gzip answers */
   int unary_gz;               /* the unary answer: 1 compressed, -1 tried (out of memory) */
@@ -128,6 +131,7 @@ static void call_closed(uv_handle_t *h) {
     bufref_owner_free(c->unary_owner);
     if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
     free(c->end_msg);
+    rpc_ident_release(c->ident);
     free(c);
   }
 }
@@ -136,6 +140,7 @@ static void call_closed(uv_handle_t *h) {
  * then neither the service, the transport nor the pool can reach it. */
 static void call_maybe_free(rpc_call *c) {
   if (c->state != CALL_ENDED || c->decode || c->gzq.jobs) return;
+  users_cancel(&c->uw);
   call_step(c, CALL_EV_CLOSE);
   uv_close((uv_handle_t *)&c->deadline, call_closed);
   uv_close((uv_handle_t *)&c->soon, call_closed);
@@ -489,6 +494,7 @@ void rpc_set_user(rpc_call *c, void *user) { c->user = user; }
 void *rpc_user(const rpc_call *c) { return c->user; }
 int64_t rpc_timeout_ms(const rpc_call *c) { return c->timeout_ms; }
 int rpc_input_had_nul(const rpc_call *c) { return c->had_nul; }
+const rpc_ident *rpc_ident_of(const rpc_call *c) { return c->ident ? c->ident : &users_root; }
 
 const char *rpc_protocol_name(const rpc_call *c) {
   static const char *const names[][2] = {{"connect+proto", "connect+json"},
@@ -784,6 +790,7 @@ static ProtobufCMessage *call_decode_split(rpc_call *c, size_t end) {
 
 /* Envelope parsing for streaming protocols: deliver what is complete. */
 static void call_pump(rpc_call *c) {
+  if (c->uw.queued) return; /* the user is being resolved: nothing is delivered yet */
   size_t off = 0;
   while (!call_over(c) && !c->in_paused && !c->decode && c->in_len - off >= 5) {
     const uint8_t *h = c->in + off;
@@ -923,7 +930,7 @@ static void on_body(hx *x, const uint8_t *d, size_t n) {
  * A unary body takes the room its Content-Length sized. */
 static uint8_t *on_body_into(hx *x, size_t *len) {
   rpc_call *c = x->hdata;
-  if (call_over(c) || c->in_paused || c->decode || !c->in) return NULL;
+  if (call_over(c) || c->in_paused || c->decode || c->uw.queued || !c->in) return NULL;
   if (c->big.got < c->big.len) {
     *len = c->big.len - c->big.got;
     return c->big.data + c->big.got;
@@ -943,6 +950,8 @@ static uint8_t *on_body_into(hx *x, size_t *len) {
   return *len ? c->in + c->in_len : NULL;
 }
 
+static void unary_body_end(rpc_call *c);
+
 static void on_body_end(hx *x) {
   rpc_call *c = x->hdata;
   if (call_over(c)) return;
@@ -951,6 +960,11 @@ static void on_body_end(hx *x) {
     call_pump(c);
     return;
   }
+  if (!c->uw.queued) unary_body_end(c); /* else once the user is resolved */
+}
+
+/* A Connect unary body is all in: decode it, start the service. */
+static void unary_body_end(rpc_call *c) {
   if (pool_decode(c, c->in, c->in_len, c->gzip_in)) return; /* c->in goes with it */
   /* the one request is freed when the service returns: it is decoded on
    * the stack (a small one needs no malloc) */
@@ -1026,6 +1040,32 @@ static void on_deadline(uv_timer_t *t) {
 }
 
 /* ---------------------------------------------------------------- entry */
+
+static void call_checks_rest(rpc_call *c);
+
+static void call_user_error(rpc_call *c, users_status st, const char *spec) {
+  char e[300];
+  snprintf(e, sizeof e, "%s user: %.256s", st == USERS_UNKNOWN ? "unknown" : "invalid", spec);
+  call_fail(c, RPC_INVALID_ARGUMENT, e);
+}
+
+/* users.h: the files were read; what arrived meanwhile goes on now. */
+static void call_user_resolved(users_wait *w, users_status st, const rpc_ident *id) {
+  rpc_call *c = (rpc_call *)((char *)w - offsetof(rpc_call, uw));
+  if (c->x && !c->in_paused) hx_pause_body(c->x, 0);
+  if (st != USERS_OK) {
+    call_user_error(c, st, w->spec);
+    return;
+  }
+  c->ident = id;
+  call_checks_rest(c);
+  if (call_over(c)) return;
+  if (c->w == W_CONNECT_UNARY) {
+    if (c->input == IN_ENDED) unary_body_end(c);
+  } else if (c->in_len >= 5 || c->input == IN_ENDED) {
+    call_pump(c);
+  }
+}
 
 static int parse_connect_timeout(const char *v, int64_t *ms) {
   size_t n = strlen(v);
@@ -1144,6 +1184,30 @@ void connect_serve(hx *x, const rpc_method *m) {
     return;
   }
   hx_authed(x); /* the connection's output is no longer held to CONN_UNAUTH_OUTQ */
+  /* the user, right after authentication (api.md §9) */
+  const char *uspec = hx_get(x, "conch-init-user");
+  if (!uspec && conch.default_user[0]) uspec = conch.default_user;
+  if (uspec) {
+    c->uw.done = call_user_resolved;
+    users_status st = users_resolve(uspec, &c->ident, &c->uw);
+    if (st == USERS_PENDING) { /* the files are read in the pool: the rest then */
+      hx_pause_body(x, 1);
+      return;
+    }
+    if (st != USERS_OK) {
+      call_user_error(c, st, uspec);
+      return;
+    }
+  }
+  call_checks_rest(c);
+}
+
+/* The checks after the user's: timeout, encodings, size; then the call
+ * runs (the deadline, and a stream's service at once). */
+static void call_checks_rest(rpc_call *c) {
+  hx *x = c->x;
+  wire w = c->w;
+  const rpc_method *m = c->m;
   /* timeout */
   const char *tv = (w == W_GRPC || w == W_GRPC_WEB) ? hx_get(x, "grpc-timeout")
                                                     : hx_get(x, "connect-timeout-ms");

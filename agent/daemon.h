@@ -32,6 +32,9 @@ typedef struct conch_daemon {
   char token[CONCH_TOKEN_MAX + 1];
 
   char sandbox_id[256];
+  /* api.md §9: the user of RPCs that name none (serve --default-user, init
+   * key defaultUser); "" = root */
+  char default_user[256];
 
   /* sandbox environment: "K=V" strings, malloc'd, in insertion order */
   char **senv;

@@ -18,6 +18,7 @@
 #include "agent/log.h"
 #include "agent/router.h"
 #include "agent/server.h"
+#include "agent/users.h"
 #include "fs/service.h"
 #include "init/initproto.h"
 #include "init/pid1.h"
@@ -38,6 +39,7 @@ static const char usage[] =
     "  --init-apply-network    let init messages configure the network of this\n"
     "                          network namespace and write --resolv-conf\n"
     "  --resolv-conf FILE      where such messages write resolv.conf (/etc/resolv.conf)\n"
+    "  --default-user USER     run RPCs that name no user as USER (name, uid or uid:gid)\n"
     "  --log-level LEVEL       debug, info (default), warn, error\n"
     "  -h, --help              this text\n"
     "  -V, --version           print the version\n";
@@ -156,7 +158,8 @@ static int main_serve(int argc, char **argv) {
       {"token-file", required_argument, NULL, 'f'}, {"init-listen", required_argument, NULL, 'i'},
       {"init-apply-network", no_argument, NULL, 'N'}, {"resolv-conf", required_argument, NULL, 'R'},
       {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
-      {"version", no_argument, NULL, 'V'},        {NULL, 0, NULL, 0}};
+      {"version", no_argument, NULL, 'V'},        {"default-user", required_argument, NULL, 'U'},
+      {NULL, 0, NULL, 0}};
   int ch;
   optind = 1;
   while ((ch = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
@@ -167,6 +170,15 @@ static int main_serve(int argc, char **argv) {
       case 'i': init_listen = optarg; break;
       case 'N': apply_network = 1; break;
       case 'R': resolv = optarg; break;
+      case 'U': {
+        users_spec sp;
+        if (users_spec_parse(optarg, &sp) != 0) {
+          fprintf(stderr, "conch-init: invalid user: %s\n", optarg);
+          return 2;
+        }
+        snprintf(conch.default_user, sizeof conch.default_user, "%s", optarg);
+        break;
+      }
       case 'L':
         if (main_set_level(optarg)) {
           fprintf(stderr, "conch-init: unknown log level %s\n", optarg);

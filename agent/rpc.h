@@ -165,7 +165,10 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
  * the daemon's batched thread pool (agent/pool.h): run(data) in a pool
  * thread — touching only data — then done(data, canceled) on the loop,
  * exactly once, never from inside rpc_work_submit or rpc_work_cancel.  c is the
- * call the work serves, or NULL for clean-up that outlives its call.
+ * call the work serves, or NULL for clean-up that outlives its call.  With
+ * a call, run() has the call's file-system identity (rpc_ident_of(c):
+ * fsuid, fsgid, supplementary groups) on its thread, and root's again
+ * after it; with NULL it runs as root.
  * Returns a handle, valid until done runs, or NULL when out of memory
  * (nothing will run: the service fails the call itself).
  *
@@ -180,6 +183,34 @@ typedef struct rpc_work rpc_work;
 rpc_work *rpc_work_submit(rpc_call *c, void (*run)(void *data), void (*done)(void *data, int canceled),
                           void *data);
 int rpc_work_cancel(rpc_work *w);
+
+/* ---- who the work runs as (api.md §9 "Commands and files as a user") ----
+ * The header conch-init-user (`name`, `uid` or `uid:gid`), else the default
+ * user (serve --default-user, init key defaultUser), else root: resolved
+ * by the layer against the sandbox's /etc/passwd and /etc/group before any
+ * service callback runs.  A hold keeps an identity past its call (a
+ * process record); holds and releases happen on the loop, reads anywhere. */
+typedef struct rpc_ident {
+  unsigned refs;       /* the layer's (0: the static implicit root) */
+  uint32_t uid, gid;
+  int implicit;        /* nobody named a user: root as before (HOME etc. untouched) */
+  int has_entry;       /* the uid has a passwd entry (name and home are its) */
+  const char *name;    /* the entry's name, else the request's text ("1000", "1000:50") */
+  const char *home;    /* the entry's home directory, else "/" */
+  size_t ngroups;      /* supplementary groups: every /etc/group entry listing the name */
+  const uint32_t *groups;
+} rpc_ident;
+
+const rpc_ident *rpc_ident_of(const rpc_call *c);
+const rpc_ident *rpc_ident_hold(const rpc_ident *id);
+void rpc_ident_release(const rpc_ident *id);
+
+/* In a pool thread: this thread's fsuid, fsgid and groups become id's (a
+ * no-op for root); rpc_fs_restore() makes it root's again.  Per thread
+ * (raw setfsuid/setfsgid/setgroups system calls, not glibc's broadcast).
+ * 0, or -1 when the kernel refused (the thread is left as root). */
+int rpc_fs_become(const rpc_ident *id);
+void rpc_fs_restore(void);
 
 /* End the call: RPC_OK or an error code with its message (NULL = none). */
 void rpc_finish(rpc_call *c, rpc_code code, const char *message);

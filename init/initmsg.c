@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agent/daemon.h"
+#include "agent/users.h"
 #include "init/initstr.h"
 #include "proto/json.h"
 #include "proto/pbjson.h"
@@ -26,6 +27,7 @@ typedef struct decoded {
   sv domain;
   const json_value *ts, *entropy; /* boot.md §10, raw: their errors are terminal texts */
   const json_value *wl_mem, *wl_pids; /* boot.md §12, raw likewise */
+  const json_value *duser;            /* boot.md §13, raw likewise */
 } decoded;
 
 #define FAIL(...)                                   \
@@ -119,7 +121,8 @@ static sv item_sv(const json_value *v) {
 static int decode(const json_value *root, decoded *d, char *err, size_t errlen) {
   static const char *const top_keys[] = {"version", "sandboxID", "agentToken", "env",
                                          "network", "timestampMs", "entropy",
-                                         "workloadMemoryMaxBytes", "workloadPidsMax"};
+                                         "workloadMemoryMaxBytes", "workloadPidsMax",
+                                         "defaultUser"};
   static const char *const net_keys[] = {"guestIP", "prefixLength", "gateway", "dns"};
   static const char *const dns_keys[] = {"nameservers", "domain", "search", "options"};
   memset(d, 0, sizeof *d);
@@ -138,6 +141,7 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   if (d->entropy && d->entropy->type == JSON_NULL) d->entropy = NULL;
   d->wl_mem = json_get(root, "workloadMemoryMaxBytes");
   d->wl_pids = json_get(root, "workloadPidsMax");
+  d->duser = json_get(root, "defaultUser");
   if (d->wl_mem && d->wl_mem->type == JSON_NULL) d->wl_mem = NULL;
   if (d->wl_pids && d->wl_pids->type == JSON_NULL) d->wl_pids = NULL;
   if (d->env)
@@ -326,6 +330,15 @@ static char *validate_text(const decoded *d, sv *sid, sv *tok, uint32_t *ip, uin
     return strdup("invalid workloadMemoryMaxBytes");
   if (d->wl_pids && workload_uint(d->wl_pids, INITMSG_WORKLOAD_PIDS_MIN, 0, wl_pids) != 0)
     return strdup("invalid workloadPidsMax");
+  if (d->duser) { /* a name, uid or uid:gid; resolved when the message is applied */
+    users_spec sp;
+    sv u = d->duser->type == JSON_STRING ? item_sv(d->duser) : (sv){"", 0};
+    char buf[USERS_MAX_SPEC + 1];
+    if (u.n == 0 || u.n > USERS_MAX_SPEC || memchr(u.s, 0, u.n)) return strdup("invalid defaultUser");
+    memcpy(buf, u.s, u.n);
+    buf[u.n] = 0;
+    if (users_spec_parse(buf, &sp) != 0) return strdup("invalid defaultUser");
+  }
   *invalid = 0;
   return NULL;
 }
@@ -391,6 +404,7 @@ static int build_plan(const decoded *d, sv sid, sv tok, uint32_t ip, uint32_t gw
   p->gateway = gw;
   p->prefix_len = (unsigned)d->prefix;
   if (!p->sandbox_id || !p->token) return -1;
+  if (d->duser && !(p->default_user = dup_sv(item_sv(d->duser)))) return -1;
   size_t ne = d->env ? d->env->n : 0;
   if (ne) {
     p->env_k = calloc(ne, sizeof *p->env_k);
@@ -424,6 +438,7 @@ void initmsg_plan_free(initmsg_plan *p) {
   free(p->env_k);
   free(p->env_v);
   free(p->resolv);
+  free(p->default_user);
   explicit_bzero(p, sizeof *p);
 }
 

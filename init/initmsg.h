@@ -53,6 +53,7 @@ typedef struct initmsg_plan {
   unsigned char entropy[INITMSG_ENTROPY_MAX];
   uint64_t workload_memory_max; /* boot.md §12; 0 = absent (keep) */
   uint64_t workload_pids_max;
+  char *default_user; /* boot.md §13, syntax checked (users.h); NULL = absent (keep) */
 } initmsg_plan;
 
 /* MemTotal in bytes, the upper bound of workloadMemoryMaxBytes (0: none);

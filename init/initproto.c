@@ -23,6 +23,7 @@
 #include "agent/log.h"
 #include "agent/rpc.h"
 #include "agent/senv.h"
+#include "agent/users.h"
 #include "init/initmsg.h"
 #include "init/restore.h"
 #include "init/network.h"
@@ -311,8 +312,25 @@ static int apply_identity(const initmsg_plan *p) {
   return 0;
 }
 
+/* boot.md §13: defaultUser resolved in the sandbox root's files, after the
+ * workload keys (the pool: the files are read here). */
+static void work_user(ip_conn *c) {
+  const char *u = c->plan.default_user;
+  if (c->work_result || !u) return;
+  const rpc_ident *id = NULL;
+  if (users_resolve_now(u, &id) != USERS_OK) {
+    c->work_result = strdup("invalid defaultUser");
+    return;
+  }
+  rpc_ident_release(id);
+}
+
 static void work_run(void *data) {
   ip_conn *c = data;
+  if (!ips.opts.apply_network) { /* standalone: only the default user to resolve */
+    work_user(c);
+    return;
+  }
   c->work_result = c->work_revalidate ? network_revalidate(&c->cfg) : network_apply(&c->cfg);
   /* boot.md §12, sticky: an absent key keeps what was applied (a memory.max
    * below the workload's usage reclaims in this write: the pool's job) */
@@ -327,6 +345,7 @@ static void work_run(void *data) {
       LOG_INFO("workload limits set memory.max=%llu pids.max=%llu (0: kept)",
                (unsigned long long)p->workload_memory_max, (unsigned long long)p->workload_pids_max);
   }
+  work_user(c);
 }
 
 static void work_done(void *data, int canceled) {
@@ -344,6 +363,8 @@ static void work_done(void *data, int canceled) {
     go_terminal(c, c->work_result);
     return;
   }
+  if (c->plan.default_user) /* sticky: an absent key keeps the last one */
+    snprintf(conch.default_user, sizeof conch.default_user, "%s", c->plan.default_user);
   if (apply_identity(&c->plan) != 0) {
     go_terminal(c, "invalid sandbox environment: out of memory");
     return;
@@ -380,7 +401,7 @@ static void start_work(ip_conn *c, int revalidate) {
       .resolv_path = ips.resolv_path,
       .do_links = 1,
   };
-  if (!ips.opts.apply_network) { /* standalone default: nothing to touch */
+  if (!ips.opts.apply_network && !c->plan.default_user) { /* standalone default: nothing to touch */
     c->work_result = NULL;
     c->work_pending = 1;
     work_done(c, 0);

@@ -138,7 +138,9 @@ struct proc {
   size_t stdin_budget; /* rpc_budget_take'n for the one-shot stdin, until its chunk holds it */
   char **envp;    /* senv_merge() result, freed after spawn */
   char **base_env; /* sandbox env snapshot (loop) the request env overlays */
-  char *home;      /* default cwd: the sandbox env's HOME */
+  char *home;      /* default cwd: the sandbox env's HOME, or the user's home */
+  int cwd_default; /* the request named no cwd: home ("/" for a user whose home is missing) */
+  const rpc_ident *ident; /* who it runs as (a hold, rpc.h), from the start on */
   struct Pb__StartProcessRequest *req; /* taken request, copied in the pool */
   char exe[4096]; /* resolved path */
   char prep_err[4608];

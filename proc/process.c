@@ -180,6 +180,7 @@ static void proc_free(struct proc *p) {
   free(p->env_vals);
   free(p->base_env);
   free(p->home);
+  rpc_ident_release(p->ident);
   if (p->req) protobuf_c_message_free_unpacked((ProtobufCMessage *)p->req, NULL);
   free(p->cwd);
   if (p->script) close(p->script_dfd); /* never removed: out of memory */
@@ -615,6 +616,14 @@ void proc_launch_spawn(struct proc *p) {
       .cgroup_fd = proc_cg_fd(p->cg),
       .inflight_pid = &p->inflight.pid,
   };
+  const rpc_ident *id = p->ident;
+  if (id && (id->uid || id->gid || id->ngroups)) { /* the child becomes the user (api.md §9) */
+    o.set_ids = 1;
+    o.uid = id->uid;
+    o.gid = id->gid;
+    o.ngroups = id->ngroups;
+    o.groups = id->groups;
+  }
   p->spawn_rc = proc_spawn(&o, &p->sr, p->spawn_err, sizeof p->spawn_err) == 0 ? 0 : -1;
   free(argv);
   free(p->envp);

@@ -78,9 +78,10 @@ static void proc_unlink_script_now(struct proc *p) {
 }
 
 /* Thread pool: steps 5 (cwd), 6 (script), 7 (cmd), lookup of 8. */
+static int proc_prep_fs(struct proc *p);
+
 static void proc_start_work(void *data) {
   struct proc *p = data;
-  char base[4096], clean[4096], err[4400];
   if (p->cg) p->cg_err = -proc_cg_create(p->cg, &p->cg_what); /* cgroupfs mkdir takes a global kernel lock */
   if (p->has_limits && (!p->cg || p->cg_err)) { /* limits asked for: no start without them */
     proc_set_err(p, 4, RPC_FAILED_PRECONDITION, "resource limits are not available: cannot set %s: %s",
@@ -96,22 +97,47 @@ static void proc_start_work(void *data) {
       return;
     }
   }
+  /* the working directory, the script and the lookup as the user: what is
+   * created is theirs, and the kernel checks what they may do */
+  int as_user = p->ident->uid || p->ident->gid || p->ident->ngroups;
+  if (as_user && rpc_fs_become(p->ident) != 0) {
+    proc_set_err(p, 5, RPC_INTERNAL, "failed to prepare working directory: cannot act as user %s",
+                 p->ident->name);
+    return;
+  }
+  int ok = proc_prep_fs(p) == 0;
+  if (as_user) rpc_fs_restore();
+  if (ok) proc_launch_spawn(p); /* as root: the child enters its cgroup, then becomes the user */
+}
+
+/* Steps 5 (cwd), 6 (script), 7 (cmd) and 8's lookup, with the user's
+ * file-system identity.  0, or -1 with the error set. */
+static int proc_prep_fs(struct proc *p) {
+  char base[4096], clean[4096], err[4400];
+  if (p->cwd_default && !p->ident->implicit && access(p->cwd, F_OK) != 0) { /* api.md §9 */
+    free(p->cwd);
+    p->cwd = strdup("/");
+    if (!p->cwd) {
+      proc_set_err(p, 5, RPC_INTERNAL, "failed to prepare working directory: %s", "cannot allocate memory");
+      return -1;
+    }
+  }
   if (!getcwd(base, sizeof base)) strcpy(base, "/");
   if (proc_path_clean(p->cwd, base, clean, sizeof clean) != 0) {
     proc_set_err(p, 5, RPC_INVALID_ARGUMENT, "failed to prepare working directory: mkdir %s: %s", p->cwd,
                  "file name too long");
-    return;
+    return -1;
   }
   char *c2 = strdup(clean);
   if (!c2) {
     proc_set_err(p, 5, RPC_INTERNAL, "failed to prepare working directory: %s", "cannot allocate memory");
-    return;
+    return -1;
   }
   free(p->cwd);
   p->cwd = c2;
   if (proc_mkdir_p(p->cwd, err, sizeof err) != 0) {
     proc_set_err(p, 5, RPC_INVALID_ARGUMENT, "failed to prepare working directory: %s", err);
-    return;
+    return -1;
   }
   if (p->content) {
     char path[4096 + 64];
@@ -119,7 +145,7 @@ static void proc_start_work(void *data) {
     if (proc_script_write(p->cwd, proc_script_ext(p->cmd), p->content, p->content_len, path,
                           sizeof path, &dfd, err, sizeof err) != 0) {
       proc_set_err(p, 6, RPC_INTERNAL, "failed to write script file: %s", err);
-      return;
+      return -1;
     }
     p->script = strdup(path);
     if (p->script)
@@ -130,7 +156,7 @@ static void proc_start_work(void *data) {
     if (p->args) p->args[0] = strdup(path);
     if (!p->script || !p->args || !p->args[0]) {
       proc_set_err(p, 6, RPC_INTERNAL, "failed to write script file: %s", "cannot allocate memory");
-      return;
+      return -1;
     }
     p->nargs = 1;
     free(p->content);
@@ -140,15 +166,15 @@ static void proc_start_work(void *data) {
     proc_set_err(p, 7, RPC_INVALID_ARGUMENT, "%s%s",
                  p->background ? "" : PROC_FG_PREFIX ": ", "command is required");
     proc_unlink_script_now(p);
-    return;
+    return -1;
   }
   if (proc_lookup(p->cmd, senv_lookup(p->envp, "PATH"), p->cwd, p->exe, sizeof p->exe, err,
                   sizeof err) != 0) {
     proc_set_err(p, 8, RPC_INVALID_ARGUMENT, "%s: %s", proc_prefix(p), err);
     proc_unlink_script_now(p);
-    return;
+    return -1;
   }
-  proc_launch_spawn(p);
+  return 0;
 }
 
 static void proc_start_done(void *data, int canceled) {
@@ -241,7 +267,8 @@ static int proc_copy_request(struct proc *p, const Pb__StartProcessRequest *req)
   free(keys);
   free(vals);
   if (!ok || !p->envp) return -1;
-  p->cwd = proc_strdup_ok((req->cwd && req->cwd[0]) ? req->cwd : p->home, &ok);
+  p->cwd_default = !(req->cwd && req->cwd[0]);
+  p->cwd = proc_strdup_ok(p->cwd_default ? p->home : req->cwd, &ok);
   if (ok && req->content && req->content[0]) {
     p->content_len = strlen(req->content);
     p->content = proc_strdup_ok(req->content, &ok);
@@ -310,10 +337,15 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   /* the sandbox env (bounded by the 16 KiB init message) is read here, on
    * the loop; the request's own fields may be huge (100 000 env entries)
    * and are copied in the pool when the request can be taken */
+  p->ident = rpc_ident_hold(rpc_ident_of(c));
   const char *home = senv_get("HOME");
+  if (!p->ident->implicit) home = p->ident->home; /* a named user: HOME, USER, LOGNAME are theirs */
   p->home = proc_strdup_ok(home && home[0] ? home : "/root", &ok);
-  static const char *const term_k[1] = {"TERM"}, *const term_v[1] = {"xterm-256color"};
-  p->base_env = senv_build(term_k, term_v, req->pty ? 1 : 0); /* TERM default, under the request env */
+  /* TERM default (a PTY), then the user's, all under the request env */
+  const char *bk[4] = {"HOME", "USER", "LOGNAME", "TERM"};
+  const char *bv[4] = {p->home, p->ident->name, p->ident->name, "xterm-256color"};
+  size_t first = p->ident->implicit ? 3 : 0, nb = (req->pty ? 4 : 3) - first;
+  p->base_env = senv_build(bk + first, bv + first, nb);
   p->timeout_ms = rpc_timeout_ms(c);
   if (req->limits) {
     p->limits.memory_max = req->limits->memory_max_bytes;
@@ -334,7 +366,9 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   if (p->background) proc_table_add(p); /* reserve the tag */
   p->work_pending = 1;
   reaper_inflight_add(&p->inflight); /* before the pool can clone */
-  if (!rpc_work_submit(c, proc_start_work, proc_start_done, p)) {
+  /* NULL: the job is root's (the cgroup), and takes the user's identity
+   * itself for the file-system part */
+  if (!rpc_work_submit(NULL, proc_start_work, proc_start_done, p)) {
     p->work_pending = 0;
     int st;
     reaper_inflight_claim(&p->inflight, NULL, NULL, &st); /* nothing spawned: just the slot */
@@ -542,6 +576,7 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
     cf->n_args = p->nargs;
     cf->args = p->args;
     cf->cwd = p->cwd;
+    if (p->ident && !p->ident->implicit) cf->user = (char *)p->ident->name;
     cf->n_env = p->nenv; /* the entries: proc_list_envs, in the pool */
     if (p->has_pty) { /* copied: Update changes them */
       pb__pty__init(&l->ptys[i]);
@@ -590,7 +625,7 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
     if (l->cgs[l->npinned]) proc_cg_pin(l->cgs[l->npinned]);
   }
   rpc_set_user(c, l);
-  if (!rpc_work_submit(c, proc_list_run, proc_list_done, l)) {
+  if (!rpc_work_submit(NULL, proc_list_run, proc_list_done, l)) { /* /proc is read as root */
     rpc_set_user(c, NULL);
     proc_list_free(l);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -653,7 +688,7 @@ static void proc_signal_all(rpc_call *c, int sig) {
     a->c = c;
     a->sig = sig;
     rpc_set_user(c, a);
-    if (rpc_work_submit(c, proc_signal_all_run, proc_signal_all_done, a)) return;
+    if (rpc_work_submit(NULL, proc_signal_all_run, proc_signal_all_done, a)) return;
     rpc_set_user(c, NULL);
     free(a);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");

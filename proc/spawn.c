@@ -84,6 +84,11 @@ __attribute__((no_sanitize("address", "undefined"))) static int proc_child(void 
     if (r >= 0) r = syscall(SYS_dup3, c->out1, 1, 0);
     if (r >= 0) r = syscall(SYS_dup3, c->err1, 2, 0);
   }
+  if (r >= 0 && c->o->set_ids) { /* raw: this task alone (glibc's would signal every thread) */
+    r = syscall(SYS_setgroups, c->o->ngroups, c->o->groups);
+    if (r >= 0) r = syscall(SYS_setresgid, c->o->gid, c->o->gid, c->o->gid);
+    if (r >= 0) r = syscall(SYS_setresuid, c->o->uid, c->o->uid, c->o->uid);
+  }
   if (r >= 0) r = syscall(SYS_chdir, c->o->cwd);
   if (r >= 0) {
     if (c->errfd > 3) syscall(SYS_close_range, 3u, (unsigned)c->errfd - 1, 0u);
@@ -221,6 +226,7 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   if (o->pty) {
     master = proc_open_pty(o->cols, o->rows, slave, sizeof slave);
     if (master < 0) goto sys_fail;
+    if (o->set_ids && chown(slave, o->uid, (gid_t)-1) != 0) goto sys_fail; /* the user's terminal */
   } else {
     if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(er, O_CLOEXEC)) goto sys_fail;
   }

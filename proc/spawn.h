@@ -14,7 +14,8 @@
  *   or the workload at its pids.max, which a move is not held to);
  *   every signal disposition back to SIG_DFL (PID 1 ignores SIGTERM/SIGINT/
  *   SIGPIPE), own process group (pipes) or own session with the PTY slave
- *   opened as controlling terminal, stdin/stdout/stderr, chdir(cwd), every
+ *   opened as controlling terminal, stdin/stdout/stderr, the user's groups,
+ *   gid and uid (set_ids: setgroups, setresgid, setresuid), chdir(cwd), every
  *   other descriptor closed, empty signal mask, execve.
  * The daemon blocks signals around the clone so that no handler of its own
  * runs in the child.  CLONE_VFORK suspends the calling thread until the
@@ -35,6 +36,7 @@
 #define CONCH_PROC_SPAWN_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 typedef struct proc_spawn_opts {
@@ -52,6 +54,13 @@ typedef struct proc_spawn_opts {
    * to the reaper (failed_pid) instead of being waited for. */
   pid_t *inflight_pid;
   int no_clone3;      /* tests: the fallback, a move by the child's write to cgroup.procs */
+  /* set_ids: the child takes these groups, gid and uid (all three ids)
+   * after entering its cgroup and before its chdir and exec, and a PTY's
+   * slave is the uid's */
+  int set_ids;
+  unsigned uid, gid;
+  size_t ngroups;
+  const uint32_t *groups;
 } proc_spawn_opts;
 
 typedef struct proc_spawn_result {
