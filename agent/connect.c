@@ -1045,7 +1045,8 @@ static void call_checks_rest(rpc_call *c);
 
 static void call_user_error(rpc_call *c, users_status st, const char *spec) {
   char e[300];
-  snprintf(e, sizeof e, "%s user: %.256s", st == USERS_UNKNOWN ? "unknown" : "invalid", spec);
+  if (st == USERS_UNKNOWN) snprintf(e, sizeof e, "unknown user: %.256s", spec);
+  else snprintf(e, sizeof e, "invalid user: %.256s", spec);
   call_fail(c, RPC_INVALID_ARGUMENT, e);
 }
 

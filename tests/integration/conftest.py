@@ -34,14 +34,14 @@ from conch import free_port  # noqa: E402,F401  (re-exported: tests import it fr
 
 
 class Server:
-    def __init__(self, token=None, extra_args=(), env=None, name="server"):
+    def __init__(self, token=None, extra_args=(), env=None, name="server", wrap=()):
         self.token = token if token is not None else secrets.token_hex(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         os.makedirs(LOGDIR, exist_ok=True)
         self.log_path = os.path.join(LOGDIR, f"{name}-{self.port}.log")
         self.log = open(self.log_path, "wb")
-        args = [BIN, "serve", "--listen", f"127.0.0.1:{self.port}", *extra_args]
+        args = [*wrap, BIN, "serve", "--listen", f"127.0.0.1:{self.port}", *extra_args]
         if self.token:
             args += ["--token", self.token]
         e = dict(os.environ)
