@@ -43,7 +43,7 @@ A literal is taken when it is
 Never taken: literals inside LOG_*()/log_*() calls; literals with no
 word of two letters outside printf conversions ("%s: %s", "", "..."); the
 ALLOW list below (each with its reason).  Each text becomes a pattern: its
-printf conversions (%s, %d, %zu, %llu, %.200s, %.*s, …) match any run of
+printf conversions (%s, %d, %zu, %llu, %.200s, %.*s, %x, %q, …) match any run of
 characters, the rest literally; it must match inside one code span
 (`…`) or one line of a fenced block of the doc.  So `path not found: %s`
 is documented by `path not found: <p>`.
@@ -69,7 +69,7 @@ ERRBUF_RE = re.compile(r"^(err\w*|\w+_err|msg|emsg|e|why|reason)$")
 PRINTF_FNS = {"snprintf": 0, "vsnprintf": 0, "asprintf": 0, "vasprintf": 0}  # destination index
 KEYWORDS = {"if", "while", "for", "switch", "return", "sizeof", "else", "do", "case", "defined",
             "__attribute__", "_Alignas", "alignof", "_Static_assert"}
-CONV_RE = re.compile(r"%%|%[-+ #0']*(?:\*|\d+)?(?:\.(?:\*|\d+))?(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfgGcsp]")
+CONV_RE = re.compile(r"%%|%[-+ #0']*(?:\*|\d+)?(?:\.(?:\*|\d+))?(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfgGcspq]")
 
 
 # ---------------------------------------------------------------- proto
