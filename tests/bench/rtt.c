@@ -19,7 +19,8 @@
  * calls; -o appends the raw samples (ns) to FILE.  Any failed call prints
  * the reason and exits 1.
  *
- * The token comes from --token or $CONCH_INIT_TOKEN.
+ * The token comes from --token or $CONCH_INIT_TOKEN; --user U adds the
+ * conch-init-user header (tests/bench/users.sh).
  */
 #include "stats.h"
 
@@ -366,6 +367,8 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
 
 /* ------------------------------------------------------------ HTTP/1.1 */
 
+static const char *rtt_user; /* --user: the conch-init-user header, or NULL */
+
 struct h1 {
   const char *host, *port, *token;
   int fd;
@@ -423,10 +426,11 @@ static int h1_call(struct h1 *h, struct call *c) {
     hl = snprintf(head, sizeof head, "GET /health HTTP/1.1\r\nHost: %s:%s\r\n\r\n", h->host, h->port);
   else
     hl = snprintf(head, sizeof head,
-                  "POST %s HTTP/1.1\r\nHost: %s:%s\r\nconch-init-token: %s\r\n"
+                  "POST %s HTTP/1.1\r\nHost: %s:%s\r\nconch-init-token: %s\r\n%s%s%s"
                   "Content-Type: application/connect+proto\r\nConnect-Protocol-Version: 1\r\n"
                   "Content-Length: %zu\r\n\r\n",
-                  c->path, h->host, h->port, h->token, c->blen);
+                  c->path, h->host, h->port, h->token, rtt_user ? "conch-init-user: " : "",
+                  rtt_user ? rtt_user : "", rtt_user ? "\r\n" : "", c->blen);
   if (hl < 0 || (size_t)hl >= sizeof head) return rtt_fail("request head too long");
   if (write_all(h->fd, (const uint8_t *)head, (size_t)hl)) return -1;
   if (c->blen && write_all(h->fd, c->body, c->blen)) return -1;
@@ -624,7 +628,7 @@ static int h2_call(struct h2 *h, struct call *c, const char *authority, const ch
   nghttp2_nv hdrs[] = {
       NV(":method", c->method), NV(":scheme", "http"), NV(":authority", authority), NV(":path", c->path),
       NV("content-type", "application/connect+proto"), NV("connect-protocol-version", "1"),
-      NV("conch-init-token", token),
+      NV("conch-init-token", token), NV("conch-init-user", rtt_user ? rtt_user : ""),
   };
 #undef NV
   h->c = c;
@@ -632,7 +636,7 @@ static int h2_call(struct h2 *h, struct call *c, const char *authority, const ch
   h->close_code = 0;
   h->boff = 0;
   nghttp2_data_provider dp = {.source = {.ptr = NULL}, .read_callback = h2_read_body};
-  size_t nh = c->health ? 4 : sizeof hdrs / sizeof hdrs[0];
+  size_t nh = c->health ? 4 : sizeof hdrs / sizeof hdrs[0] - (rtt_user ? 0 : 1);
   h->sid = nghttp2_submit_request(h->s, NULL, hdrs, nh, c->health ? NULL : &dp, h);
   if (h->sid < 0) return rtt_fail("nghttp2_submit_request: %s", nghttp2_strerror(h->sid));
   while (!h->closed) {
@@ -692,7 +696,7 @@ static uint8_t *build_request(char **argv, int argc, size_t *len) {
 /* ------------------------------------------------------------ main */
 
 static const char usage[] =
-    "usage: rtt --port P [--host H] [--token T] [--h2] [-n N] [-w W] [-G GAP_MS]\n"
+    "usage: rtt --port P [--host H] [--token T] [--user U] [--h2] [-n N] [-w W] [-G GAP_MS]\n"
     "           [--expect-stdout BYTES] [--window BYTES] [-o FILE] -- CMD [ARG...]\n"
     "       rtt --port P [--host H] [--h2] [-n N] [-w W] [-o FILE] --health\n";
 
@@ -706,6 +710,7 @@ int main(int argc, char **argv) {
       {"token", required_argument, NULL, 't'}, {"h2", no_argument, NULL, '2'},
       {"health", no_argument, NULL, 'g'},     {"expect-stdout", required_argument, NULL, 'e'},
       {"window", required_argument, NULL, 'W'}, {"help", no_argument, NULL, 'h'},
+      {"user", required_argument, NULL, 'u'},
       {NULL, 0, NULL, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "+" STATS_RUN_OPTS "h", opts, NULL)) != -1) {
@@ -716,6 +721,7 @@ int main(int argc, char **argv) {
       case 'H': host = optarg; break;
       case 'p': port = optarg; break;
       case 't': token = optarg; break;
+      case 'u': rtt_user = optarg; break;
       case '2': use_h2 = true; break;
       case 'g': health = true; break;
       case 'e':

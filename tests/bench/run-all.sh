@@ -3,7 +3,7 @@
 set -u
 cd "$(dirname "$0")"
 status=0
-for b in files.sh process.sh floor.sh contend.sh boot.sh; do
+for b in files.sh process.sh floor.sh contend.sh users.sh boot.sh; do
   [ -x "$b" ] || continue
   echo "== $b"; ./"$b" || status=1
 done

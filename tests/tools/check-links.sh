@@ -5,12 +5,12 @@
 # directory of the page; #anchors are ignored.  Inline code spans and
 # fenced code blocks are skipped.  Prints each broken link and exits 1 if
 # there is any.  Usage: check-links.sh [FILE.md…] (default: README.md,
-# docs/guide/*.md, docs/internals/*.md, tests/fuzz/README.md,
+# docs/api.md, docs/guide/*.md, docs/internals/*.md, tests/fuzz/README.md,
 # tests/bench/README.md).
 cd "$(dirname "$0")/../.." || exit 1
 shopt -s nullglob
 files=("$@")
-[ ${#files[@]} -gt 0 ] || files=(README.md docs/guide/*.md docs/internals/*.md tests/fuzz/README.md tests/bench/README.md)
+[ ${#files[@]} -gt 0 ] || files=(README.md docs/api.md docs/guide/*.md docs/internals/*.md tests/fuzz/README.md tests/bench/README.md)
 fail=0 n=0
 for f in "${files[@]}"; do
   if [ ! -f "$f" ]; then echo "check-links: no such page: $f"; fail=1; continue; fi
