@@ -331,3 +331,49 @@ def test_default_user_malformed_flag_refused():
                        capture_output=True, timeout=30)
     assert p.returncode == 2
     assert b"invalid user: a:b" in p.stderr
+
+
+# ------------------------------------------------------------------ the init message's defaultUser
+
+def init_request(token, **extra):
+    return dict({"version": 1, "sandboxID": "users-sb", "agentToken": token, "env": {},
+                 "network": {"guestIP": "10.0.0.2", "prefixLength": 24, "gateway": "10.0.0.1"}}, **extra)
+
+
+def test_default_user_from_init_message(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import initpeer
+    sock = "unix:" + str(tmp_path / "init.sock")
+    srv = Server(name="users-init", token="", extra_args=["--init-listen", sock])
+    try:
+        assert initpeer.exchange(sock, init_request("t1", defaultUser="nobody")) == \
+            '{"version":1,"status":"ready","retryable":false}'
+        c = Client(srv.url, "t1")
+        out, err, code = sh(c, 'id -un; echo "$HOME"')
+        assert out.split() == ["nobody", "/nonexistent"]
+        # sticky: a later message without the key keeps it
+        assert '"ready"' in initpeer.exchange(sock, init_request("t2"))
+        c = Client(srv.url, "t2")
+        assert sh(c, "id -un")[0].strip() == "nobody"
+        # a later one with it replaces it
+        assert '"ready"' in initpeer.exchange(sock, init_request("t3", defaultUser="root"))
+        c = Client(srv.url, "t3")
+        assert sh(c, "id -un")[0].strip() == "root"
+    finally:
+        assert "ERROR: AddressSanitizer" not in srv.stop()
+
+
+@pytest.mark.parametrize("bad", ["nosuchuser", "a:b", "", 1000])
+def test_bad_default_user_is_terminal(tmp_path, bad):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import initpeer
+    sock = "unix:" + str(tmp_path / "init.sock")
+    srv = Server(name="users-init-bad", token="", extra_args=["--init-listen", sock])
+    try:
+        want = '{"version":1,"status":"not_ready","retryable":false,"message":"invalid defaultUser"}'
+        assert initpeer.exchange(sock, init_request("t1", defaultUser=bad)) == want
+        assert initpeer.exchange(sock, init_request("t1")) == want  # sticky, as every terminal answer
+    finally:
+        assert "ERROR: AddressSanitizer" not in srv.stop()

@@ -32,14 +32,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 import initpeer  # noqa: E402
 
 GUEST_IP, GATEWAY, PREFIX = "10.77.0.2", "10.77.0.1", 24
-TOOLS = ["sh", "cat", "echo", "sleep", "id", "ls", "seq", "env", "touch", "pwd", "true"]
+TOOLS = ["sh", "cat", "echo", "sleep", "id", "ls", "seq", "env", "touch", "pwd", "true", "chown"]
 ENTRYPOINT = """#!/bin/sh
 { echo "CONCH_SANDBOX_ID=$CONCH_SANDBOX_ID"; echo "HOME=$HOME"; echo "PATH=$PATH"
   echo "FOO=$FOO"; echo "ARGS=$#"; echo "PWD=$(pwd)"; } > /tmp/entrypoint.out
 sleep 0.3
 kill -USR1 1
 """
-PASSWD = "root:x:0:0:root:/home/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+PASSWD = ("root:x:0:0:root:/home/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+          "worker:x:4100:4100:worker:/home/worker:/bin/sh\n")
+GROUP = "root:x:0:\nworker:x:4100:\nstaff:x:50:worker\n"
 
 
 def run(*cmd, check=True, **kw):
@@ -130,6 +132,8 @@ class Sandbox:
             copy_with_libs(shutil.which(t) if t != "sh" else "/bin/dash", base, "/usr/bin/" + t)
         os.symlink("usr/bin", os.path.join(base, "bin"))
         write(os.path.join(base, "etc/passwd"), PASSWD)
+        write(os.path.join(base, "etc/group"), GROUP)
+        os.makedirs(os.path.join(base, "home/worker"))  # root's in the image (--all-root): chown'ed by the test
         write(os.path.join(base, "etc/layer-marker"), "base\n")
         write(os.path.join(base, "etc/base-only"), "base-only\n")
         os.makedirs(os.path.join(base, "tmp"), exist_ok=True)

@@ -200,6 +200,30 @@ def test_ready_state_replaces_token(sb):
     assert run_in_sandbox(sb, 'echo "$FOO"') == "baz\n"
 
 
+def test_default_user_from_init_message(sb):
+    """boot.md §13: defaultUser resolved in the sandbox root's /etc/passwd;
+    commands and files as that user."""
+    assert run_in_sandbox(sb, "chown 4100:4100 /home/worker && echo ok") == "ok\n"  # as root, before
+    req = sb.request(token="tok-2", sandbox_id="ns-sb-2", env={"FOO": "baz"})
+    req["defaultUser"] = "worker"
+    resp, secs = sb.init_until_ready(req)
+    assert resp == '{"version":1,"status":"ready","retryable":false}', resp
+    out = run_in_sandbox(sb, 'id -u; id -g; id -G; echo "$HOME $USER"; pwd')
+    uid, gid, groups, env, cwd = out.splitlines()
+    assert (uid, gid, set(groups.split()), env, cwd) == ("4100", "4100", {"4100", "50"}, "/home/worker worker",
+                                                         "/home/worker")
+    code, body = sb.unary("/pb.FileService/MakeDir", {"path": "/home/worker/made"}, sb.token)
+    assert code == 200, body
+    st = os.stat(sb.in_root("/home/worker/made"))
+    assert (st.st_uid, st.st_gid) == (4100, 4100)
+    code, body = sb.unary("/pb.FileService/MakeDir", {"path": "/etc/not-yours"}, sb.token)
+    assert code == 403 and json.loads(body)["code"] == "permission_denied", body
+    # root again for whatever follows: the key is sticky until replaced
+    req["defaultUser"] = "root"
+    assert sb.init_until_ready(req)[0] == '{"version":1,"status":"ready","retryable":false}'
+    assert run_in_sandbox(sb, "id -u") == "0\n"
+
+
 def test_zz_terminal_failure_is_sticky(sb):
     want = ('{"version":1,"status":"not_ready","retryable":false,'
             '"message":"guestIP \\"10.77.0.300\\" must be a valid IPv4 address"}')
