@@ -300,6 +300,36 @@ def test_token_replaced_by_second_message(pmem_vm):
     pmem_vm.token, pmem_vm.client = new, Client(pmem_vm.url, new)
 
 
+def test_default_user_from_init_message(pmem_vm):
+    """boot.md §13 on the real guest: a user made in the sandbox root, then
+    named by an init message's defaultUser; a command and an upload run as
+    that user, checked in the guest; root refused to it; root again after."""
+    v = pmem_vm
+    out, err, rc = sh(v, "echo 'vmuser:x:4200:4200::/home/vmuser:/bin/sh' >> /etc/passwd && "
+                         "echo 'vmuser:x:4200:' >> /etc/group && echo 'vmteam:x:4300:vmuser' >> /etc/group && "
+                         "mkdir -p /home/vmuser && chown 4200:4200 /home/vmuser && echo ok")
+    assert out == "ok\n", err
+    assert v.init_message(v.token, defaultUser="vmuser")["status"] == "ready"
+    try:
+        out, err, rc = sh(v, 'id -u; id -g; id -G; echo "$HOME $USER"; pwd')
+        assert out.splitlines() == ["4200", "4200", "4200 4300", "/home/vmuser vmuser", "/home/vmuser"], (out, err)
+        st, msgs, end = v.client.stream("/pb.FileService/PostFileStream",
+                                        [{"filepath": "/home/vmuser/up/a.txt", "content": b64(b"as vmuser\n")}])
+        assert st == 200 and end == {}, (st, msgs, end)
+        out, err, rc = sh(v, "stat -c '%u %g' /home/vmuser/up /home/vmuser/up/a.txt; cat /home/vmuser/up/a.txt")
+        assert out == "4200 4200\n4200 4200\nas vmuser\n", (out, err)
+        st, msgs, end = v.client.stream("/pb.FileService/PostFileStream",
+                                        [{"filepath": "/root/not-vmusers.txt", "content": b64(b"x")}])
+        assert end["error"]["code"] == "permission_denied", end
+        # the header names root for one call
+        st, msgs, end = v.client.stream("/pb.ProcessService/StartProcess", [{"cmd": "id", "args": ["-u"]}],
+                                        headers={"conch-init-user": "root"})
+        assert any(unb64(m.get("data", {}).get("stdout", "")) == b"0\n" for m in msgs), msgs
+    finally:
+        assert v.init_message(v.token, defaultUser="root")["status"] == "ready"
+    assert sh(v, "id -u")[0] == "0\n"
+
+
 # ---------------------------------------------------------------- virtio-blk layout
 def test_blk_layout_and_poweroff(blk_vm):
     lg = blk_vm.log()
