@@ -377,3 +377,28 @@ def test_bad_default_user_is_terminal(tmp_path, bad):
         assert initpeer.exchange(sock, init_request("t1")) == want  # sticky, as every terminal answer
     finally:
         assert "ERROR: AddressSanitizer" not in srv.stop()
+
+
+def test_token_nowhere_a_user_can_read(users):
+    """As a user, the token is in no process's command line or environment
+    it may read, nor in a log it may read (the agent's own included)."""
+    srv, c, base = users
+    # a child of the agent as root, so that its environment is there to read
+    st, msgs, end = c.stream(SP, [{"cmd": "sleep", "args": ["5"], "background": True}])
+    script = f"""
+t='{srv.token}'
+for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do
+  if tr '\\0' ' ' < "$f" 2>/dev/null | grep -qF -- "$t"; then echo "found in $f"; fi
+done
+for f in {srv.log_path} $(find /var/log /tmp -maxdepth 3 -type f -readable 2>/dev/null); do
+  if grep -qF -- "$t" "$f" 2>/dev/null; then echo "found in $f"; fi
+done
+echo checked
+"""
+    out, err, code = sh(c, script, user="alice")
+    assert out.strip().splitlines()[-1:] == ["checked"], (out, err)
+    assert "found" not in out, out
+    # the same search as root finds it in the agent's own memory-backed files only
+    # (root reads /proc/<agent>/cmdline too): it is not there either
+    out, err, code = sh(c, f"tr '\\\\0' ' ' < /proc/{srv.proc.pid}/cmdline", user="root")
+    assert srv.token not in out, out
