@@ -497,6 +497,10 @@ static void call_checks_rest(rpc_call *c);
 
 static void call_user_error(rpc_call *c, users_status st, const char *spec) {
   char e[300];
+  if (st == USERS_ERROR) { /* the files could not be read: try again later */
+    connect__fail(c, RPC_UNAVAILABLE, "cannot read the user database");
+    return;
+  }
   if (st == USERS_UNKNOWN) snprintf(e, sizeof e, "unknown user: %.256s", spec);
   else snprintf(e, sizeof e, "invalid user: %.256s", spec);
   connect__fail(c, RPC_INVALID_ARGUMENT, e);
@@ -642,7 +646,9 @@ void connect_serve(hx *x, const rpc_method *m) {
   if (!uspec && conch.default_user[0]) uspec = conch.default_user;
   if (uspec) {
     c->uw.done = call_user_resolved;
-    users_status st = users_resolve(uspec, &c->ident, &c->uw);
+    const rpc_ident *id = NULL;
+    users_status st = users_resolve(uspec, &id, &c->uw);
+    if (st == USERS_OK) c->ident = id;
     if (st == USERS_PENDING) { /* the files are read in the pool: the rest then */
       hx_pause_body(x, 1);
       return;

@@ -192,6 +192,11 @@ void users_tab_free(users_tab *t) {
   free(t);
 }
 
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* 1 when the comma-separated list names name. */
 static int lists(const char *list, const char *name, size_t nl) {
   for (const char *p = list; *p;) {
@@ -224,12 +229,15 @@ rpc_ident *users_tab_resolve(const users_tab *t, const users_spec *sp, int *unkn
     size_t nl = strlen(e->name);
     groups = malloc((t->ngr + 1) * sizeof *groups);
     if (!groups) return NULL;
-    for (size_t i = 0; i < t->ngr && ng < USERS_MAX_GROUPS; i++)
-      if (lists(t->gr[i].members, e->name, nl)) {
-        size_t k = 0;
-        while (k < ng && groups[k] != t->gr[i].gid) k++;
-        if (k == ng) groups[ng++] = t->gr[i].gid;
-      }
+    for (size_t i = 0; i < t->ngr; i++)
+      if (lists(t->gr[i].members, e->name, nl)) groups[ng++] = t->gr[i].gid;
+    /* each gid once: sorted, then adjacent duplicates dropped (linear
+     * after the sort, whatever a hostile /etc/group holds) */
+    qsort(groups, ng, sizeof *groups, cmp_u32);
+    size_t k = 0;
+    for (size_t i = 0; i < ng; i++)
+      if (k == 0 || groups[k - 1] != groups[i]) groups[k++] = groups[i];
+    ng = k < USERS_MAX_GROUPS ? k : USERS_MAX_GROUPS;
   }
   rpc_ident *id = ident_new(uid, gid, name, home, groups, ng);
   free(groups);
@@ -264,44 +272,62 @@ static int sig_eq(const file_sig *a, const file_sig *b) {
          a->ctime.tv_sec == b->ctime.tv_sec && a->ctime.tv_nsec == b->ctime.tv_nsec;
 }
 
-/* At most USERS_MAX_FILE bytes of path (malloc'd, *n), or NULL. */
-static char *read_file(const char *path, size_t *n) {
+/* At most USERS_MAX_FILE bytes of path (malloc'd, *n): 0; -1 when the
+ * file is missing (*buf NULL: an empty table); -2 on any other failure (a
+ * descriptor limit, memory, a read error), which must not pass for an
+ * empty file.  A file cut at the limit loses its partial last line. */
+static int read_file(const char *path, char **buf, size_t *n) {
+  *buf = NULL;
+  *n = 0;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) return NULL;
+  if (fd < 0) return errno == ENOENT || errno == ENOTDIR ? -1 : -2;
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return NULL;
+    return -2;
   }
   size_t cap = st.st_size > 0 && (size_t)st.st_size < USERS_MAX_FILE ? (size_t)st.st_size + 1 : 65536;
   char *b = malloc(cap);
   size_t len = 0;
+  int rc = b ? 0 : -2;
   while (b && len < USERS_MAX_FILE) {
     if (len == cap) {
       size_t nc = cap * 2 > USERS_MAX_FILE ? USERS_MAX_FILE : cap * 2;
-      char *q = nc > cap ? realloc(b, nc) : NULL;
-      if (!q) break;
+      char *q = realloc(b, nc);
+      if (!q) {
+        rc = -2;
+        break;
+      }
       b = q;
       cap = nc;
     }
     ssize_t r = read(fd, b + len, cap - len);
     if (r < 0 && errno == EINTR) continue;
+    if (r < 0) rc = -2;
     if (r <= 0) break;
     len += (size_t)r;
   }
   close(fd);
+  if (rc != 0) {
+    free(b);
+    return rc;
+  }
+  if (len == USERS_MAX_FILE) /* cut: the last line may be partial */
+    while (len && b[len - 1] != '\n') len--;
+  *buf = b;
   *n = len;
-  return b;
+  return 0;
 }
 
 /* Read both files: the table and their signatures (pool, or the caller's
- * thread). */
+ * thread); NULL when either could not be read whole (not when missing). */
 static users_tab *load(snap *s) {
   sig_of(PASSWD_PATH, &s->ps);
   sig_of(GROUP_PATH, &s->gs);
   size_t pn = 0, gn = 0;
-  char *p = read_file(PASSWD_PATH, &pn), *g = read_file(GROUP_PATH, &gn);
-  users_tab *t = users_tab_new(p, pn, g, gn);
+  char *p, *g;
+  int pr = read_file(PASSWD_PATH, &p, &pn), gr = read_file(GROUP_PATH, &g, &gn);
+  users_tab *t = pr == -2 || gr == -2 ? NULL : users_tab_new(p, pn, g, gn);
   free(p);
   free(g);
   return t;
@@ -316,6 +342,8 @@ static struct {
   unsigned gen;            /* fs events seen */
   int watching;            /* the fs_event on /etc runs */
   int job;                 /* a read is in the pool */
+  unsigned started;        /* reads started: a waiter is answered by one that started after it queued */
+  uint64_t verified_at;    /* uv_now when the files were last compared */
   users_wait *head, *tail; /* waiting for it */
   uv_fs_event_t ev;
 } U;
@@ -350,22 +378,27 @@ static void on_etc_event(uv_fs_event_t *h, const char *name, int events, int sta
 /* The watch on /etc, once (after PID 1's chroot: the first request). */
 static void watch_etc(void) {
   if (U.watching) return;
-  U.watching = 1;
-  if (uv_fs_event_init(conch.loop, &U.ev) != 0) return;
+  U.watching = 2; /* no events: the recheck alone */
+  if (uv_fs_event_init(conch.loop, &U.ev) != 0) {
+    LOG_WARN("cannot watch /etc: users are compared with the files every %d ms", USERS_RECHECK_MS);
+    return;
+  }
   if (uv_fs_event_start(&U.ev, on_etc_event, "/etc", 0) != 0) {
-    LOG_WARN("cannot watch /etc: users are read again for every request that names one");
+    LOG_WARN("cannot watch /etc: users are compared with the files every %d ms", USERS_RECHECK_MS);
     uv_close((uv_handle_t *)&U.ev, NULL);
-    U.watching = 2; /* no events: always stale */
     return;
   }
   uv_unref((uv_handle_t *)&U.ev);
+  U.watching = 1;
 }
 
 typedef struct read_job {
   unsigned gen; /* U.gen when it started */
+  unsigned no;  /* its number (U.started) */
   snap old, now;
   int had;
-  users_tab *tab; /* read anew, or NULL: unchanged */
+  int failed;     /* the files could not be read: the old table stays */
+  users_tab *tab; /* read anew, or NULL: unchanged (or failed) */
 } read_job;
 
 static void read_run(void *data) {
@@ -375,6 +408,7 @@ static void read_run(void *data) {
   sig_of(GROUP_PATH, &s.gs);
   if (j->had && sig_eq(&s.ps, &j->old.ps) && sig_eq(&s.gs, &j->old.gs)) return; /* unchanged */
   j->tab = load(&j->now);
+  j->failed = j->tab == NULL;
 }
 
 static users_status resolve_in(const users_tab *t, const char *text, const rpc_ident **out, int *miss) {
@@ -382,16 +416,40 @@ static users_status resolve_in(const users_tab *t, const char *text, const rpc_i
   if (users_spec_parse(text, &sp) != 0) return USERS_INVALID;
   int unknown;
   rpc_ident *id = users_tab_resolve(t, &sp, &unknown, miss);
-  if (!id) return unknown ? USERS_UNKNOWN : USERS_INVALID;
+  if (!id) return unknown ? USERS_UNKNOWN : USERS_ERROR;
   *out = id;
   return USERS_OK;
 }
 
-static void read_start(void);
+static int read_start(void);
+
+/* Answer every waiter queued before job `no` started; the others wait for
+ * the next read (started here). */
+static void answer_waiters(unsigned no) {
+  users_wait *w = U.head;
+  while (w) {
+    users_wait *next = w->next;
+    if (w->after < no) {
+      users_cancel(w);
+      const rpc_ident *id = NULL;
+      int miss;
+      users_status st = U.tab ? resolve_in(U.tab, w->spec, &id, &miss) : USERS_ERROR;
+      w->done(w, st, st == USERS_OK ? id : NULL);
+    }
+    w = next;
+  }
+  if (U.head && read_start() != 0)
+    while (U.head) {
+      users_wait *x = U.head;
+      users_cancel(x);
+      x->done(x, USERS_ERROR, NULL);
+    }
+}
 
 static void read_done(void *data, int canceled) {
   read_job *j = data;
-  unsigned gen = j->gen;
+  unsigned gen = j->gen, no = j->no;
+  int failed = j->failed || canceled;
   U.job = 0;
   if (j->tab) {
     users_tab_free(U.tab);
@@ -399,60 +457,58 @@ static void read_done(void *data, int canceled) {
     U.sig = j->now;
   }
   free(j);
-  if (!U.tab) { /* never read (out of memory, or cancelled at shutdown) */
-    while (U.head) {
-      users_wait *w = U.head;
-      users_cancel(w);
-      w->done(w, USERS_INVALID, NULL);
-    }
-    return;
+  if (failed) {
+    LOG_WARN("cannot read %s and %s: %s", PASSWD_PATH, GROUP_PATH,
+             U.tab ? "the last table read answers" : "requests that name a user fail");
+  } else {
+    U.verified_at = uv_now(conch.loop);
+    if (U.gen == gen) U.stale = 0; /* no event since it started */
   }
-  if (!canceled && U.watching == 1 && U.gen == gen) U.stale = 0; /* no event since it started */
-  /* the waiters get a definitive answer from this table */
-  while (U.head) {
-    users_wait *w = U.head;
-    users_cancel(w);
-    const rpc_ident *id = NULL;
-    int miss;
-    users_status st = resolve_in(U.tab, w->spec, &id, &miss);
-    w->done(w, st, id);
-  }
+  answer_waiters(no);
 }
 
-static void read_start(void) {
-  if (U.job) return;
+/* 0, or -1 when no job could be queued. */
+static int read_start(void) {
+  if (U.job) return 0;
   read_job *j = calloc(1, sizeof *j);
-  if (j) {
-    j->had = U.tab != NULL;
-    j->old = U.sig;
-    j->gen = U.gen;
-  }
-  if (!j || !rpc_work_submit(NULL, read_run, read_done, j)) {
+  if (!j) return -1;
+  j->had = U.tab != NULL;
+  j->old = U.sig;
+  j->gen = U.gen;
+  j->no = ++U.started;
+  if (!rpc_work_submit(NULL, read_run, read_done, j)) {
     free(j);
-    while (U.head) {
-      users_wait *w = U.head;
-      users_cancel(w);
-      w->done(w, USERS_INVALID, NULL);
-    }
-    return;
+    U.started--;
+    return -1;
   }
   U.job = 1;
+  return 0;
 }
 
 users_status users_resolve(const char *text, const rpc_ident **out, users_wait *w) {
   users_spec sp;
   if (users_spec_parse(text, &sp) != 0) return USERS_INVALID;
   watch_etc();
-  if (U.tab && !U.stale && U.watching == 1) {
+  int fresh = U.tab && !U.stale && U.watching == 1 &&
+              uv_now(conch.loop) - U.verified_at < USERS_RECHECK_MS;
+  if (fresh) {
     int miss = 0;
-    users_status st = resolve_in(U.tab, text, out, &miss);
-    if (st == USERS_OK && !miss) return USERS_OK;
-    if (st == USERS_OK) rpc_ident_release(*out); /* no entry: ask the files first */
-    else if (st == USERS_INVALID) return st;    /* out of memory */
+    const rpc_ident *id = NULL;
+    users_status st = resolve_in(U.tab, text, &id, &miss);
+    if (st == USERS_OK && !miss) {
+      *out = id;
+      return USERS_OK;
+    }
+    if (st == USERS_OK) rpc_ident_release(id); /* no entry: ask the files first */
+    else if (st != USERS_UNKNOWN) return st;  /* out of memory */
   }
   snprintf(w->spec, sizeof w->spec, "%s", text);
   queue_add(w);
-  read_start();
+  w->after = U.started; /* a read already out may have read the files before this request */
+  if (read_start() != 0) {
+    users_cancel(w);
+    return USERS_ERROR;
+  }
   return USERS_PENDING;
 }
 
@@ -461,7 +517,7 @@ users_status users_resolve_now(const char *text, const rpc_ident **out) {
   if (users_spec_parse(text, &sp) != 0) return USERS_INVALID;
   snap s;
   users_tab *t = load(&s);
-  if (!t) return USERS_INVALID;
+  if (!t) return USERS_ERROR;
   int miss;
   users_status st = resolve_in(t, text, out, &miss);
   users_tab_free(t);

@@ -6,8 +6,10 @@
  * the thread pool, never on the loop.  The loop keeps the last table it
  * read and resolves from it at once; it reads them again when an inotify
  * event on /etc names one of them (libuv's fs_event), and before it calls
- * a name or a uid unknown (the files' size, mtime and inode are compared:
- * a user added a moment ago is found even before its event is seen).
+ * a name or a uid unknown, and at most every USERS_RECHECK_MS whatever the
+ * events say (the files' size, mtime and inode are compared in the pool: a
+ * user added a moment ago is found even before its event is seen, and a
+ * symlinked or bind-mounted file that sends no event on /etc is followed).
  *
  * The identities (rpc_ident, rpc.h) are copies: a table can be replaced
  * while calls and process records hold what they resolved.
@@ -24,6 +26,8 @@
 #define USERS_MAX_GROUPS 65536
 /* Bytes read of each file at most: the rest of a bigger file is ignored. */
 #define USERS_MAX_FILE (4u << 20)
+/* The cache is compared with the files at least this often. */
+#define USERS_RECHECK_MS 1000
 /* Longest header value or default user accepted. */
 #define USERS_MAX_SPEC 256
 
@@ -40,12 +44,15 @@ typedef struct users_spec {
  * when malformed. */
 int users_spec_parse(const char *text, users_spec *out);
 
-typedef enum users_status { USERS_OK, USERS_PENDING, USERS_INVALID, USERS_UNKNOWN } users_status;
+/* USERS_ERROR: the files could not be read (`cannot read the user
+ * database`), never mistaken for empty ones. */
+typedef enum users_status { USERS_OK, USERS_PENDING, USERS_INVALID, USERS_UNKNOWN, USERS_ERROR } users_status;
 
 typedef struct users_wait users_wait;
 struct users_wait {
   users_wait *next, *prev;
   int queued;
+  unsigned after; /* reads started when it queued: only a later one answers it */
   char spec[USERS_MAX_SPEC + 1];
   /* From the loop, once the files were read: st USERS_OK (id: a hold, the
    * callee's), USERS_UNKNOWN or USERS_INVALID. */
@@ -54,8 +61,9 @@ struct users_wait {
 
 /* Resolve text (loop).  USERS_OK: *out is a hold; USERS_INVALID (malformed:
  * `invalid user: <u>`), USERS_UNKNOWN (`unknown user: <u>`); USERS_PENDING:
- * the files are being read, w->done follows (w must stay valid until then,
- * or users_cancel(w)). */
+ * the files are being read, w->done follows from the loop, never from
+ * inside this call (w must stay valid until then, or users_cancel(w));
+ * USERS_ERROR: no read could be started. */
 users_status users_resolve(const char *text, const rpc_ident **out, users_wait *w);
 
 /* Take w out of the queue (a no-op when it is not there). */
@@ -63,7 +71,7 @@ void users_cancel(users_wait *w);
 
 /* The same, reading the files now, in the calling thread (the init
  * message's defaultUser, from the pool): USERS_OK (a hold, or root's static
- * one), USERS_INVALID or USERS_UNKNOWN. */
+ * one), USERS_INVALID, USERS_UNKNOWN or USERS_ERROR. */
 users_status users_resolve_now(const char *text, const rpc_ident **out);
 
 /* The implicit root: nobody named a user. */

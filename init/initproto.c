@@ -318,8 +318,9 @@ static void work_user(ip_conn *c) {
   const char *u = c->plan.default_user;
   if (c->work_result || !u) return;
   const rpc_ident *id = NULL;
-  if (users_resolve_now(u, &id) != USERS_OK) {
-    c->work_result = strdup("invalid defaultUser");
+  users_status st = users_resolve_now(u, &id);
+  if (st != USERS_OK) {
+    c->work_result = strdup(st == USERS_ERROR ? "cannot read the user database" : "invalid defaultUser");
     return;
   }
   rpc_ident_release(id);

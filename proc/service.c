@@ -114,7 +114,8 @@ static void proc_start_work(void *data) {
  * file-system identity.  0, or -1 with the error set. */
 static int proc_prep_fs(struct proc *p) {
   char base[4096], clean[4096], err[4400];
-  if (p->cwd_default && !p->ident->implicit && access(p->cwd, F_OK) != 0) { /* api.md §9 */
+  struct stat st; /* as the user (stat, not access: access checks the real uid) */
+  if (p->cwd_default && !p->ident->implicit && stat(p->cwd, &st) != 0) { /* api.md §9 */
     free(p->cwd);
     p->cwd = strdup("/");
     if (!p->cwd) {

@@ -84,10 +84,17 @@ __attribute__((no_sanitize("address", "undefined"))) static int proc_child(void 
     if (r >= 0) r = syscall(SYS_dup3, c->out1, 1, 0);
     if (r >= 0) r = syscall(SYS_dup3, c->err1, 2, 0);
   }
-  if (r >= 0 && c->o->set_ids) { /* raw: this task alone (glibc's would signal every thread) */
+  /* The user's groups and file-system ids first (raw: this task alone;
+   * glibc's would signal every thread), so that chdir is checked as the
+   * user; the uid and gid last, just before execve: once the task is the
+   * user's, the user's processes may signal it, and a SIGSTOP there would
+   * hold the pool thread that waits for the exec (CLONE_VFORK). */
+  if (r >= 0 && c->o->set_ids) {
     r = syscall(SYS_setgroups, c->o->ngroups, c->o->groups);
-    if (r >= 0) r = syscall(SYS_setresgid, c->o->gid, c->o->gid, c->o->gid);
-    if (r >= 0) r = syscall(SYS_setresuid, c->o->uid, c->o->uid, c->o->uid);
+    if (r >= 0) {
+      syscall(SYS_setfsgid, c->o->gid);
+      syscall(SYS_setfsuid, c->o->uid);
+    }
   }
   if (r >= 0) r = syscall(SYS_chdir, c->o->cwd);
   if (r >= 0) {
@@ -95,7 +102,11 @@ __attribute__((no_sanitize("address", "undefined"))) static int proc_child(void 
     syscall(SYS_close_range, (unsigned)c->errfd + 1, ~0u, 0u);
     uint64_t none = 0;
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
-    syscall(SYS_execve, c->o->path, c->o->argv, c->o->envp);
+    if (c->o->set_ids) {
+      r = syscall(SYS_setresgid, c->o->gid, c->o->gid, c->o->gid);
+      if (r >= 0) r = syscall(SYS_setresuid, c->o->uid, c->o->uid, c->o->uid);
+    }
+    if (r >= 0) syscall(SYS_execve, c->o->path, c->o->argv, c->o->envp);
   }
   int e = errno; /* the suspended parent thread's errno (shared TLS): it reads it only on failure */
   syscall(SYS_write, c->errfd, &e, sizeof e);

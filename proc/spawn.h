@@ -14,9 +14,9 @@
  *   or the workload at its pids.max, which a move is not held to);
  *   every signal disposition back to SIG_DFL (PID 1 ignores SIGTERM/SIGINT/
  *   SIGPIPE), own process group (pipes) or own session with the PTY slave
- *   opened as controlling terminal, stdin/stdout/stderr, the user's groups,
- *   gid and uid (set_ids: setgroups, setresgid, setresuid), chdir(cwd), every
- *   other descriptor closed, empty signal mask, execve.
+ *   opened as controlling terminal, stdin/stdout/stderr, the user's groups
+ *   and fsgid/fsuid (set_ids), chdir(cwd), every other descriptor closed,
+ *   empty signal mask, the user's gid and uid (setresgid, setresuid), execve.
  * The daemon blocks signals around the clone so that no handler of its own
  * runs in the child.  CLONE_VFORK suspends the calling thread until the
  * child has exec'd or exited, as posix_spawn does; an exec failure reports

@@ -402,3 +402,35 @@ echo checked
     # (root reads /proc/<agent>/cmdline too): it is not there either
     out, err, code = sh(c, f"tr '\\\\0' ' ' < /proc/{srv.proc.pid}/cmdline", user="root")
     assert srv.token not in out, out
+
+
+def test_reset_while_the_user_is_read_leaves_the_agent_whole(users):
+    """A uid with no passwd entry sends the call to the pool to read the
+    files again; an HTTP/2 stream reset in the same packet ends the call
+    while it waits.  Found in review: the identity was released twice
+    (ASan: heap-use-after-free in call_closed).  Many rounds, then the
+    agent still answers and its log is clean."""
+    import socket
+    import h2.config
+    import h2.connection
+    srv, c, base = users
+    out, err, code = sh(c, "true", user="root")  # the table is read and fresh
+    for i in range(50):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                              (":path", LISTF), ("content-type", "application/json"),
+                              ("connect-protocol-version", "1"), ("conch-init-token", srv.token),
+                              ("conch-init-user", str(54321 + i))])
+        conn.reset_stream(1)
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(conn.data_to_send())
+        s.settimeout(5)
+        try:
+            s.recv(65536)
+        except OSError:
+            pass
+        s.close()
+    st, body, _ = c.unary(LISTF, {"path": "/"}, headers={"conch-init-user": "54999"})
+    assert st == 200, body
+    assert srv.alive()

@@ -172,10 +172,30 @@ TEST(thread_identity_switched_and_restored) {
   users_tab_free(t);
 }
 
+TEST(many_groups_each_once) {
+  /* 20 000 groups listing alice, each gid twice and in no order: each
+   * once, sorted (the loop's cost stays n log n whatever the file holds) */
+  size_t n = 20000, cap = n * 2 * 40 + 64;
+  char *g = malloc(cap);
+  size_t len = 0;
+  for (size_t i = 0; i < 2 * n; i++)
+    len += (size_t)snprintf(g + len, cap - len, "g%zu:x:%zu:bob,alice\n", i, 100000 + (i * 7919) % n);
+  users_tab *t = users_tab_new(PW, sizeof PW - 1, g, len);
+  free(g);
+  int unknown, miss;
+  rpc_ident *id = res(t, "alice", &unknown, &miss);
+  ASSERT(id != NULL);
+  ASSERT_EQ(id->ngroups, n);
+  for (size_t i = 1; i < id->ngroups; i++) ASSERT(id->groups[i - 1] < id->groups[i]);
+  rpc_ident_release(id);
+  users_tab_free(t);
+}
+
 int main(void) {
   RUN(spec_forms);
   RUN(tables_and_resolution);
   RUN(holds);
+  RUN(many_groups_each_once);
   RUN(thread_identity_switched_and_restored);
   return test_summary();
 }
