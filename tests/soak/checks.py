@@ -8,6 +8,8 @@ around it.
 To add an invariant: write check_<name>(run) -> Outcome and add it to
 INVARIANTS (the order is the order failures are reported in).
 """
+import collections
+
 import model
 
 # Connect codes a call may end with under chaos without anything being wrong
@@ -231,7 +233,7 @@ def check_resources_return(run):
         return o
     o.checked = 3
     if end["fds"] > base["fds"] + tol["fds"]:
-        extra = sorted(set(end["fd_links"]) - set(base["fd_links"]))
+        extra = sorted((collections.Counter(end["fd_links"]) - collections.Counter(base["fd_links"])).elements())
         o.bad(None, f"descriptors {base['fds']} -> {end['fds']} (tolerance {tol['fds']}); new: "
                     f"{extra[:12]}{' …' if len(extra) > 12 else ''}"
                     + "".join(f"\n    held cgroup {c['path']}: procs {c['procs']} events {c['cgroup.events']}"
