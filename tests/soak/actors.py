@@ -54,6 +54,7 @@ OPS = {
     "bg_follow": 14,
     "fg_command": 14,
     "cmd_cut": 7,
+    "cmd_timeout": 2,
     "upload": 16,
     "upload_cut": 9,
     "download": 16,
@@ -321,6 +322,34 @@ class Client(threading.Thread):
         self.fault("command_cut_" + how, marker=marker, after_events=events)
         self.cut(c, how)
 
+    def op_cmd_timeout(self):
+        """A tree with setsid escapees under Connect-Timeout-Ms: the stream
+        ends deadline_exceeded and every process of the tree is killed."""
+        rng = self.rng
+        marker = f"{self.ctx.marker_base}-{self.cid}-{self.next_id()}"
+        ms = rng.randint(300, 2000)
+        n = rng.randint(1, 6)
+        script = (f'for i in $(seq {n}); do setsid sh -c "sleep 300; :" {marker} & done; '
+                  'echo started; sleep 300; :')
+        t = "h1" if self.ctx.protocols == "h1" else self.rng.choice(["h1", "h2"])
+        c = wire.Call(self.ctx.port, self.ctx.token, "StartProcess", t, "connect", rng.choice(["json", "proto"]),
+                      headers={"Connect-Timeout-Ms": str(ms)})
+        self.rec("cut_begin", marker=marker, cmd="sh", via=c.label, timeout_ms=ms, escapees=n)
+        self.fault("deadline_tree", marker=marker, timeout_ms=ms, escapees=n)
+        try:
+            c.request([pb.StartProcessRequest(cmd="sh", args=["-c", script, marker])])
+            while True:
+                k, m = c.next()
+                if k == "end":
+                    self.rec("timeout_end", marker=marker, code=m.code, message=m.message)
+                    break
+                if m.WhichOneof("event") == "end":
+                    self.rec("timeout_end_event", marker=marker, exit_code=m.end.exit_code, error=m.end.error)
+        except (WireError, OSError) as e:
+            self.rec("cut_broken", marker=marker, error=f"{type(e).__name__}: {e}")
+        finally:
+            c.close()
+
     # ------------------------------------------------------------ uploads (invariants 2, 3)
     def _upload_messages(self, path, content):
         rng = self.rng
@@ -465,12 +494,23 @@ class Client(threading.Thread):
     def op_half_request(self):
         rng = self.rng
         tok = self.ctx.token
-        kind = rng.choice(["h1_head", "h1_body", "h2_headers"])
+        kind = rng.choice(["h1_head", "h1_body", "h2_headers", "h1_trickle", "garbage"])
         hold = round(rng.uniform(0.5, 14.0), 2)
         how = rng.choice(["rst", "fin"])
         s = socket.create_connection((wire.HOST, self.ctx.port), timeout=10)
         try:
-            if kind.startswith("h1"):
+            if kind == "garbage":
+                s.sendall(rng.randbytes(rng.randint(1, 4096)))
+            elif kind == "h1_trickle":  # a head a byte at a time (the slowloris of tests/soak.py)
+                head = b"POST /pb.ProcessService/List HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+                end = time.monotonic() + hold
+                for b in head:
+                    if time.monotonic() >= end or self.ctx.stop.is_set():
+                        break
+                    s.sendall(bytes([b]))
+                    time.sleep(0.1)
+                hold = 0
+            elif kind.startswith("h1"):
                 body = wire.envelope(b'{"cmd":"true"}')
                 full = wire.H1.head_bytes("/pb.ProcessService/StartProcess",
                                           {"Content-Type": "application/connect+json", "conch-init-token": tok},
@@ -490,7 +530,7 @@ class Client(threading.Thread):
                 s.sendall(h.data_to_send())
         except OSError as e:
             self.rec("half_broken", error=f"{type(e).__name__}: {e}")
-        fr = self.fault("idle_half_request", form=kind, hold=hold, then=how)
+        fr = self.fault("half_request_" + kind, hold=hold, then=how)
         self.held.append((time.monotonic() + hold, _Sock(s), how, fr))
 
     # ------------------------------------------------------------ unary calls

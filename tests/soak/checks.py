@@ -260,11 +260,19 @@ def check_no_zombie(run):
 
 # ------------------------------------------------------------------ 8
 def check_cut_commands_killed(run):
-    """A foreground command whose client went away is killed (its tree
-    too), and no command is left running once the server settled."""
+    """A foreground command whose client went away is killed, one whose
+    Connect-Timeout-Ms passed ends deadline_exceeded with its whole tree
+    (setsid escapees too) killed, and no command is left running once the
+    server settled."""
     o = Outcome()
     o.unit = "commands"
     o.checked = sum(1 for e in run.events if e["kind"] == "cut_begin")
+    for e in run.events:
+        if e["kind"] == "timeout_end" and e["code"] != "deadline_exceeded":
+            o.bad(e, f"a command past its deadline ended {e['code']}: {e['message']}", marker=e["marker"])
+        elif e["kind"] == "timeout_end_event":
+            o.bad(e, f"a foreground command past its deadline got an end event ({e['error']})",
+                  marker=e["marker"])
     for pid, cmd in run.final.get("marked", []):
         o.bad(None, f"cut command still running: pid {pid} {cmd}", marker=cmd)
     for k in run.final.get("children", []):
