@@ -27,15 +27,22 @@ class History:
     def __init__(self):
         self.lock = threading.Lock()
         self.events = []
+        self.seq = 0
         self.t0 = time.monotonic()
 
     def rec(self, client, kind, **fields):
         with self.lock:
-            ev = {"seq": len(self.events), "t": round(time.monotonic() - self.t0, 4), "client": client,
-                  "kind": kind}
+            ev = {"seq": self.seq, "t": round(time.monotonic() - self.t0, 4), "client": client, "kind": kind}
+            self.seq += 1
             ev.update(fields)
             self.events.append(ev)
             return ev
+
+    def take(self):
+        """The records so far (an epoch's), and a fresh list for the next."""
+        with self.lock:
+            out, self.events = self.events, []
+            return out
 
 
 class Ctx:
@@ -65,9 +72,11 @@ OPS = {
 }
 
 
-class Client(threading.Thread):
+class Client:
+    """One client: loop() runs operations until ctx.stop (an epoch's end),
+    finishing the one under way; a thread per client and epoch runs it."""
+
     def __init__(self, ctx, cid, rng, ops=None):
-        super().__init__(daemon=True, name=f"soak-client-{cid}")
         self.ctx, self.cid, self.rng = ctx, cid, rng
         self.n = 0
         self.held = []  # (release time, sockets/calls, how, fault record)
@@ -122,7 +131,7 @@ class Client(threading.Thread):
         self.held = keep
 
     # ------------------------------------------------------------ the loop
-    def run(self):
+    def loop(self):
         while not self.ctx.stop.is_set():
             kind = self.rng.choices(self.kinds, self.weights)[0]
             self.one(kind)
@@ -176,7 +185,7 @@ class Client(threading.Thread):
                         d = getattr(m.data, ch)
                         off = m.data.offset
                         self.rec("bg_data", tag=tag, conn=conn, ch=ch, off=off, n=len(d), dig=model.digest(d),
-                                 head=d[:24])
+                                 head=d[:16])
                         if off > have[ch]:
                             self.rec("bg_gap", tag=tag, conn=conn, ch=ch, have=have[ch], off=off)
                             c.close()
@@ -248,7 +257,7 @@ class Client(threading.Thread):
                     ch = m.data.WhichOneof("output")
                     d = getattr(m.data, ch)
                     self.rec("bg_peek_data", tag=tag, ch=ch, off=m.data.offset, n=len(d), dig=model.digest(d),
-                             pos=pos[ch], head=d[:24])
+                             pos=pos[ch], head=d[:16])
                     pos[ch] = max(pos[ch], m.data.offset + len(d))
         except (WireError, OSError) as e:
             self.rec("bg_peek_broken", tag=tag, error=f"{type(e).__name__}: {e}")
@@ -276,7 +285,7 @@ class Client(threading.Thread):
                 if which == "data":
                     ch = m.data.WhichOneof("output")
                     d = getattr(m.data, ch)
-                    self.rec("fg_data", fg=fid, ch=ch, off=m.data.offset, n=len(d), dig=model.digest(d), head=d[:24])
+                    self.rec("fg_data", fg=fid, ch=ch, off=m.data.offset, n=len(d), dig=model.digest(d), head=d[:16])
                 elif which == "end":
                     self.rec("fg_end", fg=fid, exit_code=m.end.exit_code, exited=m.end.exited,
                              status=m.end.status, error=m.end.error)

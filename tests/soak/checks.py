@@ -5,6 +5,12 @@ violations, each violation naming the history record it is about (seq)
 and the subject (tag, fg, vid, path, marker) whose records are printed
 around it.
 
+A check is called once per epoch with run.phase "history" (run.events:
+that epoch's records, every operation in them finished; run.final empty)
+and once at the end with run.phase "final" (run.events empty; run.final,
+run.probes, run.server filled): each looks at what its phase gives it.
+run.versions carries every upload seen so far across epochs.
+
 To add an invariant: write check_<name>(run) -> Outcome and add it to
 INVARIANTS (the order is the order failures are reported in).
 """
@@ -101,21 +107,25 @@ def check_output_exactly_once(run):
 
 
 # ------------------------------------------------------------------ 2
-def check_no_half_written_file(run):
-    """A download is not_found or exactly a version some client sent whole
-    to that path (header, length and SHA-256 of the body agree); the files
-    left at the end are such versions too."""
-    o = Outcome()
-    o.unit = "bytes"
-    versions = {}
-    for e in run.events:
+def collect_versions(events, versions):
+    """Add the uploads of these records to versions (vid → path, whether it
+    was sent whole, whether its upload failed)."""
+    for e in events:
         if e["kind"] == "up_begin":
             versions[e["vid"]] = {"path": e["path"], "size": e["size"], "whole": False, "failed": None}
         elif e["kind"] == "up_sent":
             versions[e["vid"]]["whole"] = True
         elif e["kind"] == "up_done" and e["code"] is not None:
             versions[e["vid"]]["failed"] = e["code"]
-    versions.update(run.static_versions)
+
+
+def check_no_half_written_file(run):
+    """A download is not_found or exactly a version some client sent whole
+    to that path (header, length and SHA-256 of the body agree); the files
+    left at the end are such versions too."""
+    o = Outcome()
+    o.unit = "bytes"
+    versions = run.versions
 
     def judge(ev, path, size, head, body_sha, hlen, where):
         v = model.parse_version(head)
@@ -210,6 +220,8 @@ def check_health_answered(run):
     its own, one new connection every 100 ms)."""
     o = Outcome()
     o.unit = "probes"
+    if run.phase != "final":
+        return o
     for p in run.probes:
         o.checked += 1
         if not p["ok"]:
@@ -227,6 +239,8 @@ def check_resources_return(run):
     were after the warm-up (within run.tolerance) once it settled."""
     o = Outcome()
     o.unit = "measures"
+    if run.phase != "final":
+        return o
     base, end, tol = run.base, run.final.get("res"), run.tolerance
     if not base or not end:
         o.bad(None, "no measurement (server gone?)")

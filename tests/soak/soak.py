@@ -217,16 +217,17 @@ def sanitizer_report(text):
 
 # ------------------------------------------------------------------ the run
 class Run:
-    """Everything the checkers read."""
+    """Everything the checkers read (checks.py says what, in which phase)."""
 
     def __init__(self):
+        self.phase = "history"
         self.events = []
+        self.versions = {}
         self.probes = []
         self.base = None
         self.final = {}
         self.server = {}
         self.tolerance = {}
-        self.static_versions = {}
         self.cut_short = False
 
 
@@ -238,6 +239,55 @@ def jsonable(v):
     if isinstance(v, (list, tuple)):
         return [jsonable(x) for x in v]
     return v
+
+
+SUBJECTS = ("tag", "fg", "vid", "path", "marker")
+
+
+def excerpt(events, seq, subject):
+    """The history around a violation: the records of its subject (or of
+    every client, without one) before it and a few after, as lines."""
+    keys = {k: v for k, v in subject.items() if k in SUBJECTS}
+    if keys:
+        around = [e for e in events if any(e.get(k) == v for k, v in keys.items())]
+    elif seq is not None:
+        around = [e for e in events if abs(e["seq"] - seq) <= 12]
+    else:
+        return []
+    if seq is not None:
+        chosen = [e for e in around if e["seq"] <= seq][-25:] + [e for e in around if e["seq"] > seq][:8]
+    else:
+        chosen = around[-20:]
+    lines = [f"history around it ({', '.join(f'{k}={v}' for k, v in keys.items()) or 'all clients'}"
+             f"{f'; record {seq}' if seq is not None else ''}):"]
+    for e in chosen:
+        mark = ">>" if e["seq"] == seq else "  "
+        fields = {k: v for k, v in e.items() if k not in ("seq", "t", "client", "kind", "trace")}
+        lines.append(f"{mark} #{e['seq']} t={e['t']:.3f} c{e['client']} {e['kind']} "
+                     f"{json.dumps(jsonable(fields))[:400]}")
+    return lines
+
+
+class Tally:
+    """One invariant's outcomes summed over the epochs and the final phase."""
+
+    def __init__(self, iid, name, fn):
+        self.iid, self.name, self.fn = iid, name, fn
+        self.checked = 0
+        self.unit = None
+        self.violations = []  # (seq, subject, text, excerpt lines)
+        self.count = 0
+        self.notes = collections.Counter()
+
+    def add(self, o, events):
+        self.checked += o.checked
+        if self.unit is None or o.checked:
+            self.unit = o.unit
+        self.notes.update(o.notes)
+        self.count += len(o.violations)
+        for seq, subject, text in sorted(o.violations, key=lambda v: (v[0] is None, v[0] or 0)):
+            if len(self.violations) < 50:
+                self.violations.append((seq, subject, text, excerpt(events, seq, subject)))
 
 
 def settle(pid, run, deadline, want):
@@ -265,8 +315,10 @@ def main(argv=None):
     ap.add_argument("--fd-tolerance", type=int, default=int(os.environ.get("SOAK_FD_TOLERANCE", "0")))
     ap.add_argument("--thread-tolerance", type=int, default=int(os.environ.get("SOAK_THREAD_TOLERANCE", "0")))
     ap.add_argument("--rss-tolerance-mib", type=float, default=None,
-                    help="RSS growth allowed over the warm-up's (default 48 MiB with ASan, 16 MiB without)")
+                    help="RSS growth allowed over the warm-up's (default 64 MiB with ASan, 16 MiB without)")
     ap.add_argument("--settle-seconds", type=float, default=float(os.environ.get("SOAK_SETTLE_SECONDS", "45")))
+    ap.add_argument("--epoch-seconds", type=float, default=float(os.environ.get("SOAK_EPOCH_SECONDS", "120")),
+                    help="check and drop the history this often (bounds the harness's memory in long runs)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
 
@@ -275,7 +327,7 @@ def main(argv=None):
     report_path = a.report or os.path.join(outdir, f"report-{a.seed}.json")
     say = (lambda *x: None) if a.quiet else (lambda *x: print(*x, flush=True))
     asan = "asan" in os.path.basename(os.path.dirname(a.bin)) or b"__asan_init" in open(a.bin, "rb").read()
-    rss_tol = a.rss_tolerance_mib if a.rss_tolerance_mib is not None else (48 if asan else 16)
+    rss_tol = a.rss_tolerance_mib if a.rss_tolerance_mib is not None else (64 if asan else 16)
 
     run = Run()
     run.tolerance = {"fds": a.fd_tolerance, "threads": a.thread_tolerance, "rss_kib": int(rss_tol * 1024)}
@@ -290,7 +342,7 @@ def main(argv=None):
     static_body = master.randbytes(3 * 1024 * 1024 + 12345)
     with open(static_path, "wb") as f:
         f.write(model.version_content("static", 99, static_body))
-    run.static_versions = {"static": {"path": static_path, "whole": True, "failed": None}}
+    run.versions["static"] = {"path": static_path, "whole": True, "failed": None}
 
     log_path = os.path.join(outdir, f"server-{a.seed}.log")
     log = open(log_path, "wb")
@@ -354,7 +406,10 @@ def main(argv=None):
     run.base = measure(pid)
     say(f"soak: baseline fds {run.base['fds']} threads {run.base['threads']} RSS {run.base['rss_kib']} KiB")
 
-    # ---- the run
+    # ---- the run, in epochs: at each epoch's end the clients finish what
+    # they are doing, the checkers judge that epoch's history, and it goes
+    tallies = [Tally(i, n, f) for i, n, f in checks.INVARIANTS]
+    ops, faults = collections.Counter(), collections.Counter()
     t0_wall = time.time()
     probe = subprocess.Popen([sys.executable, "-c", PROBE, str(port), str(t0_wall), str(time.time() + a.seconds)],
                              stdout=subprocess.PIPE, text=True)
@@ -362,31 +417,61 @@ def main(argv=None):
     pt = threading.Thread(target=lambda: probe_lines.extend(probe.stdout), daemon=True)
     pt.start()
     clients = [actors.Client(ctx, i, random.Random(f"{a.seed}/{i}")) for i in range(a.clients)]
-    for c in clients:
-        c.start()
     samples = []
     t_start = time.monotonic()
+    t_end = t_start + a.seconds
     next_print = t_start + 15
-    while time.monotonic() - t_start < a.seconds and not server_died():
-        time.sleep(1)
-        try:
-            m = measure(pid)
-        except OSError:
-            continue
-        samples.append({"t": round(time.monotonic() - t_start, 1), "fds": m["fds"], "threads": m["threads"],
-                        "rss_kib": m["rss_kib"]})
-        if time.monotonic() >= next_print:
-            next_print += 15
-            ops = collections.Counter(e["op"] for e in hist.events if e["kind"] == "op")
-            say(f"[{time.monotonic() - t_start:5.0f} s] RSS {m['rss_kib']} KiB fds {m['fds']} threads "
-                f"{m['threads']} children {len(children(pid))} ops {sum(ops.values())}")
-    stop.set()
-    say("soak: stopping the clients")
-    for c in clients:
-        c.join(timeout=max(5.0, 150 - (time.monotonic() - t_start - a.seconds)))
-    if any(c.is_alive() for c in clients):
-        run.cut_short = True
-        say("soak: some clients did not finish")
+    last_events = []
+    warm = hist.take()  # the warm-up's records: judged too, not counted
+    checks.collect_versions(warm, run.versions)
+    run.phase, run.events, run.final = "history", warm, {}
+    for t in tallies:
+        t.add(t.fn(run), warm)
+    if a.history and os.path.exists(a.history):
+        os.remove(a.history)
+    epochs = 0
+    while True:
+        ctx.stop = threading.Event()
+        threads = [threading.Thread(target=c.loop, daemon=True, name=f"soak-client-{c.cid}") for c in clients]
+        for t in threads:
+            t.start()
+        t_epoch = min(t_end, time.monotonic() + a.epoch_seconds)
+        while time.monotonic() < t_epoch and not server_died():
+            time.sleep(1)
+            try:
+                m = measure(pid)
+            except OSError:
+                continue
+            samples.append({"t": round(time.monotonic() - t_start, 1), "fds": m["fds"], "threads": m["threads"],
+                            "rss_kib": m["rss_kib"]})
+            if time.monotonic() >= next_print:
+                next_print += 15
+                n = sum(ops.values()) + sum(1 for e in list(hist.events) if e["kind"] == "op")
+                say(f"[{time.monotonic() - t_start:5.0f} s] RSS {m['rss_kib']} KiB fds {m['fds']} threads "
+                    f"{m['threads']} children {len(children(pid))} operations {n}")
+        ctx.stop.set()
+        for t in threads:
+            t.join(timeout=max(5.0, 150 - (time.monotonic() - t_epoch)))
+        if any(t.is_alive() for t in threads):
+            run.cut_short = True
+            say("soak: some clients did not finish their operation")
+        events = hist.take()
+        epochs += 1
+        ops.update(e["op"] for e in events if e["kind"] == "op")
+        faults.update(e["what"] for e in events if e["kind"] == "fault")
+        checks.collect_versions(events, run.versions)
+        run.phase, run.events, run.final = "history", events, {}
+        for t in tallies:
+            t.add(t.fn(run), events)
+        if a.history:
+            with open(a.history, "a") as f:
+                for e in events:
+                    f.write(json.dumps(jsonable(e)) + "\n")
+        last_events = events
+        if (server_died() or run.cut_short or time.monotonic() >= t_end - 1
+                or any(t.violations for t in tallies)):
+            break
+        say(f"soak: epoch {epochs} checked ({len(events)} records), going on")
 
     # ---- settle, then the final state
     say("soak: settling")
@@ -407,7 +492,6 @@ def main(argv=None):
         final["files"] = [file_state(p) for p in paths]
         final["cgroups"] = held_cgroups(pid)
         final["settle_s"] = round(time.monotonic() - t_settle, 1)
-    run.final = final
 
     # ---- stop the server
     exit_code = None
@@ -427,48 +511,43 @@ def main(argv=None):
     run.server = {"died": died[0] if died else None, "exit": exit_code, "sanitizer": sanitizer_report(text),
                   "log": log_path}
     run.probes = [json.loads(x) for x in probe_lines if x.strip()]
-    run.events = hist.events
 
-    # ---- check
-    results = []
-    for iid, name, fn in checks.INVARIANTS:
-        o = fn(run)
-        results.append((iid, name, fn, o))
-    ok = all(not o.violations for *_x, o in results)
-    report = build_report(a, run, results, samples, port, ok)
+    # ---- the final checks
+    run.phase, run.events, run.final = "final", [], final
+    for t in tallies:
+        t.add(t.fn(run), last_events)
+    ok = not any(t.violations for t in tallies)
+    report = build_report(a, run, tallies, ops, faults, samples, port, ok, epochs)
     with open(report_path, "w") as f:
         json.dump(jsonable(report), f, indent=1)
-    hist_path = a.history or (None if ok else os.path.join(outdir, f"history-{a.seed}.jsonl"))
-    if hist_path:
+    hist_path = a.history
+    if not ok and not hist_path:
+        hist_path = os.path.join(outdir, f"history-{a.seed}.jsonl")
         with open(hist_path, "w") as f:
-            for e in run.events:
+            for e in last_events:
                 f.write(json.dumps(jsonable(e)) + "\n")
     print_summary(a, report, say)
     if not ok:
-        print_failure(a, run, results, hist_path, report_path)
+        print_failure(a, run, tallies, hist_path, report_path)
     else:
         shutil.rmtree(root, ignore_errors=True)
     return 0 if ok else 1
 
 
-def build_report(a, run, results, samples, port, ok):
-    ops = collections.Counter(e["op"] for e in run.events if e["kind"] == "op" and e["client"] != "w")
-    faults = collections.Counter(e["what"] for e in run.events if e["kind"] == "fault" and e["client"] != "w")
-    by = {name: o for _i, name, _f, o in results}
+def build_report(a, run, tallies, ops, faults, samples, port, ok, epochs):
+    by = {t.name: t for t in tallies}
     probes = run.probes
     worst = max(probes, key=lambda p: p["latency"]) if probes else None
     return {
         "seed": a.seed, "seconds": a.seconds, "clients": a.clients, "binary": a.bin, "port": port,
-        "protocols": a.protocols, "ok": ok,
+        "protocols": a.protocols, "epochs": epochs, "ok": ok,
         "counts": {
             "ops": dict(sorted(ops.items())), "faults": dict(sorted(faults.items())),
-            "records": len(run.events),
             "bytes_checked": {"background_output": by["output_exactly_once"].checked,
                               "downloads": by["no_half_written_file"].checked,
                               "command_output": by["command_output_exact"].checked},
             "background_writers": by["output_exactly_once"].notes.get("writers", 0),
             "background_gaps": by["output_exactly_once"].notes.get("gaps", 0),
-            "uploads_whole": sum(1 for e in run.events if e["kind"] == "up_sent"),
         },
         "health": {"probes": len(probes), "worst_ms": round(worst["latency"] * 1000, 1) if worst else None,
                    "worst_at_s": worst["t"] if worst else None,
@@ -481,10 +560,11 @@ def build_report(a, run, results, samples, port, ok):
                       "tolerance": run.tolerance, "settle_s": run.final.get("settle_s"),
                       "samples": samples[::max(1, len(samples) // 60)]},
         "server": {k: v for k, v in run.server.items() if k != "sanitizer"},
-        "invariants": [{"id": i, "name": name, "ok": not o.violations, "checked": o.checked, "unit": o.unit,
-                        "violations": len(o.violations), "first": o.violations[0][2] if o.violations else None,
-                        "what": (f.__doc__ or "").split("\n\n")[0].replace("\n    ", " ").strip()}
-                       for i, name, f, o in results],
+        "invariants": [{"id": t.iid, "name": t.name, "ok": not t.violations, "checked": t.checked,
+                        "unit": t.unit or "", "violations": t.count,
+                        "first": t.violations[0][2] if t.violations else None,
+                        "what": (t.fn.__doc__ or "").replace("\n    ", " ").strip()}
+                       for t in tallies],
         "cut_short": run.cut_short,
     }
 
@@ -506,37 +586,17 @@ def print_summary(a, r, say):
     say(f"soak: {'OK' if r['ok'] else 'FAILED'} (seed {r['seed']})")
 
 
-def print_failure(a, run, results, hist_path, report_path):
-    iid, name, fn, o = next(x for x in results if x[3].violations)
-    seq, subject, text = min(o.violations, key=lambda v: (v[0] is None, v[0] or 0))
+def print_failure(a, run, tallies, hist_path, report_path):
+    t = next(x for x in tallies if x.violations)
+    seq, subject, text, lines = t.violations[0]
     out = sys.stdout
-    print(f"\nsoak: FAILED, seed {a.seed}: invariant {iid} {name} broken", file=out)
-    print(f"  ({(fn.__doc__ or '').strip().splitlines()[0]} …)", file=out)
-    print(f"  {text}", file=out)
-    evs = run.events
-    keys = {k: v for k, v in subject.items() if k in ("tag", "fg", "vid", "path", "marker")}
-    if seq is not None:
-        around = [e for e in evs if any(e.get(k) == v for k, v in keys.items())] if keys else \
-            [e for e in evs if abs(e["seq"] - seq) <= 12]
-        before = [e for e in around if e["seq"] <= seq][-25:]
-        after = [e for e in around if e["seq"] > seq][:8]
-        print(f"  history around it (record {seq}; {', '.join(f'{k}={v}' for k, v in keys.items()) or 'all clients'}):",
-              file=out)
-        for e in before + after:
-            mark = ">>" if e["seq"] == seq else "  "
-            fields = {k: v for k, v in e.items() if k not in ("seq", "t", "client", "kind", "trace")}
-            print(f"  {mark} #{e['seq']} t={e['t']:.3f} c{e['client']} {e['kind']} {json.dumps(jsonable(fields))[:400]}",
-                  file=out)
-    elif keys:
-        rel = [e for e in evs if any(e.get(k) == v for k, v in keys.items())][-20:]
-        if rel:
-            print(f"  last records of {keys}:", file=out)
-            for e in rel:
-                fields = {k: v for k, v in e.items() if k not in ("seq", "t", "client", "kind", "trace")}
-                print(f"     #{e['seq']} t={e['t']:.3f} c{e['client']} {e['kind']} {json.dumps(jsonable(fields))[:400]}",
-                      file=out)
-    if len(o.violations) > 1:
-        print(f"  ({len(o.violations) - 1} more violations of this invariant)", file=out)
+    print(f"\nsoak: FAILED, seed {a.seed}: invariant {t.iid} {t.name} broken", file=out)
+    print(f"  ({(t.fn.__doc__ or '').strip().splitlines()[0]} …)", file=out)
+    print("  " + text.replace("\n", "\n  "), file=out)
+    for line in lines:
+        print("  " + line, file=out)
+    if t.count > 1:
+        print(f"  ({t.count - 1} more violations of this invariant)", file=out)
     print(f"  report {report_path}" + (f", history {hist_path}" if hist_path else "")
           + f", server log {run.server.get('log')}", file=out)
     print(f"  replay: tests/soak/soak.py --seed {a.seed} --seconds {a.seconds:g} --clients {a.clients}", file=out)
