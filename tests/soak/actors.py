@@ -45,10 +45,52 @@ class History:
             return out
 
 
+class Holder:
+    """Connections a fault holds for a while (a download never read, an idle
+    half-request), cut on time by a thread of their own: not by the client
+    that made them, which may meanwhile wait on the server for something
+    those very connections hold (the daemon-wide budget)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.items = []  # (release time, object with reset/cancel/close, how)
+        self.wake = threading.Event()
+        self.done = False
+        self.thread = threading.Thread(target=self._run, daemon=True, name="soak-holder")
+        self.thread.start()
+
+    def add(self, when, obj, how):
+        with self.lock:
+            self.items.append((when, obj, how))
+        self.wake.set()
+
+    def release(self, force=False):
+        now = time.monotonic()
+        with self.lock:
+            due = [x for x in self.items if force or x[0] <= now]
+            self.items = [x for x in self.items if not (force or x[0] <= now)]
+        for _when, obj, how in due:
+            try:
+                {"rst": obj.reset, "cancel": obj.cancel}.get(how, obj.close)()
+            except OSError:
+                pass
+
+    def _run(self):
+        while not self.done:
+            self.wake.wait(0.1)
+            self.wake.clear()
+            self.release()
+
+    def stop(self):
+        self.release(force=True)
+        self.done = True
+
+
 class Ctx:
     """What every client shares: the server, the history, the file paths."""
 
     def __init__(self, port, token, history, root, paths, static_path, stop, marker_base, protocols):
+        self.holder = Holder()
         self.port, self.token, self.h = port, token, history
         self.root, self.paths, self.static_path = root, paths, static_path
         self.stop = stop
@@ -79,7 +121,6 @@ class Client:
     def __init__(self, ctx, cid, rng, ops=None):
         self.ctx, self.cid, self.rng = ctx, cid, rng
         self.n = 0
-        self.held = []  # (release time, sockets/calls, how, fault record)
         self.ops = ops or OPS
         self.kinds = list(self.ops)
         self.weights = [self.ops[k] for k in self.kinds]
@@ -117,26 +158,11 @@ class Client:
         while time.monotonic() < end and not self.ctx.stop.is_set():
             time.sleep(min(0.1, end - time.monotonic()))
 
-    def release_held(self, force=False):
-        now = time.monotonic()
-        keep = []
-        for when, obj, how, fr in self.held:
-            if force or now >= when:
-                try:
-                    self.cut(obj, how)
-                except OSError:
-                    pass
-            else:
-                keep.append((when, obj, how, fr))
-        self.held = keep
-
     # ------------------------------------------------------------ the loop
     def loop(self):
         while not self.ctx.stop.is_set():
             kind = self.rng.choices(self.kinds, self.weights)[0]
             self.one(kind)
-            self.release_held()
-        self.release_held(force=True)
 
     def one(self, kind):
         self.rec("op", op=kind)
@@ -496,8 +522,8 @@ class Client:
             self.rec("down_idle_broken", error=f"{type(e).__name__}: {e}")
             c.close()
             return
-        fr = self.fault("download_never_read", path=path, hold=hold, then=how)
-        self.held.append((time.monotonic() + hold, c, how, fr))
+        self.fault("download_never_read", path=path, hold=hold, then=how)
+        self.ctx.holder.add(time.monotonic() + hold, c, how)
 
     # ------------------------------------------------------------ idle half-requests
     def op_half_request(self):
@@ -539,8 +565,8 @@ class Client:
                 s.sendall(h.data_to_send())
         except OSError as e:
             self.rec("half_broken", error=f"{type(e).__name__}: {e}")
-        fr = self.fault("half_request_" + kind, hold=hold, then=how)
-        self.held.append((time.monotonic() + hold, _Sock(s), how, fr))
+        self.fault("half_request_" + kind, hold=hold, then=how)
+        self.ctx.holder.add(time.monotonic() + hold, _Sock(s), how)
 
     # ------------------------------------------------------------ unary calls
     def op_unary(self):

@@ -302,10 +302,12 @@ EXPECTED_UNARY = {"Stat": {None, "not_found"}, "Remove": {None, "not_found"}, "L
 
 def check_server_sound(run):
     """The server stays up, exits cleanly on SIGTERM, its log has no
-    sanitizer report, and every call that no fault touched is answered
-    (no broken stream, no unexpected error, nothing the client could not
-    parse)."""
+    sanitizer report, every call that no fault touched is answered (no
+    broken stream, no unexpected error, nothing the client could not
+    parse), and after the settle it still serves a download and a command."""
     o = Outcome()
+    for text in run.final.get("serving", []):
+        o.bad(None, text)
     s = run.server
     if s.get("died"):
         o.bad(None, f"the server died during the run: {s['died']}")

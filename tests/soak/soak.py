@@ -207,6 +207,36 @@ def file_state(path):
             "body_sha": hashlib.sha256(data[hlen:]).hexdigest() if v else None}
 
 
+def still_serving(port, token, static_path, timeout=20.0):
+    """After the settle: a download of the static file and a foreground
+    command each complete within timeout (nothing held on behalf of clients
+    that are gone keeps the server from serving).  Problems, as text."""
+    import agent_pb2 as pb
+    import wire
+    out = []
+    for what, method, req in (
+            ("download of the static file", "GetFileStream", pb.GetFileRequest(filepath=static_path)),
+            ("foreground `yes | head -c 300000`", "StartProcess",
+             pb.StartProcessRequest(cmd="sh", args=["-c", "yes | head -c 300000"]))):
+        t = time.monotonic()
+        c = wire.Call(port, token, method, "h1", "connect", "proto", timeout=timeout)
+        try:
+            c.request([req])
+            while True:
+                k, m = c.next()
+                if k == "end":
+                    if m.code is not None:
+                        out.append(f"{what} after the settle failed {m.code}: {m.message}")
+                    break
+                if time.monotonic() - t > timeout:
+                    raise TimeoutError(f"not done after {timeout:.0f} s")
+        except (OSError, wire.WireError) as e:
+            out.append(f"{what} after the settle: {type(e).__name__}: {e}")
+        finally:
+            c.close()
+    return out
+
+
 def sanitizer_report(text):
     for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
         i = text.find(marker)
@@ -391,7 +421,7 @@ def main(argv=None):
     for kind in ["unary", "upload", "download", "fg_command", "bg_follow", "cmd_cut", "upload_cut",
                  "download_cut", "download_idle", "half_request"]:
         w.one(kind)
-    w.release_held(force=True)
+    ctx.holder.release(force=True)
     # a command that leaves a process behind: its cgroup lingers, watched
     # through libuv's inotify descriptor, which libuv keeps from then on
     import wire
@@ -452,6 +482,7 @@ def main(argv=None):
         ctx.stop.set()
         for t in threads:
             t.join(timeout=max(5.0, 150 - (time.monotonic() - t_epoch)))
+        ctx.holder.release(force=True)
         if any(t.is_alive() for t in threads):
             run.cut_short = True
             say("soak: some clients did not finish their operation")
@@ -473,6 +504,8 @@ def main(argv=None):
             break
         say(f"soak: epoch {epochs} checked ({len(events)} records), going on")
 
+    ctx.holder.stop()
+
     # ---- settle, then the final state
     say("soak: settling")
     t_settle = time.monotonic()
@@ -492,6 +525,7 @@ def main(argv=None):
         final["files"] = [file_state(p) for p in paths]
         final["cgroups"] = held_cgroups(pid)
         final["settle_s"] = round(time.monotonic() - t_settle, 1)
+        final["serving"] = still_serving(port, token, static_path)
 
     # ---- stop the server
     exit_code = None
