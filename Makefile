@@ -9,6 +9,7 @@
 #   make check      build and run every test (unit, integration, namespaces, microVM)
 #   make vm-image   bake the static binary (from the .deb) into a bootable guest (build/vm)
 #   make unit       unit tests only
+#   make soak       the soak (tests/soak): [SOAK_SECONDS=600] [SOAK_SEED=n], ASan binary
 #   make install    [PREFIX=/usr/local] [DESTDIR=…] → $(DESTDIR)$(PREFIX)/sbin/conch-init
 #   make dist       reproducible source tarball   build/conch-init-$(VERSION).tar.gz
 #   make rpm        .src.rpm and the x86_64 and aarch64 RPMs rebuilt from it (build/rpm)
@@ -262,6 +263,26 @@ fuzz: fuzz-build
 fuzz-smoke: fuzz-build
 	FUZZ_SEED=1 tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS) $(FUZZ_BINS)
 
+# The soak (tests/soak, docs/guide/tests.md "Soak"): clients at once with
+# faults against the ASan binary, then the invariants checked on what they
+# saw.  make soak [SOAK_SECONDS=600] [SOAK_SEED=n] [SOAK_CLIENTS=8];
+# make check runs soak-check: the harness's own test (three broken agents
+# built from build/dev, each caught by its invariant) and a 60 s soak.
+SOAK_SECONDS ?= 600
+SOAK_CHECK_SECONDS ?= 60
+SOAK_DEPS := python3 python3-h2 python3-protobuf python3-pytest protobuf-compiler patch
+SOAK_DEPS_STAMP := build/.soakdeps-ok
+SOAK_ARGS = $(if $(SOAK_SEED),--seed $(SOAK_SEED)) $(if $(SOAK_CLIENTS),--clients $(SOAK_CLIENTS))
+.PHONY: soak soak-check
+$(SOAK_DEPS_STAMP): | $(DEPS_STAMP)
+	@$(call apt-missing,soak dependencies,$(SOAK_DEPS))
+	@touch $@
+soak: asan $(SOAK_DEPS_STAMP)
+	nice -n 10 /usr/bin/python3 tests/soak/soak.py --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
+soak-check: asan dev $(SOAK_DEPS_STAMP)
+	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/soak/test_harness.py
+	/usr/bin/python3 tests/soak/soak.py --seconds $(SOAK_CHECK_SECONDS) $(SOAK_ARGS)
+
 # The microVM suite (tests/vm): Debian's stock kernel under qemu, booting
 # the image of vm-image.  Runs alone: TCG wants both cores.
 vm-image: static $(DEB)
@@ -279,7 +300,7 @@ vm-check: vm-image vm-image-arm64 $(ARM64_ALL_UNIT_BINS) test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
 	PYTHONPATH=$(CURDIR)/build/py:$(CURDIR)/tests/integration /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/vm
 
-check: asan unit unit-arm64 tsan-check fuzz-smoke integration packaging vm-check
+check: asan unit unit-arm64 tsan-check fuzz-smoke integration soak-check packaging vm-check
 
 run: dev
 	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \
