@@ -17,6 +17,7 @@
 #include "agent/log.h"
 #include "agent/rpcdecode.h"
 #include "agent/rpcerr.h"
+#include "agent/tokhold.h"
 #include "proto/envelope.h"
 #include "proto/gzip.h"
 #include "proto/pbjson.h"
@@ -83,6 +84,7 @@ struct rpc_call {
   gzq gzq;                    /* stream sends from the first pool deflate on, in order */
   budget_waiter bw; /* rpc_out_room refused for the daemon-wide budget: in its FIFO */
   size_t breserved; /* rpc_out_room granted this much: counted in conch.held until the next send */
+  tokhold tok;      /* a stream: the token generation it authenticated with (tokhold.h) */
 };
 
 /* Client streaming and bidi: messages go to on_message as they arrive. */
@@ -120,6 +122,7 @@ static void call_closed(uv_handle_t *h) {
   rpc_call *c = h->data;
   if (--c->handles == 0) {
     budget_unwait(&c->bw);
+    tokhold_drop(&c->tok);
     conch.held -= c->breserved;
     free(c->in);
     conch.rx_buffered -= c->in_cap + c->big.len;
@@ -255,6 +258,11 @@ static void call_fail(rpc_call *c, rpc_code code, const char *msg) {
   }
   call_end(c, code, msg);
   call_maybe_free(c);
+}
+
+/* tokhold: the token this stream authenticated with was replaced (api.md §4). */
+static void call_token_replaced(tokhold *t) {
+  call_fail((rpc_call *)((char *)t - offsetof(rpc_call, tok)), RPC_UNAUTHENTICATED, "agent token was replaced");
 }
 
 void rpc_defer_end(rpc_call *c) {
@@ -1144,6 +1152,7 @@ void connect_serve(hx *x, const rpc_method *m) {
     return;
   }
   hx_authed(x); /* the connection's output is no longer held to CONN_UNAUTH_OUTQ */
+  if (m->kind != RPC_UNARY) tokhold_take(&c->tok, call_token_replaced); /* a unary call finishes */
   /* timeout */
   const char *tv = (w == W_GRPC || w == W_GRPC_WEB) ? hx_get(x, "grpc-timeout")
                                                     : hx_get(x, "connect-timeout-ms");

@@ -23,6 +23,7 @@
 #include "agent/log.h"
 #include "agent/rpc.h"
 #include "agent/senv.h"
+#include "agent/tokhold.h"
 #include "init/initmsg.h"
 #include "init/restore.h"
 #include "init/network.h"
@@ -307,7 +308,9 @@ static int apply_identity(const initmsg_plan *p) {
   free(ips.sandbox_id);
   ips.sandbox_id = sid;
   snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", sid);
-  daemon_set_token(p->token, p->token_len);
+  /* a replaced token ends what the previous one opened (api.md §4: a clone
+   * restored from a checkpoint serves nothing to its origin's clients) */
+  if (daemon_set_token(p->token, p->token_len)) tokhold_revoke_stale();
   return 0;
 }
 
