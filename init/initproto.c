@@ -300,6 +300,7 @@ static void wait_start(ip_conn *c) {
 
 /* ------------------------------------------------------------ applying */
 
+/* -1 out of memory, else 1 when the token changed, 0 when it is the same. */
 static int apply_identity(const initmsg_plan *p) {
   for (size_t i = 0; i < p->nenv; i++)
     if (senv_set(p->env_k[i], p->env_v[i]) != 0) return -1;
@@ -310,8 +311,9 @@ static int apply_identity(const initmsg_plan *p) {
   snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", sid);
   /* a replaced token ends what the previous one opened (api.md §4: a clone
    * restored from a checkpoint serves nothing to its origin's clients) */
-  if (daemon_set_token(p->token, p->token_len)) tokhold_revoke_stale();
-  return 0;
+  if (!daemon_set_token(p->token, p->token_len)) return 0;
+  tokhold_revoke_stale();
+  return 1;
 }
 
 static void work_run(void *data) {
@@ -347,14 +349,16 @@ static void work_done(void *data, int canceled) {
     go_terminal(c, c->work_result);
     return;
   }
-  if (apply_identity(&c->plan) != 0) {
+  int token_changed = apply_identity(&c->plan);
+  if (token_changed < 0) {
     go_terminal(c, "invalid sandbox environment: out of memory");
     return;
   }
   if (ips.opts.apply_restore) restore_apply(&c->plan, (int64_t)((uv_hrtime() - c->t_recv) / 1000000));
   if (c->work_revalidate) {
-    LOG_INFO("init message re-applied: network %s, token replaced",
-             ips.opts.apply_network ? "revalidated" : "not managed here");
+    LOG_INFO("init message re-applied: network %s, token %s",
+             ips.opts.apply_network ? "revalidated" : "not managed here",
+             token_changed ? "replaced" : "unchanged");
     respond_simple(c, 1, 0, NULL);
     return;
   }
