@@ -302,12 +302,15 @@ vm-check: vm-image vm-image-arm64 $(ARM64_ALL_UNIT_BINS) test-deps
 
 check: asan unit unit-arm64 tsan-check fuzz-smoke integration soak-check packaging vm-check
 
+# The token goes to the daemon in a file (mode 0600), not on its command
+# line, where /proc/<pid>/cmdline would show it until it overwrites it.
 run: dev
 	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \
-	echo "conch-init serving on 0.0.0.0:4064  token: $$tok"; \
+	tf=build/run-token; rm -f $$tf; (umask 077; printf '%s\n' "$$tok" > $$tf) || exit 1; \
+	echo "conch-init serving on 0.0.0.0:4064  token: $$tok  (in $$tf)"; \
 	echo "  try: curl -s http://127.0.0.1:4064/health"; \
 	echo "       curl -s http://127.0.0.1:4064/pb.ProcessService/List -H 'Connect-Protocol-Version: 1' -H 'Content-Type: application/json' -H \"conch-init-token: $$tok\" --data '{}'"; \
-	exec build/dev/conch-init serve --listen 0.0.0.0:4064 --token "$$tok"
+	exec build/dev/conch-init serve --listen 0.0.0.0:4064 --token-file $$tf
 
 bench: dev test-deps
 	tests/bench/run-all.sh

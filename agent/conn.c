@@ -10,6 +10,7 @@
 #include "agent/bufref.h"
 #include "agent/daemon.h"
 #include "agent/log.h"
+#include "agent/tokhold.h"
 
 static const char h2_preface[24] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -34,6 +35,7 @@ typedef struct conn {
   int handles_open;
   int counted; /* in conch.nconns */
   unsigned nbulk; /* exchanges sending bulk data (hx_bulk) */
+  tokhold tok;    /* authenticated (hx_authed): with which token generation */
 } conn;
 
 #define CONN_BATCH_BUFS 64
@@ -111,6 +113,7 @@ static void conn_free_cb(uv_handle_t *h) {
 static void conn_close(conn *c) {
   if (c->s.closing) return;
   c->s.closing = 1;
+  tokhold_drop(&c->tok);
   if (c->s.proto && c->s.proto->on_close) c->s.proto->on_close(&c->s);
   c->s.proto = NULL;
   conn_batch_free(c);
@@ -420,9 +423,25 @@ static void conn_op_bulk(hsink *s, int on) {
     setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v);
 }
 
+/* The token its requests authenticated with was replaced (tokhold.h):
+ * the protocol closes once its exchanges ended (HTTP/1.1: after the one
+ * running, at once when idle; HTTP/2: GOAWAY, then close).  `authed`
+ * stays: a unary answer in flight is not cut as if never authenticated. */
+static void conn_token_replaced(tokhold *t) {
+  conn *c = (conn *)((char *)t - offsetof(conn, tok));
+  LOG_DEBUG("conn=%llu: its token was replaced, closing", (unsigned long long)c->s.id);
+  if (c->s.proto && c->s.proto->on_revoked) c->s.proto->on_revoked(&c->s);
+  else conn_close(c);
+}
+
+static void conn_op_authed(hsink *s) {
+  conn *c = (conn *)s;
+  if (!c->s.closing) tokhold_take(&c->tok, conn_token_replaced);
+}
+
 static const hsink_ops conn_sink_ops = {conn_op_write,  conn_op_free_later, conn_op_read_pause,
                                         conn_op_timer,  conn_op_defer,      conn_op_close,
-                                        conn_op_trim,   conn_op_bulk};
+                                        conn_op_trim,   conn_op_bulk,       conn_op_authed};
 
 void conn_accept(uv_stream_t *server, const hserve *serve) {
   conn *c = calloc(1, sizeof *c);

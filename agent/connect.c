@@ -16,6 +16,7 @@
 #include "agent/daemon.h"
 #include "agent/log.h"
 #include "agent/rpcerr.h"
+#include "agent/tokhold.h"
 #include "proto/envelope.h"
 #include "proto/gzip.h"
 #include "proto/pbjson.h"
@@ -47,6 +48,7 @@ static void call_closed(uv_handle_t *h) {
   rpc_call *c = h->data;
   if (--c->handles == 0) {
     budget_unwait(&c->bw);
+    tokhold_drop(&c->tok);
     conch.held -= c->breserved;
     free(c->in);
     conch.rx_buffered -= c->in_cap + c->big.len;
@@ -184,6 +186,11 @@ void connect__fail(rpc_call *c, rpc_code code, const char *msg) {
   }
   call_end(c, code, msg);
   connect__maybe_free(c);
+}
+
+/* tokhold: the token this stream authenticated with was replaced (api.md §4). */
+static void call_token_replaced(tokhold *t) {
+  connect__fail((rpc_call *)((char *)t - offsetof(rpc_call, tok)), RPC_UNAUTHENTICATED, "agent token was replaced");
 }
 
 void rpc_defer_end(rpc_call *c) {
@@ -641,6 +648,7 @@ void connect_serve(hx *x, const rpc_method *m) {
     return;
   }
   hx_authed(x); /* the connection's output is no longer held to CONN_UNAUTH_OUTQ */
+  if (m->kind != RPC_UNARY) tokhold_take(&c->tok, call_token_replaced); /* a unary call finishes */
   /* the user, right after authentication (api.md §9) */
   const char *uspec = hx_get(x, "conch-init-user");
   if (!uspec && conch.default_user[0]) uspec = conch.default_user;

@@ -12,6 +12,7 @@
 #include "agent/gzq.h"
 #include "agent/hx.h"
 #include "agent/rpc.h"
+#include "agent/tokhold.h"
 #include "agent/users.h"
 #include "proto/pbwire.h"
 
@@ -78,6 +79,7 @@ struct rpc_call {
   gzq gzq;                    /* stream sends from the first pool deflate on, in order */
   budget_waiter bw; /* rpc_out_room refused for the daemon-wide budget: in its FIFO */
   size_t breserved; /* rpc_out_room granted this much: counted in conch.held until the next send */
+  tokhold tok;      /* a stream: the token generation it authenticated with (tokhold.h) */
 };
 
 static inline int streams_in(const rpc_method *m) {

@@ -9,12 +9,15 @@ conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */, .http_header_ms = 10000
                       .rx_budget = 256u * 1024 * 1024,
                       .budget = 64u * 1024 * 1024};
 
-void daemon_set_token(const char *tok, size_t len) {
+int daemon_set_token(const char *tok, size_t len) {
   if (len > CONCH_TOKEN_MAX) len = CONCH_TOKEN_MAX;
+  int changed = !conch.token_set || len != conch.token_len || memcmp(conch.token, tok, len) != 0;
   memcpy(conch.token, tok, len);
   conch.token[len] = 0;
   conch.token_len = len;
   conch.token_set = 1;
+  if (changed) conch.token_gen++;
+  return changed;
 }
 
 void *daemon_alloc_state(size_t size, const char *name) {

@@ -30,6 +30,9 @@ typedef struct conch_daemon {
   int token_set;
   size_t token_len;
   char token[CONCH_TOKEN_MAX + 1];
+  /* bumped each time the token changes: what authenticated records the
+   * generation it did so with (agent/tokhold.h) */
+  unsigned long long token_gen;
 
   char sandbox_id[256];
   /* api.md §9: the user of RPCs that name none (serve --default-user, init
@@ -97,7 +100,9 @@ extern conch_daemon conch;
  * on first use); out of memory at that point aborts with a log line. */
 void *daemon_alloc_state(size_t size, const char *name);
 
-/* Replace the token (trimmed by the caller). len <= CONCH_TOKEN_MAX. */
-void daemon_set_token(const char *tok, size_t len);
+/* Replace the token (trimmed by the caller). len <= CONCH_TOKEN_MAX.
+ * Returns 1 when it changed (conch.token_gen bumped; a caller replacing a
+ * live token then calls tokhold_revoke_stale()), 0 when it is the same. */
+int daemon_set_token(const char *tok, size_t len);
 
 #endif

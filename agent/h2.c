@@ -84,6 +84,9 @@ typedef struct h2c {
   size_t computing, done_held;
   h2s *ahead, *atail; /* complete requests waiting to be dispatched */
   int read_paused;    /* reading stopped: too much output for the socket */
+  /* the token its requests authenticated with was replaced (h2_on_revoked):
+   * 1 new streams refused, GOAWAY once none is left; 2 GOAWAY submitted */
+  int revoked;
 } h2c;
 
 #define H2_WRITE_CHUNK (256u * 1024)
@@ -352,6 +355,10 @@ static void h2_admit(h2c *sc) {
 static int h2_on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
   h2c *sc = ud;
   if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  if (sc->revoked) { /* closing (h2_on_revoked): not processed, the client may retry elsewhere */
+    nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_REFUSED_STREAM);
+    return 0;
+  }
   if (!sc->c->authed && sc->nstreams >= H2_UNAUTH_STREAMS) {
     sink_unauth_over(sc->c, "too many streams");
     return NGHTTP2_ERR_CALLBACK_FAILURE; /* h2_on_read closes */
@@ -609,9 +616,21 @@ static void h2_room_wake(h2c *sc) {
 
 /* ---------------------------------------------------------------- sending */
 
+/* A revoked connection's last stream is gone: GOAWAY (NO_ERROR), after
+ * which nghttp2 wants neither to read nor to write, and h2_flush_out
+ * closes once the bytes left.  1 when it was submitted now. */
+static int h2_goaway_when_done(h2c *sc) {
+  if (sc->revoked != 1 || sc->streams) return 0;
+  sc->revoked = 2;
+  nghttp2_submit_goaway(sc->ng, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(sc->ng),
+                        NGHTTP2_NO_ERROR, NULL, 0);
+  return 1;
+}
+
 static void h2_flush_out(h2c *sc) {
   hsink *c = sc->c;
   if (sc->dead || c->closing || sc->await_preface) return;
+  h2_goaway_when_done(sc);
   while (c->outq + sc->olen < H2_CONN_OUTQ_MAX) {
     const uint8_t *p;
     ssize_t n = nghttp2_session_mem_send(sc->ng, &p);
@@ -649,6 +668,10 @@ static void h2_flush_out(h2c *sc) {
       if (!st->x.ended && st->x.h && st->x.h->on_drain) st->x.h->on_drain(&st->x);
       if (c->closing) return;
     }
+  }
+  if (h2_goaway_when_done(sc)) { /* the last stream closed while sending */
+    sink_defer(c, h2_deferred);
+    return;
   }
   if (!nghttp2_session_want_read(sc->ng) && !nghttp2_session_want_write(sc->ng) && c->outq == 0)
     sink_close(c);
@@ -931,7 +954,22 @@ static void h2_on_close(hsink *c) {
   c->p = NULL;
 }
 
-const hproto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close};
+/* hproto.on_revoked: the token the connection's requests authenticated
+ * with was replaced (tokhold.h).  New streams are refused (RST_STREAM
+ * REFUSED_STREAM: not processed, a client retries them elsewhere); the
+ * streams open finish — their streaming calls have been ended with the
+ * error already (connect.c), a unary call completes — and once none is
+ * left, GOAWAY (NO_ERROR) and close (h2_goaway_when_done).  GOAWAY comes
+ * last rather than first: a client may take frames after a GOAWAY as an
+ * error (python-h2 4 does), and nothing needs it earlier. */
+static void h2_on_revoked(hsink *c) {
+  h2c *sc = c->p;
+  if (!sc || sc->dead || c->closing || sc->revoked) return;
+  sc->revoked = 1;
+  sink_defer(c, h2_deferred); /* from the loop, after the calls' ends */
+}
+
+const hproto h2_conn_proto = {h2_on_read, h2_on_written, h2_on_timeout, h2_on_close, NULL, h2_on_revoked};
 
 /* HTTP2-Settings: base64url (proto/text.h's strict decoder); -1 when
  * absent, not base64 or possibly more than cap bytes (for 512: 84 settings,

@@ -755,11 +755,38 @@ static uint8_t *h1_read_into(hsink *c, size_t *len) {
   return p;
 }
 
+/* hproto.on_revoked: the token the connection's requests authenticated
+ * with was replaced (tokhold.h).  An exchange running finishes — with
+ * `Connection: close` if it has not answered yet — and the connection
+ * closes after it (its streaming call has been ended with the error
+ * already, connect.c); a body still coming is read and dropped first, as
+ * when a handler asks to close.  Idle (between requests, or a request
+ * head not yet complete: not dispatched, never authenticated) it closes
+ * once its output is written. */
+static void h1_on_revoked(hsink *c) {
+  h1 *s = c->p;
+  if (!s || c->closing) return;
+  s->keep_alive = 0;
+  if (s->x && s->dispatched) {
+    s->close_asked = 1; /* a body still coming is read first (h1_on_written) */
+    if (!s->x->ended) return; /* h1_end sets close_after */
+    s->close_after = 1; /* ended: h1_next closes */
+    sink_defer(c, h1_next);
+    return;
+  }
+  s->close_after = 1;
+  s->parser_paused = 1;
+  sink_read_pause(c, 1);
+  h1_reset_request(s); /* a request head half read goes: never dispatched */
+  if (c->outq == 0) sink_close(c); /* else h1_on_written closes */
+}
+
 /* EOF from the client closes the connection at once, even with a request
  * still being answered: a half-close cannot be told from a vanished client,
  * and a vanished client must stop its foreground process (api.md §6) — as
  * Go's server cancels the request context on EOF. */
-const hproto http1_conn_proto = {h1_on_read, h1_on_written, h1_on_timeout, h1_on_close, h1_read_into};
+const hproto http1_conn_proto = {h1_on_read,  h1_on_written, h1_on_timeout, h1_on_close,
+                                 h1_read_into, h1_on_revoked};
 
 int http1_conn_init(hsink *c) {
   h1 *s = calloc(1, sizeof *s);

@@ -181,5 +181,7 @@ int hx_room(hx *x, size_t n) {
 }
 
 void hx_authed(hx *x) {
-  if (x->sink) x->sink->authed = 1;
+  if (!x->sink) return;
+  x->sink->authed = 1;
+  if (x->sink->ops->authed) x->sink->ops->authed(x->sink);
 }

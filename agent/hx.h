@@ -153,7 +153,8 @@ void hx_waiting(hx *x);
 /* The answer is bulk data (rpc_bulk): the connection holds the kernel's
  * unsent bytes short until the exchange is freed (hx_free_request). */
 void hx_bulk(hx *x);
-/* The request passed the token check: its connection is authenticated. */
+/* The request passed the token check: its connection is authenticated
+ * (with the current token: sink op `authed`). */
 void hx_authed(hx *x);
 
 /* Used by transports: fill the request part. Returns 0 or -1 (too many). */

@@ -33,8 +33,9 @@ static const char usage[] =
     "\n"
     "options for serve:\n"
     "  --listen HOST:PORT      API address (default 127.0.0.1:4064)\n"
-    "  --token TOKEN           agent token (else $CONCH_INIT_TOKEN)\n"
-    "  --token-file FILE       read the agent token from FILE\n"
+    "  --token-file FILE       read the agent token from FILE (preferred)\n"
+    "  --token TOKEN           agent token (overwritten in the argument list at\n"
+    "                          start; else --token-file, else $CONCH_INIT_TOKEN)\n"
     "  --init-listen SPEC      also accept init messages on unix:PATH or vsock:PORT\n"
     "  --init-apply-network    let init messages configure the network of this\n"
     "                          network namespace and write --resolv-conf\n"
@@ -69,6 +70,43 @@ static int main_set_token(const char *t, size_t len, const char *from) {
   }
   daemon_set_token(t, len);
   return 0;
+}
+
+/* The token's bytes in an argument or the environment, overwritten in
+ * place once copied: /proc/<pid>/cmdline and /proc/<pid>/environ read
+ * that memory (the length stays visible, the value does not). */
+static void main_scrub(char *p) {
+  for (; *p; p++) *p = 'x';
+}
+
+/* The copies of the token read from argv and the environment: static, so
+ * that an early return leaves nothing a leak checker counts. */
+static char *main_arg_token, *main_env_token;
+
+/* CONCH_INIT_TOKEN (the first, as getenv) copied to main_env_token, then
+ * gone from the agent's environment: unsetenv drops it from environ, but
+ * /proc/<pid>/environ shows the block the kernel set up at exec, so the
+ * value of every CONCH_INIT_TOKEN string there is overwritten too.
+ * Children never had it: they get the sandbox environment (senv.h).
+ * -1 when out of memory. */
+static int main_take_env_token(void) {
+  extern char **environ;
+  static const char name[] = "CONCH_INIT_TOKEN=";
+  for (char **e = environ; e && *e; e++)
+    if (strncmp(*e, name, sizeof name - 1) == 0) {
+      if (!main_env_token && !(main_env_token = strdup(*e + sizeof name - 1))) return -1;
+      main_scrub(*e + sizeof name - 1);
+    }
+  unsetenv("CONCH_INIT_TOKEN");
+  return 0;
+}
+
+/* A token copy is wiped before it is freed. */
+static void main_forget(char **t) {
+  if (!*t) return;
+  explicit_bzero(*t, strlen(*t));
+  free(*t);
+  *t = NULL;
 }
 
 static int main_token_file(const char *path) {
@@ -165,7 +203,16 @@ static int main_serve(int argc, char **argv) {
   while ((ch = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
     switch (ch) {
       case 'l': listen = optarg; break;
-      case 't': token = optarg; break;
+      case 't': /* copied, then overwritten in argv (also --token=VALUE) */
+        free(main_arg_token);
+        main_arg_token = strdup(optarg);
+        main_scrub(optarg);
+        if (!main_arg_token) {
+          fprintf(stderr, "conch-init: out of memory\n");
+          return 2;
+        }
+        token = main_arg_token;
+        break;
       case 'f': token_file = optarg; break;
       case 'i': init_listen = optarg; break;
       case 'N': apply_network = 1; break;
@@ -194,11 +241,17 @@ static int main_serve(int argc, char **argv) {
     fprintf(stderr, "conch-init: unexpected argument %s\n", argv[optind]);
     return 2;
   }
+  if (main_take_env_token() != 0) {
+    fprintf(stderr, "conch-init: out of memory\n");
+    return 2;
+  }
   if (token && main_set_token(token, strlen(token), "--token")) return 2;
   if (!token && token_file && main_token_file(token_file)) return 2;
-  if (!token && !token_file && getenv("CONCH_INIT_TOKEN") &&
-      main_set_token(getenv("CONCH_INIT_TOKEN"), strlen(getenv("CONCH_INIT_TOKEN")), "CONCH_INIT_TOKEN"))
+  if (!token && !token_file && main_env_token &&
+      main_set_token(main_env_token, strlen(main_env_token), "CONCH_INIT_TOKEN"))
     return 2;
+  main_forget(&main_arg_token);
+  main_forget(&main_env_token);
   if (!conch.token_set && !init_listen)
     LOG_WARN("no token configured: every RPC answers \"agent token is not initialized\"");
   main_register_services();

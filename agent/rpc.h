@@ -97,7 +97,9 @@ typedef struct rpc_method {
   /* Client and bidi streaming: the client half-closed its side. */
   void (*on_input_end)(rpc_call *c);
   /* The call ended from outside (peer reset or disconnect, deadline, bad
-   * input, shutdown); `why` says which.  Never called after rpc_finish(). */
+   * input, shutdown; RPC_UNAUTHENTICATED: the token it was opened with was
+   * replaced — the client is not gone, what it started lives on); `why`
+   * says which.  Never called after rpc_finish(). */
   void (*on_cancel)(rpc_call *c, rpc_code why);
 } rpc_method;
 

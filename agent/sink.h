@@ -36,6 +36,10 @@ typedef struct hproto {
    * land where it is assembled (http1.c, connect.c: no copy).  Asked right
    * before each read; nothing else runs in between. */
   uint8_t *(*read_into)(hsink *s, size_t *len);
+  /* Optional: the token its requests authenticated with was replaced
+   * (tokhold.h): take no new request, close once the exchanges running now
+   * have ended.  Without it the sink closes at once. */
+  void (*on_revoked)(hsink *s);
 } hproto;
 
 typedef struct hsink_ops {
@@ -54,6 +58,10 @@ typedef struct hsink_ops {
   /* Optional: an exchange that sends bulk data starts (1) or is gone (0);
    * counted (hx_bulk). */
   void (*bulk)(hsink *s, int on);
+  /* Optional: a request on it passed the token check (hx_authed), with the
+   * current token; conn.c records it (tokhold.h) so that a replaced token
+   * closes the connection. */
+  void (*authed)(hsink *s);
 } hsink_ops;
 
 /* What the server serves: the protocols a connection can speak and the

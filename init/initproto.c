@@ -23,6 +23,7 @@
 #include "agent/log.h"
 #include "agent/rpc.h"
 #include "agent/senv.h"
+#include "agent/tokhold.h"
 #include "agent/users.h"
 #include "init/initmsg.h"
 #include "init/restore.h"
@@ -300,6 +301,7 @@ static void wait_start(ip_conn *c) {
 
 /* ------------------------------------------------------------ applying */
 
+/* -1 out of memory, else 1 when the token changed, 0 when it is the same. */
 static int apply_identity(const initmsg_plan *p) {
   for (size_t i = 0; i < p->nenv; i++)
     if (senv_set(p->env_k[i], p->env_v[i]) != 0) return -1;
@@ -308,8 +310,11 @@ static int apply_identity(const initmsg_plan *p) {
   free(ips.sandbox_id);
   ips.sandbox_id = sid;
   snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", sid);
-  daemon_set_token(p->token, p->token_len);
-  return 0;
+  /* a replaced token ends what the previous one opened (api.md §4: a clone
+   * restored from a checkpoint serves nothing to its origin's clients) */
+  if (!daemon_set_token(p->token, p->token_len)) return 0;
+  tokhold_revoke_stale();
+  return 1;
 }
 
 /* boot.md §13: defaultUser resolved in the sandbox root's files, after the
@@ -366,14 +371,16 @@ static void work_done(void *data, int canceled) {
   }
   if (c->plan.default_user) /* sticky: an absent key keeps the last one */
     snprintf(conch.default_user, sizeof conch.default_user, "%s", c->plan.default_user);
-  if (apply_identity(&c->plan) != 0) {
+  int token_changed = apply_identity(&c->plan);
+  if (token_changed < 0) {
     go_terminal(c, "invalid sandbox environment: out of memory");
     return;
   }
   if (ips.opts.apply_restore) restore_apply(&c->plan, (int64_t)((uv_hrtime() - c->t_recv) / 1000000));
   if (c->work_revalidate) {
-    LOG_INFO("init message re-applied: network %s, token replaced",
-             ips.opts.apply_network ? "revalidated" : "not managed here");
+    LOG_INFO("init message re-applied: network %s, token %s",
+             ips.opts.apply_network ? "revalidated" : "not managed here",
+             token_changed ? "replaced" : "unchanged");
     respond_simple(c, 1, 0, NULL);
     return;
   }

@@ -741,7 +741,9 @@ static void proc_signal_on_request(rpc_call *c, const ProtobufCMessage *m) {
 static void proc_on_cancel(rpc_call *c, rpc_code why) {
   struct proc_sub *s = rpc_user(c);
   if (!s) return;
-  if (s->lossless) proc_starter_gone(proc_of_sub(s), why); /* foreground: the client went away */
+  /* foreground: the client went away; not when its token was replaced
+   * (api.md §4: running processes are not touched) */
+  if (s->lossless && why != RPC_UNAUTHENTICATED) proc_starter_gone(proc_of_sub(s), why);
   proc_sub_remove(s);
 }
 

@@ -16,6 +16,8 @@
 #include "agent/bufref.h"
 #include "agent/conn.h"
 #include "agent/daemon.h"
+#include "agent/hx.h"
+#include "agent/tokhold.h"
 
 /* ---------------------------------------------------------------- fake protocols */
 
@@ -23,12 +25,12 @@ typedef struct fake {
   int which; /* 1 http1, 2 h2 */
   char in[8192];
   size_t in_len;
-  int reads, written, timeouts, closes;
+  int reads, written, timeouts, closes, revoked;
   int mode; /* what on_read does, see below */
   hsink *s;
 } fake;
 
-enum { F_ECHO, F_MANY, F_TIMER, F_PAUSE, F_LATER, F_INTO };
+enum { F_ECHO, F_MANY, F_TIMER, F_PAUSE, F_LATER, F_INTO, F_REVOKE };
 
 /* F_INTO: the protocol offers its own memory to read into (read_into). */
 static uint8_t into_buf[1 << 17];
@@ -118,11 +120,15 @@ static uint8_t *f_read_into(hsink *s, size_t *len) {
 static const hproto fake_proto_into = {f_on_read, f_on_written, f_on_timeout, f_on_close,
                                        f_read_into};
 
+static void f_on_revoked(hsink *s) { ((fake *)s->p)->revoked++; }
+static const hproto fake_proto_revoke = {f_on_read, f_on_written, f_on_timeout, f_on_close, NULL,
+                                         f_on_revoked};
+
 static int f_h1_init(hsink *s) {
   inits_h1++;
   F.which = 1;
   F.s = s;
-  s->proto = F.mode == F_INTO ? &fake_proto_into : &fake_proto;
+  s->proto = F.mode == F_INTO ? &fake_proto_into : F.mode == F_REVOKE ? &fake_proto_revoke : &fake_proto;
   s->p = &F;
   return 0;
 }
@@ -439,6 +445,62 @@ TEST(bulk_sets_lowat_while_counted) {
   finish(fd);
 }
 
+/* A request on the connection passed the token check (what connect.c's
+ * hx_authed does): the conn records the token generation. */
+static void authed(hsink *s) {
+  hx x;
+  memset(&x, 0, sizeof x);
+  x.sink = s;
+  hx_authed(&x);
+}
+
+/* A replaced token (tokhold.h): a connection authenticated with an older
+ * one is handed to its protocol's on_revoked, or closed at once when the
+ * protocol has none; one authenticated again since, or not at all, is
+ * left alone; a closed one is out of the list. */
+TEST(token_replaced_revokes_connection) {
+  daemon_set_token("t1", 2);
+  setup(F_ECHO);
+  client_reset();
+  int fd = client();
+  ASSERT_EQ(send(fd, "a", 1, 0), 1);
+  run_until(fd, c_got_echo, 2000);
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  ASSERT_EQ(daemon_set_token("t2", 2), 1); /* not authenticated: not held */
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  authed(F.s);
+  ASSERT(F.s->authed);
+  ASSERT_EQ(daemon_set_token("t2", 2), 0);
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  ASSERT_EQ(daemon_set_token("t3", 2), 1);
+  ASSERT_EQ(tokhold_revoke_stale(), 1);
+  run_until(fd, c_eof, 2000); /* no on_revoked: closed */
+  ASSERT_EQ(F.closes, 1);
+  ASSERT(got_eof);
+  close(fd);
+  run_until(fd, NULL, 20);
+
+  setup(F_REVOKE);
+  client_reset();
+  fd = client();
+  ASSERT_EQ(send(fd, "a", 1, 0), 1);
+  run_until(fd, c_one_read, 2000);
+  authed(F.s);
+  ASSERT_EQ(daemon_set_token("t4", 2), 1);
+  authed(F.s); /* authenticated again, with the new token */
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  ASSERT_EQ(F.revoked, 0);
+  ASSERT_EQ(daemon_set_token("t5", 2), 1);
+  ASSERT_EQ(tokhold_revoke_stale(), 1);
+  ASSERT_EQ(F.revoked, 1); /* the protocol's to close */
+  ASSERT_EQ(F.closes, 0);
+  authed(F.s);
+  finish(fd); /* closed: out of the list */
+  ASSERT_EQ(daemon_set_token("t6", 2), 1);
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  ASSERT_EQ(F.revoked, 1);
+}
+
 int main(void) {
   conch.loop = uv_default_loop();
   struct sockaddr_in a;
@@ -464,6 +526,7 @@ int main(void) {
   RUN(silent_client_closed);
   RUN(connection_limit);
   RUN(bulk_sets_lowat_while_counted);
+  RUN(token_replaced_revokes_connection);
   uv_close((uv_handle_t *)&listener, NULL);
   if (conch.trim_timer) uv_close((uv_handle_t *)conch.trim_timer, NULL);
   uv_run(conch.loop, UV_RUN_NOWAIT);

@@ -21,6 +21,7 @@
 #include "agent/callstate.h"
 #include "agent/connect.h"
 #include "agent/daemon.h"
+#include "agent/tokhold.h"
 #include "proto/agent.pb-c.h"
 #include "tests/unit/test.h"
 
@@ -2562,6 +2563,153 @@ TEST(error_waits_behind_deflate) {
   }
 }
 
+/* ------------------------------------------------------------ a replaced token */
+
+/* Several calls at once, each on an exchange of its own beside F; the
+ * service holds every call and logs its cancels (api.md §4: a token is
+ * checked for the whole life of what it opened). */
+enum { TK_SS, TK_CS, TK_RD, TK_UN, TK_DONE, TK_NEW, TK_N };
+static struct {
+  fake g[TK_N];
+  rpc_call *c[TK_N];
+  int next; /* the index the next on_request belongs to */
+  rpc_call *held;
+  char log[256];
+} tk;
+
+static void tk_on_request(rpc_call *c, const ProtobufCMessage *req) {
+  (void)req;
+  rpc_set_user(c, (void *)(intptr_t)tk.next);
+  tk.c[tk.next] = c;
+}
+static void tk_on_cancel(rpc_call *c, rpc_code why) {
+  int i = (int)(intptr_t)rpc_user(c);
+  size_t l = strlen(tk.log);
+  snprintf(tk.log + l, sizeof tk.log - l, "cancel(%d,%s);", i, rpc_code_name(why));
+  tk.c[i] = NULL;
+  if (i == TK_CS) { /* as an upload does: the answer waits for its cleanup */
+    rpc_defer_end(c);
+    tk.held = c;
+  }
+}
+static const rpc_method m_tk_unary = {"/pb.FileService/ListFiles", RPC_UNARY,
+                                      &pb__list_files_request__descriptor, &pb__file_chunk__descriptor,
+                                      0, tk_on_request, NULL, NULL, tk_on_cancel};
+static const rpc_method m_tk_ss = {"/pb.FileService/GetFileStream", RPC_SERVER_STREAM,
+                                   &pb__list_files_request__descriptor, &pb__file_chunk__descriptor,
+                                   0, tk_on_request, NULL, NULL, tk_on_cancel};
+static const rpc_method m_tk_cs = {"/pb.FileService/PostFileStream", RPC_CLIENT_STREAM,
+                                   &pb__file_chunk__descriptor, &pb__post_files_response__descriptor,
+                                   0, tk_on_request, NULL, NULL, tk_on_cancel};
+
+/* Open call i with token tok; a server stream or unary call gets its one
+ * request (the body's end too unless `reading`). */
+static void tk_open(int i, const rpc_method *m, const char *tok, int reading) {
+  fake *g = &tk.g[i];
+  memset(g, 0, sizeof *g);
+  g->used = 1;
+  g->x.ops = &fk_ops;
+  g->x.method = strdup("POST");
+  g->x.path = strdup(m->path);
+  g->x.content_length = -1;
+  const char *ct = m->kind == RPC_UNARY ? "application/proto" : "application/connect+proto";
+  hx_add_header(&g->x, "content-type", 12, ct, strlen(ct));
+  hx_add_header(&g->x, "connect-protocol-version", 24, "1", 1);
+  hx_add_header(&g->x, "conch-init-token", 16, tok, strlen(tok));
+  tk.next = i;
+  connect_serve(&g->x, m);
+  if (m->kind == RPC_CLIENT_STREAM) return;
+  bb msg = lfr("/tk", 1), in = {0};
+  if (m->kind == RPC_UNARY) bb_put(&in, msg.p, msg.len);
+  else bb_env(&in, 0, msg.p, msg.len);
+  g->x.h->on_body(&g->x, in.p, in.len);
+  if (!reading) g->x.h->on_body_end(&g->x);
+  bb_free(&msg);
+  bb_free(&in);
+}
+
+/* The Connect end-of-stream JSON of call i ("" when not ended). */
+static const char *tk_end(int i) {
+  static char out[256];
+  fake *g = &tk.g[i];
+  out[0] = 0;
+  if (!g->nend) return out;
+  size_t off = 0, last = 0, len = 0;
+  while (g->body.len - off >= 5) {
+    const uint8_t *h = g->body.p + off;
+    size_t n = (size_t)h[1] << 24 | (size_t)h[2] << 16 | (size_t)h[3] << 8 | h[4];
+    last = off + 5;
+    len = n;
+    off += 5 + n;
+  }
+  ASSERT(len < sizeof out);
+  memcpy(out, g->body.p + last, len);
+  out[len] = 0;
+  return out;
+}
+
+static void tk_done(int i) {
+  fake *g = &tk.g[i];
+  if (!g->x.ended && g->x.h && g->x.h->on_abort) {
+    g->x.ended = 1;
+    g->x.h->on_abort(&g->x);
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  hx_free_request(&g->x);
+  bb_free(&g->body);
+}
+
+#define TK_REPLACED "{\"error\":{\"code\":\"unauthenticated\",\"message\":\"agent token was replaced\"}}"
+
+/* A replaced token ends exactly the streaming calls opened with an older
+ * one — served (their on_cancel runs: RPC_UNAUTHENTICATED), held by the
+ * service's cleanup (answered after it), or still reading their request —
+ * and none of the others: a unary call, a call already over, a stream
+ * opened with the new token.  The same token set again ends nothing. */
+TEST(token_replaced_ends_old_streams) {
+  memset(&tk, 0, sizeof tk);
+  daemon_set_token(TOKEN, strlen(TOKEN));
+  tk_open(TK_SS, &m_tk_ss, TOKEN, 0);
+  tk_open(TK_CS, &m_tk_cs, TOKEN, 0);
+  tk_open(TK_RD, &m_tk_ss, TOKEN, 1);
+  tk_open(TK_UN, &m_tk_unary, TOKEN, 0);
+  tk_open(TK_DONE, &m_tk_ss, TOKEN, 0);
+  ASSERT(tk.c[TK_SS] && tk.c[TK_CS] && tk.c[TK_UN] && tk.c[TK_DONE] && !tk.c[TK_RD]);
+  rpc_finish(tk.c[TK_DONE], RPC_OK, NULL);
+  ASSERT_STR_EQ(tk_end(TK_DONE), "{}");
+  uv_run(loop, UV_RUN_NOWAIT); /* the ended call is freed */
+
+  ASSERT_EQ(daemon_set_token(TOKEN, strlen(TOKEN)), 0); /* the same token: nothing ends */
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  ASSERT_EQ(tk.g[TK_SS].nend + tk.g[TK_CS].nend + tk.g[TK_RD].nend + tk.g[TK_UN].nend, 0);
+
+  ASSERT_EQ(daemon_set_token("n3w-token", 9), 1);
+  tk_open(TK_NEW, &m_tk_ss, "n3w-token", 0);
+  ASSERT(tk.c[TK_NEW] != NULL);
+  ASSERT_EQ(tokhold_revoke_stale(), 3); /* SS, CS, RD: in the order they authenticated */
+  ASSERT_STR_EQ(tk.log, "cancel(0,unauthenticated);cancel(1,unauthenticated);");
+  ASSERT_STR_EQ(tk_end(TK_SS), TK_REPLACED);
+  ASSERT_EQ(tk.g[TK_SS].status, 200);
+  ASSERT_STR_EQ(tk_end(TK_RD), TK_REPLACED);
+  ASSERT_EQ(tk.g[TK_CS].nend, 0); /* held: answered after its cleanup */
+  ASSERT(tk.held != NULL);
+  rpc_end_deferred(tk.held);
+  ASSERT_STR_EQ(tk_end(TK_CS), TK_REPLACED);
+  /* the unary call and the new token's stream go on, and finish */
+  ASSERT_EQ(tk.g[TK_UN].nend + tk.g[TK_NEW].nend, 0);
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  rpc_finish(tk.c[TK_UN], RPC_OK, NULL);
+  ASSERT_EQ(tk.g[TK_UN].status, 200);
+  ASSERT_EQ(tk.g[TK_UN].nend, 1);
+  rpc_finish(tk.c[TK_NEW], RPC_OK, NULL);
+  ASSERT_STR_EQ(tk_end(TK_NEW), "{}");
+  ASSERT_STR_EQ(tk.log, "cancel(0,unauthenticated);cancel(1,unauthenticated);");
+  for (int i = 0; i < TK_N; i++) tk_done(i);
+  ASSERT_EQ(tokhold_revoke_stale(), 0);
+  daemon_set_token(TOKEN, strlen(TOKEN));
+  ASSERT_EQ(tokhold_revoke_stale(), 0); /* every call dropped its hold when freed */
+}
+
 /* ------------------------------------------------------------ lifecycle */
 
 /* After every test above: each legal transition of callstate.c's table was
@@ -2627,6 +2775,7 @@ int main(void) {
   RUN(response_gzip_unary);
   RUN(response_gzip_grpc);
   RUN(error_waits_behind_deflate);
+  RUN(token_replaced_ends_old_streams);
   fake_done();
   RUN(every_legal_transition_driven);
   uv_loop_close(loop);

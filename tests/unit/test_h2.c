@@ -332,6 +332,45 @@ TEST(bulk_ends_with_the_stream) {
   h2t_free(&t);
 }
 
+/* hproto.on_revoked (the token its requests authenticated with was
+ * replaced): new streams refused (REFUSED_STREAM, never dispatched), the
+ * open one finishes, then GOAWAY (NO_ERROR) and close; idle: at once. */
+TEST(revoked) {
+  start(NULL, 0, 1);
+  int32_t id = h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  h2t_pump(&t);
+  h2_conn_proto.on_revoked(&t.m.s);
+  h2t_pump(&t);
+  ASSERT(!t.goaway);
+  ASSERT(!t.m.closed);
+  int32_t id2 = h2t_request(&t, "GET", "/x", NULL, NULL, 0);
+  h2t_pump(&t);
+  ASSERT(h2t_st(&t, id2)->closed);
+  ASSERT_EQ(h2t_st(&t, id2)->close_err, NGHTTP2_REFUSED_STREAM);
+  ASSERT_EQ(tr_n, 1);
+  ASSERT(!t.goaway);
+  hx_simple(tr_x[0].x, 200, NULL, "ok", NULL, 0);
+  h2t_pump(&t);
+  h2t_stream *st = h2t_st(&t, id);
+  ASSERT(st->closed);
+  ASSERT_EQ(st->close_err, 0);
+  ASSERT_EQ(st->status, 200);
+  ASSERT_EQ(st->body_len, 2);
+  ASSERT(t.goaway);
+  ASSERT_EQ(t.goaway_err, NGHTTP2_NO_ERROR);
+  ASSERT(t.m.closed);
+  h2t_free(&t);
+
+  start(NULL, 0, 1);
+  h2t_request(&t, "GET", "/x", NULL, NULL, 0);
+  h2t_pump(&t);
+  h2_conn_proto.on_revoked(&t.m.s);
+  h2t_pump(&t);
+  ASSERT(t.goaway);
+  ASSERT(t.m.closed);
+  h2t_free(&t);
+}
+
 int main(void) {
   RUN(get_404);
   RUN(echo_and_query);
@@ -349,6 +388,7 @@ int main(void) {
   RUN(admission_fifo);
   RUN(waiting_answers_do_not_count);
   RUN(bulk_ends_with_the_stream);
+  RUN(revoked);
   tr_reset();
   return test_summary();
 }

@@ -454,6 +454,71 @@ TEST(bulk_ends_with_the_exchange) {
   ASSERT_EQ(m.bulk_off, 2);
 }
 
+/* hproto.on_revoked (the token its requests authenticated with was
+ * replaced): idle → closed at once; a request head half read → closed, never
+ * dispatched; an exchange running → it finishes (a head not sent yet says
+ * Connection: close), its request body is read to the end, then closed. */
+TEST(revoked) {
+  memsink m;
+  start(&m);
+  memsink_feeds(&m, "GET /x HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(!m.closed);
+  http1_conn_proto.on_revoked(&m.s);
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(m.closed);
+  memsink_free(&m);
+
+  start(&m);
+  memsink_feeds(&m, "GET /x HTTP/1.1\r\nHost:");
+  ASSERT_EQ(memsink_run(&m), 0);
+  http1_conn_proto.on_revoked(&m.s);
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(m.closed);
+  ASSERT_EQ(tr_n, 0);
+  memsink_free(&m);
+
+  /* not answered yet, the body still coming */
+  start(&m);
+  memsink_feeds(&m, "POST /hold HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc");
+  ASSERT_EQ(memsink_run(&m), 0);
+  http1_conn_proto.on_revoked(&m.s);
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(!m.closed);
+  hx_simple(tr_x[0].x, 200, NULL, "ok", NULL, 0);
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(strstr(memsink_str(&m), "Connection: close\r\n"));
+  ASSERT(!m.closed); /* the rest of the body first: no reset over the answer */
+  memsink_feeds(&m, "defghijGET /y HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(m.closed);
+  ASSERT_EQ(tr_n, 1);
+  memsink_free(&m);
+
+  /* a streaming answer under way (its head went out keep-alive) */
+  start(&m);
+  memsink_feeds(&m, "POST /stream HTTP/1.1\r\nContent-Length: 4\r\n\r\nab");
+  ASSERT_EQ(memsink_run(&m), 0);
+  http1_conn_proto.on_revoked(&m.s);
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(!m.closed);
+  memsink_feeds(&m, "cd");
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(strstr(memsink_str(&m), "5\r\nstart\r\n2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n"));
+  ASSERT(m.closed);
+  memsink_free(&m);
+
+  /* answered, the next request not begun: closed at once */
+  start(&m);
+  memsink_feeds(&m, "GET /hold HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(memsink_run(&m), 0);
+  hx_simple(tr_x[0].x, 200, NULL, "ok", NULL, 0);
+  http1_conn_proto.on_revoked(&m.s); /* before h1_next ran */
+  ASSERT_EQ(memsink_run(&m), 0);
+  ASSERT(m.closed);
+  memsink_free(&m);
+}
+
 int main(void) {
   RUN(get_404);
   RUN(post_content_length_echo);
@@ -478,6 +543,7 @@ int main(void) {
   RUN(upgrade_h2c);
   RUN(upgrade_bad_settings);
   RUN(bulk_ends_with_the_exchange);
+  RUN(revoked);
   tr_reset();
   return test_summary();
 }
