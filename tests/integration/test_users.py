@@ -385,19 +385,28 @@ def test_token_nowhere_a_user_can_read(users):
     srv, c, base = users
     # a child of the agent as root, so that its environment is there to read
     st, msgs, end = c.stream(SP, [{"cmd": "sleep", "args": ["5"], "background": True}])
+    # the token in two halves (the script's own command line must not hold
+    # it whole) and matched by the shell itself (no child's argv holds it)
+    h = len(srv.token) // 2
     script = f"""
-t='{srv.token}'
+t1='{srv.token[:h]}'; t2='{srv.token[h:]}'; t="$t1$t2"
+sh -c 'sleep 5' "$t" & ctl=$!   # the control: a command line that does hold it
 for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do
-  if tr '\\0' ' ' < "$f" 2>/dev/null | grep -qF -- "$t"; then echo "found in $f"; fi
+  c=$(tr '\\0' ' ' < "$f" 2>/dev/null) || continue
+  case "$c" in *"$t"*) echo "found in $f";; esac
 done
-for f in {srv.log_path} $(find /var/log /tmp -maxdepth 3 -type f -readable 2>/dev/null); do
-  if grep -qF -- "$t" "$f" 2>/dev/null; then echo "found in $f"; fi
+for f in {srv.log_path} $(find /var/log /tmp -maxdepth 3 -type f -readable -size -2M 2>/dev/null); do
+  c=$(cat "$f" 2>/dev/null) || continue
+  case "$c" in *"$t"*) echo "found in $f";; esac
 done
-echo checked
+echo "checked $ctl"
+kill $ctl
 """
     out, err, code = sh(c, script, user="alice")
-    assert out.strip().splitlines()[-1:] == ["checked"], (out, err)
-    assert "found" not in out, out
+    lines = out.strip().splitlines()
+    assert lines[-1].startswith("checked "), (out, err)
+    ctl = lines[-1].split()[1]
+    assert lines[:-1] == [f"found in /proc/{ctl}/cmdline"], out  # the control alone
     # the same search as root finds it in the agent's own memory-backed files only
     # (root reads /proc/<agent>/cmdline too): it is not there either
     out, err, code = sh(c, f"tr '\\\\0' ' ' < /proc/{srv.proc.pid}/cmdline", user="root")
