@@ -425,7 +425,8 @@ static void conn_op_bulk(hsink *s, int on) {
 
 /* The token its requests authenticated with was replaced (tokhold.h):
  * the protocol closes once its exchanges ended (HTTP/1.1: after the one
- * running, at once when idle; HTTP/2: GOAWAY, then close).  `authed`
+ * running, at once when idle; HTTP/2: new streams refused, GOAWAY and
+ * close once the open ones ended).  `authed`
  * stays: a unary answer in flight is not cut as if never authenticated. */
 static void conn_token_replaced(tokhold *t) {
   conn *c = (conn *)((char *)t - offsetof(conn, tok));

@@ -765,7 +765,7 @@ static uint8_t *h1_read_into(hsink *c, size_t *len) {
  * once its output is written. */
 static void h1_on_revoked(hsink *c) {
   h1 *s = c->p;
-  if (!s || c->closing) return;
+  if (!s || c->closing || s->failed) return; /* failed: closing once its answer is out */
   s->keep_alive = 0;
   if (s->x && s->dispatched) {
     s->close_asked = 1; /* a body still coming is read first (h1_on_written) */

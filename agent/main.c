@@ -118,7 +118,9 @@ static int main_token_file(const char *path) {
   char buf[CONCH_TOKEN_MAX + 64];
   size_t n = fread(buf, 1, sizeof buf, f);
   fclose(f);
-  return main_set_token(buf, n, path);
+  int r = main_set_token(buf, n, path);
+  explicit_bzero(buf, sizeof buf);
+  return r;
 }
 
 /* Process-wide settings every mode shares. */

@@ -297,6 +297,28 @@ def listed(srv, token):
     return {p.get("tag", ""): p for p in body.get("processes", [])}
 
 
+def late_reader(srv, tag, flag):
+    """A background process that reads its stdin only once flag exists:
+    (its StartProcess stream, its pid)."""
+    h = H1(srv.port)
+    h.request(PS + "StartProcess", hdrs(srv.token), envelope(json.dumps(
+        {"cmd": "sh", "args": ["-c", f"while [ ! -e {flag} ]; do sleep 0.02; done; cat > /dev/null"],
+         "background": True, "tag": tag, "stdinOpen": True}).encode()))
+    assert h.read_head() == 200
+    return h, json.loads(h.envelope()[1])["start"]["pid"]
+
+
+def stdin_queued(pid):
+    """Bytes waiting in the process's stdin pipe: a SendInput in flight."""
+    import fcntl
+    import termios
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    finally:
+        os.close(fd)
+
+
 def kill_tag(srv, tag):
     st, body, _ = Client(srv.url, srv.token).unary(PS + "SendSignal", {"process": {"tag": tag}, "signal": 9})
     assert st == 200, body
@@ -364,23 +386,23 @@ def test_replaced_token_ends_http1_streams_and_keepalive(isrv, tmp_path):
     os.kill(fg_pid, 9)
 
 
-def test_replaced_token_closes_busy_http1_connection_after_its_unary_call(isrv):
+def test_replaced_token_closes_busy_http1_connection_after_its_unary_call(isrv, tmp_path):
     """A unary call in flight finishes (SendInput to a child that reads only
     later), and its connection closes after the answer."""
     srv, tok = isrv, isrv.token
-    c = Client(srv.url, tok)
-    h = H1(srv.port)
-    h.request(PS + "StartProcess", hdrs(tok), envelope(json.dumps(
-        {"cmd": "sh", "args": ["-c", "sleep 1; cat > /dev/null"], "background": True, "tag": "h1-late-reader",
-         "stdinOpen": True}).encode()))
-    assert h.read_head() == 200
-    h.envelope()
+    flag = tmp_path / "read-now"
+    h, pid = late_reader(srv, "h1-late-reader", flag)
     busy = H1(srv.port)
     data = __import__("base64").b64encode(b"z" * (512 << 10)).decode()
     busy.request(PS + "SendInput", hdrs(tok, "application/json"),
                  json.dumps({"process": {"tag": "h1-late-reader"}, "input": {"stdin": data}}).encode())
-    time.sleep(0.3)
+    assert poll(lambda: stdin_queued(pid)), "the SendInput call did not start"
     new_token(srv)
+    busy.s.settimeout(0.3)
+    with pytest.raises(socket.timeout):  # in flight: no answer yet
+        busy.read_head()
+    busy.s.settimeout(10)
+    flag.touch()
     assert busy.read_head() == 200  # answered once the child read it all
     assert busy.body(int(busy.head["content-length"])) == b"{}"
     assert busy.head.get("connection") == "close"  # answered after the replacement: says so
@@ -389,7 +411,6 @@ def test_replaced_token_closes_busy_http1_connection_after_its_unary_call(isrv):
     assert end == {"error": REPLACED}, end
     for x in (h, busy):
         x.close()
-    del c
     kill_tag(srv, "h1-late-reader")
 
 
@@ -426,32 +447,33 @@ def test_replaced_token_ends_h2c_streams_then_goaway(isrv, tmp_path):
     con = c.connect_stream(PS + "Connect", [pb.ConnectProcessRequest(
         process=pb.ProcessSelector(tag="h2-ticker")).SerializeToString()], tok)
     watch = c.connect_stream(FS + "WatchDir", [pb.WatchDirRequest(path=str(wdir)).SerializeToString()], tok)
+    gwatch = c.request("POST", FS + "WatchDir", {"content-type": "application/grpc", "te": "trailers",
+                                                 "conch-init-token": tok},
+                       H2Client.envelope(pb.WatchDirRequest(path=str(wdir)).SerializeToString()))
     target = updir / "big.bin"
     up = c.connect_stream(FS + "PostFileStream", [pb.FileChunk(filepath=str(target), content=os.urandom(60_000))
                                                   .SerializeToString()], tok, end_stream=False)
-    assert pump_until(lambda: len(events(con)) >= 2 and c.streams[watch].body and
+    assert pump_until(lambda: len(events(con)) >= 2 and c.streams[watch].body and c.streams[gwatch].body and
                       temp_leftovers(str(updir), srv.proc.pid)), "the streams did not start"
     # a unary call in flight on the same connection: SendInput to a child
     # that reads only later; it finishes, the connection closes after it
-    h = H1(srv.port)
-    h.request(PS + "StartProcess", hdrs(tok), envelope(json.dumps(
-        {"cmd": "sh", "args": ["-c", "sleep 1; cat > /dev/null"], "background": True, "tag": "h2-late-reader",
-         "stdinOpen": True}).encode()))
-    assert h.read_head() == 200
-    h.envelope()
+    flag = tmp_path / "read-now"
+    h, reader = late_reader(srv, "h2-late-reader", flag)
     si = c.connect_unary(PS + "SendInput", pb.SendInputRequest(
         process=pb.ProcessSelector(tag="h2-late-reader"),
         input=pb.ProcessInput(stdin=b"z" * (512 << 10))).SerializeToString(), tok, ctype="application/proto")
-    c.pump(0.3)
+    assert pump_until(lambda: stdin_queued(reader)), "the SendInput call did not start"
     # an idle h2c connection that made a unary call with the token
     idle = H2Client("127.0.0.1", srv.port)
     idle.wait(idle.connect_unary(PS + "List", b"{}", tok))
 
     new_token(srv)
 
-    c.wait(sp, fg, con, watch, up)
+    c.wait(sp, fg, con, watch, up, gwatch)
     for sid in (sp, fg, con, watch, up):
         assert h2_end(c, sid) == {"error": REPLACED}, sid
+    gt = c.streams[gwatch].trailers  # gRPC: the status in the trailers
+    assert gt.get("grpc-status") == "16" and gt.get("grpc-message") == "agent token was replaced", gt
     assert not temp_leftovers(str(updir), srv.proc.pid)
     assert not target.exists()
     # no new stream on it, whatever its token: refused (not processed)
@@ -462,6 +484,9 @@ def test_replaced_token_ends_h2c_streams_then_goaway(isrv, tmp_path):
     # are still open: no GOAWAY yet
     assert c.terminated is None and not c.closed
     c.end(up)  # the client ends its upload
+    c.pump(0.2)
+    assert not c.streams[si].done and c.terminated is None and not c.closed
+    flag.touch()
     c.wait(si)  # the unary call finishes, after its child read
     assert c.streams[si].status == 200 and c.streams[si].reset is None
     assert pump_until(lambda: c.closed, 5), "the connection stays open"
