@@ -39,7 +39,7 @@ TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf 
 # make check's package checks (tests/packaging.sh): rpmbuild, rpm2cpio, lintian, file
 PKG_DEPS   := rpm rpm2cpio cpio lintian file
 
-SRC_DIRS  := init agent proto fs proc reflect
+SRC_DIRS  := init agent proto fs proc reflect net
 REFLECT_PROTOS := proto/agent.proto proto/reflection.proto proto/reflection_v1alpha.proto
 LIB_SRCS  := $(filter-out agent/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)

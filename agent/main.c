@@ -21,6 +21,7 @@
 #include "agent/users.h"
 #include "fs/service.h"
 #include "init/initproto.h"
+#include "net/service.h"
 #include "init/pid1.h"
 #include "proc/reaper.h"
 #include "proc/cgroup.h"
@@ -161,6 +162,8 @@ static void main_register_services(void) {
   size_t n;
   const rpc_method *m = fs_service_methods(conch.loop, &n);
   router_register(m, n);
+  m = net_service_methods(conch.loop, &n);
+  router_register(m, n);
   m = reflect_service_methods(&n);
   if (m) router_register(m, n);
   else LOG_ERROR("the embedded descriptor set does not load: no gRPC reflection");
@@ -181,6 +184,7 @@ static void main_register_services(void) {
   }
   m = proc_service_methods(&n);
   router_register(m, n);
+  net_set_owner_lookup(proc_owner_lookup); /* net/ sees proc/ only through this hook */
 }
 
 static void main_on_stop(uv_signal_t *s, int signum) {

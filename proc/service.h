@@ -37,11 +37,16 @@
 #define CONCH_PROC_SERVICE_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "agent/rpc.h"
 
 int proc_init(uv_loop_t *loop);
 const rpc_method *proc_service_methods(size_t *n);
+/* The managed command a process belongs to, by its cgroup path (as
+ * /proc/PID/cgroup shows it) or process group: 1 with its tag (valid until
+ * the loop turn ends) and start pid, else 0.  Loop only; net/'s owner hook. */
+int proc_owner_lookup(const char *cgroup, int32_t pgid, const char **tag, int32_t *command_pid);
 
 #endif

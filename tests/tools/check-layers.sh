@@ -1,7 +1,7 @@
 #!/bin/sh
 # Layering rules of the services (run by `make unit`); prints each
 # violation and exits 1 if there is any.  Usage: check-layers.sh [OBJDIR]
-#   1. fs/, proc/ and reflect/ see only agent/rpc.h of the daemon (plus bufref.h, which
+#   1. fs/, proc/, reflect/ and net/ see only agent/rpc.h of the daemon (plus bufref.h, which
 #      it includes, log.h and senv.h): never agent/daemon.h, pool.h, slab.h
 #      or any other agent/ or init/ header.
 #   2. proc/fanout.[ch] only delivers events: it includes no proc/ header
@@ -10,10 +10,12 @@
 #      service.h: input.c and service.c are above it (process.c opens and
 #      shuts a record's input through the table's hooks).
 #   4. No two proc/ or fs/ headers include each other, directly or not.
+#   6. net/ includes no proc/ or fs/ header: it learns a socket owner's
+#      command through the hook agent/main.c registers (net/service.h).
 OBJDIR=${1:-}
 cd "$(dirname "$0")/../.." || exit 1
 fail=0
-bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(agent\|init\)/' fs/*.[ch] proc/*.[ch] reflect/*.[ch] |
+bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(agent\|init\)/' fs/*.[ch] proc/*.[ch] reflect/*.[ch] net/*.[ch] |
       grep -v '"agent/\(rpc\|bufref\|log\|senv\)\.h"')
 if [ -n "$bad" ]; then
   echo "check-layers: a service reaches past agent/rpc.h:"
@@ -50,6 +52,12 @@ for h in fs/*.h proc/*.h; do
     done
   done
 done
+bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(proc\|fs\)/' net/*.[ch])
+if [ -n "$bad" ]; then
+  echo "check-layers: net/ reaches into another service:"
+  echo "$bad"
+  fail=1
+fi
 # 5. with OBJDIR (make unit passes build/asan/obj): no two proc/ files call
 #    each other both ways — a symbol one needs from the other, each way.
 if [ -n "$OBJDIR" ]; then

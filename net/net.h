@@ -1,0 +1,61 @@
+/* net/net — internal to the net/ files: the scan's data (scan.c, in the pool), the
+ * port table and its watchers (ports.c, on the loop), the forwarders
+ * (relay.c, on the loop).  ports.c calls down into scan.c and relay.c;
+ * relay.c never calls ports.c.
+ */
+#ifndef CONCH_NET_NET_H
+#define CONCH_NET_NET_H
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define NET_ADDR_MAX 46     /* INET6_ADDRSTRLEN */
+#define NET_CGROUP_MAX 512
+#define NET_SCAN_MS 500     /* rescan period while someone needs it: a change shows within 1 s */
+#define NET_SOCKS_MAX 65536 /* listeners one scan keeps; more are ignored (logged) */
+
+/* A listening socket as one dump saw it. */
+typedef struct net_sock {
+  uint32_t inode;
+  uint16_t port;
+  uint8_t family;
+  uint8_t raw[16]; /* the bound address, network order */
+  char addr[NET_ADDR_MAX];
+} net_sock;
+
+/* Who holds a socket inode: found once, kept while the inode listens. */
+typedef struct net_owner {
+  uint32_t inode;
+  int32_t pid;  /* lowest holder, 0 when none is visible */
+  int32_t pgid;
+  int own;      /* conch-init itself holds it */
+  char cgroup[NET_CGROUP_MAX];
+} net_owner;
+
+/* One scan: run in the pool, touching only this.  owners is sorted by
+ * inode; run() drops those no longer listening and adds the new ones. */
+typedef struct net_scan {
+  net_sock *socks;
+  size_t nsocks;
+  net_owner *owners;
+  size_t nowners;
+  int err;        /* errno of a failed dump (socks then empty) */
+  size_t walked;  /* /proc/<pid>/fd directories read (tests, logs) */
+} net_scan;
+
+void net_scan_run(net_scan *s);
+const net_owner *net_owner_find(const net_scan *s, uint32_t inode);
+
+/* ---- relay.c: forwarders ---- */
+extern uv_loop_t *net_loop;
+/* The outward address set by net_forward_set, or NULL (off). */
+const char *net_fwd_addr(void);
+/* After each scan: keep a forwarder for each loopback-only listener port
+ * in want[0..n) and stop the others (their listener closes at once). */
+void net_fwd_sync(const uint16_t *want, size_t n);
+/* "<outward>:port" while port is forwarded, else NULL. */
+const char *net_fwd_to(uint16_t port);
+
+#endif

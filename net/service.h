@@ -1,0 +1,33 @@
+/* net/service — NetworkService (api.md §9 "Ports"): ListPorts, WatchPorts
+ * and the forwarding of loopback-only listeners to the outward address.
+ *
+ *   size_t n;
+ *   const rpc_method *m = net_service_methods(loop, &n);   // n == 2
+ *   net_set_owner_lookup(fn);   // which managed command holds a socket
+ *   net_forward_set("10.0.0.2"); // forwarding on (NULL: off)
+ *
+ * The owner hook keeps net/ out of proc/ (tests/tools/check-layers.sh):
+ * agent/main.c hands it proc's lookup, so net/ never sees a process
+ * record.  fn(cgroup, pgid, &tag, &command_pid) runs on the loop with the
+ * owner's cgroup path as /proc/PID/cgroup shows it and its process group;
+ * 1 with *tag (valid during the call only) and *command_pid when a
+ * managed command holds it, else 0.
+ */
+#ifndef CONCH_NET_SERVICE_H
+#define CONCH_NET_SERVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "agent/rpc.h"
+
+typedef int (*net_owner_fn)(const char *cgroup, int32_t pgid, const char **tag, int32_t *command_pid);
+
+const rpc_method *net_service_methods(uv_loop_t *loop, size_t *n);
+void net_set_owner_lookup(net_owner_fn fn);
+/* Forward loopback-only listeners to addr (an IPv4 or IPv6 literal), or
+ * stop (NULL); 0, or -1 when addr is no address literal. */
+int net_forward_set(const char *addr);
+
+#endif

@@ -1,0 +1,34 @@
+/* proc/owner — which managed command holds a process, for the port
+ * listing (net/, through the hook agent/main.c registers: api.md §9
+ * "Ports").  By its cgroup when commands have one (setsid escapees
+ * included), else by its process group (each command leads its own). */
+#include <string.h>
+
+#include "proc/proc.h"
+#include "proc/service.h"
+
+static int proc_owner_match(const struct proc *p, const char *cgroup, int32_t pgid) {
+  if (p->cg && cgroup && *cgroup) {
+    const char *n = proc_cg_name(p->cg);
+    size_t len = strlen(n);
+    return strncmp(cgroup, n, len) == 0 && (cgroup[len] == 0 || cgroup[len] == '/');
+  }
+  return pgid > 0 && pgid == p->pid && !p->reaped;
+}
+
+int proc_owner_lookup(const char *cgroup, int32_t pgid, const char **tag, int32_t *command_pid) {
+  struct proc_table *t = proc_tab;
+  if (!t) return 0;
+  struct proc *p;
+  for (p = t->head; p; p = p->next)
+    if ((p->state == PROC_RUNNING || p->lingering) && proc_owner_match(p, cgroup, pgid)) goto found;
+  for (p = t->fg_head; p; p = p->fnext)
+    if (p->state == PROC_RUNNING && proc_owner_match(p, cgroup, pgid)) goto found;
+  for (p = t->linger_head; p; p = p->lnext)
+    if (proc_owner_match(p, cgroup, pgid)) goto found;
+  return 0;
+found:
+  *tag = p->tag;
+  *command_pid = p->pid;
+  return 1;
+}
