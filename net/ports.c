@@ -65,6 +65,7 @@ static struct {
   net_owner_fn lookup;
   uint64_t keepalive_ms;
   int failed_logged;
+  int in_done; /* inside net_scan_done: a stream ending there must not drop the table */
 } N;
 
 void net_set_owner_lookup(net_owner_fn fn) { N.lookup = fn; }
@@ -273,6 +274,7 @@ static void net_sched(void) {
     uv_timer_stop(&N.timer);
     N.timer_on = 0;
   }
+  if (N.in_done) return; /* net_scan_done calls again when it is through */
   if (!live && N.nports && !N.busy && !N.queued) { /* nobody needs the table: it goes stale */
     for (size_t i = 0; i < N.nports; i++) free(N.ports[i].tag);
     free(N.ports);
@@ -343,11 +345,14 @@ static void net_emit(int kind, const net_port *p) {
 
 static void net_scan_done(void *data, int canceled) {
   N.busy = 0;
+  N.in_done = 1;
   if (canceled) N.scan.err = ENOMEM;
   if (N.scan.err && !N.failed_logged) {
     LOG_WARN("port scan failed: %s", strerror(N.scan.err));
     N.failed_logged = 1;
   }
+  LOG_DEBUG("port scan listeners=%zu owners=%zu fd_dirs_read=%zu", N.scan.nsocks, N.scan.nowners,
+            N.scan.walked);
   size_t n = 0;
   net_port *v = N.scan.err ? NULL : net_build(&n);
   if (v) {
@@ -401,8 +406,8 @@ static void net_scan_done(void *data, int canceled) {
     free(l);
   }
   N.in_job = NULL;
-  if (N.queued) net_sched();
-  else if (!N.watches && !net_fwd_addr()) net_sched(); /* drop the table */
+  N.in_done = 0;
+  if (N.queued || (!N.watches && !net_fwd_addr())) net_sched(); /* the next batch, or drop the table */
 }
 
 static const rpc_method net_methods[] = {

@@ -29,6 +29,7 @@ static int net_inode_cmp(const void *a, const void *b) {
 }
 
 const net_owner *net_owner_find(const net_scan *s, uint32_t inode) {
+  if (!s->nowners) return NULL;
   return bsearch(&inode, s->owners, s->nowners, sizeof *s->owners, net_inode_cmp);
 }
 
@@ -111,7 +112,7 @@ static void net_walk_fds(net_scan *s, const char *pid, uint32_t *want, size_t nw
     if (e->d_name[0] == '.') continue;
     uint32_t ino = net_link_inode(dirfd(d), e->d_name);
     if (!ino) continue;
-    uint32_t *hit = bsearch(&ino, want, nwant, sizeof *want, net_inode_cmp);
+    uint32_t *hit = nwant == 0 ? NULL : bsearch(&ino, want, nwant, sizeof *want, net_inode_cmp);
     if (!hit) continue;
     net_owner *o = &out[hit - want];
     if (own) o->own = 1;

@@ -1,0 +1,338 @@
+"""NetworkService (api.md §9 "Ports", issue 39): ListPorts and WatchPorts
+against the real binary — every ListeningPort field for IPv4 and IPv6, a
+managed owner (a command started with StartProcess) and an unmanaged one
+(a listener this test holds), opened/closed events (also for a listener
+that comes and goes between two scans), the agent's own ports never
+listed, a stream that does not read ended, no scans while nobody watches.
+
+The machine is shared: other programs listen too, so every check looks at
+this test's own ports only."""
+import json
+import os
+import resource
+import socket
+import statistics
+import struct
+import sys
+import time
+
+import pytest
+
+from conch import Client, envelope, free_port
+from conftest import serve
+from test_process import SIGNAL, start_bg, wait_for
+
+LIST = "/pb.NetworkService/ListPorts"
+WATCH = "/pb.NetworkService/WatchPorts"
+KEEPALIVE_MS = 1500
+
+
+@pytest.fixture(scope="module")
+def server():
+    # its own server: scans are counted in its debug log, keepalives shortened
+    yield from serve("test_ports", env={"CONCH_LOG_LEVEL": "debug",
+                                        "CONCH_NET_WATCH_KEEPALIVE_MS": str(KEEPALIVE_MS)})
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server.url, server.token)
+
+
+def list_ports(client):
+    st, body, _ = client.unary(LIST, {})
+    assert st == 200, body
+    return body.get("ports", [])
+
+
+def mine(ports, nums):
+    return [p for p in ports if p["port"] in nums]
+
+
+def listener(family=socket.AF_INET, addr="127.0.0.1", port=0):
+    s = socket.socket(family)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((addr, port))
+    s.listen(16)
+    return s
+
+
+class Watch:
+    """A WatchPorts stream over HTTP/1.1 on a raw socket, decoded as it comes."""
+
+    def __init__(self, server, rcvbuf=None):
+        self.s = socket.socket()
+        if rcvbuf:
+            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.s.connect(("127.0.0.1", server.port))
+        body = envelope(b"{}")
+        head = (f"POST {WATCH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\n"
+                f"conch-init-token: {server.token}\r\nContent-Length: {len(body)}\r\n\r\n")
+        self.s.sendall(head.encode() + body)
+        self.raw, self.head, self.buf, self.end, self.eof = b"", None, b"", None, False
+        self.pending = []
+
+    def _dechunk(self):
+        if self.head is None:
+            i = self.raw.find(b"\r\n\r\n")
+            if i < 0:
+                return
+            self.head, self.raw = self.raw[:i], self.raw[i + 4:]
+            assert self.head.startswith(b"HTTP/1.1 200"), self.head
+        while True:
+            i = self.raw.find(b"\r\n")
+            if i < 0:
+                return
+            n = int(self.raw[:i].split(b";")[0], 16)
+            if len(self.raw) < i + 2 + n + 2:
+                return
+            self.buf += self.raw[i + 2:i + 2 + n]
+            self.raw = self.raw[i + 2 + n + 2:]
+            if n == 0:
+                self.eof = True
+                return
+
+    def poll(self, timeout):
+        if not self.eof:
+            self.s.settimeout(timeout)
+            try:
+                data = self.s.recv(1 << 20)
+                if not data:
+                    self.eof = True
+                self.raw += data
+            except (socket.timeout, TimeoutError):
+                pass
+        self._dechunk()
+        out = []
+        while len(self.buf) >= 5:
+            flags, n = struct.unpack(">BI", self.buf[:5])
+            if len(self.buf) < 5 + n:
+                break
+            p, self.buf = self.buf[5:5 + n], self.buf[5 + n:]
+            if flags & 2:
+                self.end = json.loads(p)
+            else:
+                out.append(json.loads(p))
+        return out
+
+    def events(self, seconds, keepalives=False):
+        """(arrival time, message) for `seconds`."""
+        out = [(time.monotonic(), m) for m in self.pending]
+        self.pending = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.end is None and not self.eof:
+            out += [(time.monotonic(), m) for m in self.poll(0.02)]
+        return [(t, m) for t, m in out if keepalives or "keepalive" not in m]
+
+    def wait(self, pred, seconds=5):
+        """Read until pred(message); (time, message), the rest kept."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for i, m in enumerate(self.pending):
+                if pred(m):
+                    self.pending = self.pending[i + 1:]
+                    return time.monotonic(), m
+            self.pending = []
+            if self.end is not None or self.eof:
+                break
+            for m in self.poll(0.01):
+                if pred(m):
+                    return time.monotonic(), m
+        raise AssertionError(f"no such event within {seconds}s (end={self.end})")
+
+    def close(self):
+        self.s.close()
+
+
+def open_watch(server):
+    w = Watch(server)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        ms = w.poll(0.05)
+        if ms:
+            assert ms[0] == {"start": {}}, ms
+            w.pending = ms[1:]
+            return w
+    raise AssertionError("no start event")
+
+
+def scans(server):
+    with open(server.log_path, errors="replace") as f:
+        return f.read().count("port scan listeners=")
+
+
+def test_unmanaged_ipv4_ipv6_every_field(client):
+    held = [listener(socket.AF_INET, "127.0.0.1"), listener(socket.AF_INET, "0.0.0.0"),
+            listener(socket.AF_INET6, "::1"), listener(socket.AF_INET6, "::")]
+    try:
+        nums = {s.getsockname()[1] for s in held}
+        got = mine(list_ports(client), nums)
+        want = sorted([{"address": s.getsockname()[0], "port": s.getsockname()[1], "pid": os.getpid()}
+                       for s in held], key=lambda p: (p["port"], p["address"]))
+        assert got == want  # tag, commandPid and forwardedTo are empty (JSON leaves them out)
+    finally:
+        for s in held:
+            s.close()
+    assert mine(list_ports(client), nums) == []
+
+
+def test_lowest_pid_of_holders(client):
+    s = listener()
+    port = s.getsockname()[1]
+    pid = os.fork()
+    if pid == 0:  # the child holds the same socket: the parent's pid is lower
+        time.sleep(30)
+        os._exit(0)
+    try:
+        got = mine(list_ports(client), {port})
+        assert [p["pid"] for p in got] == [min(os.getpid(), pid)]
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        s.close()
+
+
+def test_sorted_by_port_then_address(client):
+    ports = list_ports(client)
+    assert ports == sorted(ports, key=lambda p: (p["port"], p["address"]))
+
+
+def test_agent_own_ports_never_listed(client, server):
+    assert all(p["port"] != server.port for p in list_ports(client))
+    # its pid never appears either (no socket of its own is listed)
+    assert all(p.get("pid") != server.proc.pid for p in list_ports(client))
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
+def test_managed_owner(client, addr):
+    port = free_port()
+    tag = f"http-{port}"
+    pid = start_bg(client, {"cmd": "python3", "args": ["-m", "http.server", "--bind", addr, str(port)],
+                            "tag": tag})
+    try:
+        got = wait_for(lambda: mine(list_ports(client), {port}), timeout=20)
+        assert got == [{"address": addr, "port": port, "pid": pid, "tag": tag, "commandPid": pid}]
+    finally:
+        client.unary(SIGNAL, {"process": {"tag": tag}, "signal": 9})
+    wait_for(lambda: not mine(list_ports(client), {port}), timeout=10)
+
+
+def test_managed_owner_child_process(client):
+    """A listener held by a child of the command: pid is the child's,
+    commandPid the command's start pid."""
+    port = free_port()
+    tag = f"sh-{port}"
+    pid = start_bg(client, {"cmd": "sh", "args": ["-c", f"python3 -m http.server --bind 127.0.0.1 {port}; :"],
+                            "tag": tag})
+    try:
+        got = wait_for(lambda: mine(list_ports(client), {port}), timeout=20)
+        assert len(got) == 1 and got[0]["tag"] == tag and got[0]["commandPid"] == pid
+        assert got[0]["pid"] != pid and got[0]["pid"] > 0
+        with open(f"/proc/{got[0]['pid']}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) == pid  # its parent is the command
+    finally:
+        client.unary(SIGNAL, {"process": {"tag": tag}, "signal": 9})
+
+
+def test_watch_start_current_then_opened_closed(client, server):
+    a = listener()
+    w = open_watch(server)
+    try:
+        # the current ports come as `opened` right after start
+        t, m = w.wait(lambda m: m.get("opened", {}).get("port") == a.getsockname()[1], 2)
+        assert m["opened"] == {"address": "127.0.0.1", "port": a.getsockname()[1], "pid": os.getpid()}
+        lat = []
+        for _ in range(8):
+            t0 = time.monotonic()
+            b = listener(socket.AF_INET6, "::1")
+            p = b.getsockname()[1]
+            t1, m = w.wait(lambda m: m.get("opened", {}).get("port") == p, 3)
+            lat.append(t1 - t0)
+            assert m["opened"] == {"address": "::1", "port": p, "pid": os.getpid()}
+            b.close()
+            t2 = time.monotonic()
+            t3, m = w.wait(lambda m: m.get("closed", {}).get("port") == p, 3)
+            assert t3 - t2 < 1.2
+            assert m["closed"] == {"address": "::1", "port": p, "pid": os.getpid()}
+        assert max(lat) < 1.2, lat
+        print(f"listen → opened: p50 {statistics.median(lat) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms",
+              file=sys.stderr)
+    finally:
+        a.close()
+        w.close()
+
+
+def test_watch_listener_between_scans(client, server):
+    """A listener that opens and closes again within one scan: never an
+    `opened` without its `closed`."""
+    w = open_watch(server)
+    try:
+        w.events(0.3)
+        ports = []
+        for _ in range(10):
+            s = listener()
+            ports.append(s.getsockname()[1])
+            time.sleep(0.01)
+            s.close()
+            time.sleep(0.13)
+        evs = [m for _, m in w.events(1.5)]
+        for p in ports:
+            kinds = [k for m in evs for k, v in m.items() if isinstance(v, dict) and v.get("port") == p]
+            assert kinds in ([], ["opened", "closed"]), (p, kinds)
+    finally:
+        w.close()
+
+
+def test_watch_keepalive(server):
+    w = open_watch(server)
+    try:
+        evs = w.events(KEEPALIVE_MS / 1000 + 1.2, keepalives=True)
+        assert any("keepalive" in m for _, m in evs), evs
+    finally:
+        w.close()
+
+
+def test_no_scans_without_watchers(server, client):
+    time.sleep(0.6)  # a scan of an earlier stream finishing
+    n0 = scans(server)
+    time.sleep(2)
+    assert scans(server) == n0  # nobody watches, forwarding off: nothing runs
+    w = open_watch(server)
+    time.sleep(2)
+    n1 = scans(server)
+    assert n1 - n0 >= 3  # every NET_SCAN_MS while it is open
+    w.close()
+    time.sleep(0.7)
+    n2 = scans(server)
+    time.sleep(2)
+    assert scans(server) == n2
+    list_ports(client)
+    assert scans(server) == n2 + 1  # ListPorts: one scan of its own
+
+
+def test_watch_not_read_is_ended(server):
+    """HTTP/2 with a 1 KiB stream window the client never gives back: the
+    agent cannot send, its queue reaches 1024 events, the stream ends."""
+    from h2conn import H2Client
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    c = H2Client("127.0.0.1", server.port, stream_window=1024, auto_ack=False)
+    try:
+        sid = c.connect_stream(WATCH, [b"{}"], server.token, ctype="application/connect+json")
+        for _ in range(2):  # 700 opened + 700 closed a round: past 1024 queued
+            held = [listener() for _ in range(700)]
+            time.sleep(1.2)
+            for s in held:
+                s.close()
+            time.sleep(1.2)
+        c.auto_ack = True
+        c.ack(sid)
+        c.wait(sid, timeout=20)
+        msgs = [json.loads(p) for _, p in c.envelopes(bytes(c.streams[sid].body))]
+        assert msgs[-1] == {"error": {"code": "resource_exhausted", "message": "port events are not being read"}}
+        assert msgs[0] == {"start": {}}
+        assert len(msgs) <= 1024 + 64, len(msgs)  # what the window let out, then the queue
+    finally:
+        c.close()
