@@ -109,7 +109,9 @@ def check(route, line, out, err):
     codes = CODE_200.findall(err.read_text())
     assert codes == ["200"], (route, err.read_text(), out.read_bytes()[:300])
     body = out.read_bytes()
-    if "application/connect+json" in line or "${S[@]}" in line:
+    if "Connect-Timeout-Ms" in line:  # a watch that never ends by itself: its deadline ends it
+        assert body.endswith(b'"code":"deadline_exceeded","message":"the operation timed out"}}'), (route, body[-300:])
+    elif "application/connect+json" in line or "${S[@]}" in line:
         assert body.endswith(STREAM_OK), (route, body[-300:])
     elif not route.startswith("GET"):
         assert b'"code"' not in body, (route, body)

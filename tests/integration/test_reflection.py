@@ -246,7 +246,7 @@ def test_file_by_filename(server, channel, pkg):
     [f] = fdps(r)
     # the embedded descriptor is the one protoc gives agent.proto here, with json names
     assert plain(f) == descriptor_pb2.FileDescriptorProto.FromString(agent_pb2.DESCRIPTOR.serialized_pb)
-    assert f.package == "pb" and [s.name for s in f.service] == ["ProcessService", "FileService"]
+    assert f.package == "pb" and [s.name for s in f.service] == ["ProcessService", "FileService", "NetworkService"]
     [sp] = [mt for mt in f.message_type if mt.name == "StartProcessRequest"]
     assert {fl.name: fl.json_name for fl in sp.field}["stdin_open"] == "stdinOpen"
     for name, mod in (("reflection.proto", v1), ("reflection_v1alpha.proto", v1alpha)):
@@ -486,4 +486,4 @@ def test_connect_json_full_duplex(server, pkg):
     [fd] = got[0]["fileDescriptorResponse"]["fileDescriptorProto"]
     assert descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(fd)).name == "agent.proto"
     assert got[1]["errorResponse"] == {"errorCode": 5, "errorMessage": "file not found: nope.proto"}
-    assert len(got[2]["listServicesResponse"]["service"]) == 4
+    assert len(got[2]["listServicesResponse"]["service"]) == 2 + len(AGENT_SERVICES)
