@@ -42,6 +42,7 @@ static const char usage[] =
     "                          network namespace and write --resolv-conf\n"
     "  --resolv-conf FILE      where such messages write resolv.conf (/etc/resolv.conf)\n"
     "  --default-user USER     run RPCs that name no user as USER (name, uid or uid:gid)\n"
+    "  --forward-ports ADDR    forward loopback-only listeners to ADDR (IPv4 or IPv6 literal)\n"
     "  --log-level LEVEL       debug, info (default), warn, error\n"
     "  -h, --help              this text\n"
     "  -V, --version           print the version\n";
@@ -195,7 +196,7 @@ static void main_on_stop(uv_signal_t *s, int signum) {
 
 static int main_serve(int argc, char **argv) {
   const char *listen = "127.0.0.1:4064", *token = NULL, *token_file = NULL, *init_listen = NULL;
-  const char *resolv = NULL;
+  const char *resolv = NULL, *forward = NULL;
   int apply_network = 0;
   static const struct option opts[] = {
       {"listen", required_argument, NULL, 'l'},  {"token", required_argument, NULL, 't'},
@@ -203,7 +204,7 @@ static int main_serve(int argc, char **argv) {
       {"init-apply-network", no_argument, NULL, 'N'}, {"resolv-conf", required_argument, NULL, 'R'},
       {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},        {"default-user", required_argument, NULL, 'U'},
-      {NULL, 0, NULL, 0}};
+      {"forward-ports", required_argument, NULL, 'F'}, {NULL, 0, NULL, 0}};
   int ch;
   optind = 1;
   while ((ch = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
@@ -223,6 +224,7 @@ static int main_serve(int argc, char **argv) {
       case 'i': init_listen = optarg; break;
       case 'N': apply_network = 1; break;
       case 'R': resolv = optarg; break;
+      case 'F': forward = optarg; break;
       case 'U': {
         users_spec sp;
         if (users_spec_parse(optarg, &sp) != 0) {
@@ -261,6 +263,10 @@ static int main_serve(int argc, char **argv) {
   if (!conch.token_set && !init_listen)
     LOG_WARN("no token configured: every RPC answers \"agent token is not initialized\"");
   main_register_services();
+  if (forward && net_forward_set(forward) != 0) {
+    fprintf(stderr, "conch-init: --forward-ports needs an IPv4 or IPv6 address: %s\n", forward);
+    return 2;
+  }
   uv_signal_t main_sigterm, main_sigint; /* live as long as uv_run below */
   if (server_listen(listen) != 0) return 1;
   if (init_listen) {

@@ -50,11 +50,24 @@ const net_owner *net_owner_find(const net_scan *s, uint32_t inode);
 
 /* ---- relay.c: forwarders ---- */
 extern uv_loop_t *net_loop;
+/* net_forward_set's work: the outward address (NULL: off); 0, or -1 when
+ * addr is no address literal. */
+int net_fwd_config(const char *addr);
 /* The outward address set by net_forward_set, or NULL (off). */
 const char *net_fwd_addr(void);
-/* After each scan: keep a forwarder for each loopback-only listener port
- * in want[0..n) and stop the others (their listener closes at once). */
-void net_fwd_sync(const uint16_t *want, size_t n);
+/* A loopback-only listener port to forward, and where it listens. */
+typedef struct net_fwd_want {
+  uint16_t port;
+  uint8_t family;
+  uint8_t raw[16];
+} net_fwd_want;
+/* After each scan: keep a forwarder for each of want[0..n) (sorted by
+ * port) and stop the others (their listener closes at once; the
+ * connections it relays go on). */
+void net_fwd_sync(const net_fwd_want *want, size_t n);
+/* 1 when a listener on raw (family) takes the outward address's port:
+ * the outward address itself or a wildcard of its family. */
+int net_fwd_covers(int family, const uint8_t *raw);
 /* "<outward>:port" while port is forwarded, else NULL. */
 const char *net_fwd_to(uint16_t port);
 

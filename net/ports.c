@@ -78,6 +78,10 @@ static int net_port_cmp(const void *a, const void *b) {
   return x->s.inode < y->s.inode ? -1 : x->s.inode > y->s.inode;
 }
 
+static int net_is_loopback(const net_sock *s) {
+  return s->family == AF_INET ? s->raw[0] == 127 : memcmp(s->raw, &in6addr_loopback, 16) == 0;
+}
+
 static void net_fill(Pb__ListeningPort *lp, const net_port *p, const char *fwd) {
   lp->address = (char *)p->s.addr;
   lp->port = p->s.port;
@@ -171,7 +175,7 @@ static int net_watch_push(net_watch *w, int kind, const net_port *p) {
     e->p = *p;
     e->p.tag = p->tag ? strdup(p->tag) : NULL;
     const char *f = kind == PB__PORT_EVENT__EVENT_OPENED ? net_fwd_to(p->s.port) : NULL;
-    if (f && (p->s.family == AF_INET ? p->s.raw[0] == 127 : memcmp(p->s.raw, &in6addr_loopback, 16) == 0))
+    if (f && net_is_loopback(&p->s))
       snprintf(e->fwd, sizeof e->fwd, "%s", f);
   }
   if (!e || (p && p->tag && !e->p.tag)) {
@@ -225,8 +229,7 @@ static void net_list_answer(rpc_call *c) {
   for (size_t i = 0; i < N.nports; i++) {
     pb__listening_port__init(&lps[i]);
     const net_port *p = &N.ports[i];
-    int lo = p->s.family == AF_INET ? p->s.raw[0] == 127 : memcmp(p->s.raw, &in6addr_loopback, 16) == 0;
-    net_fill(&lps[i], p, lo ? net_fwd_to(p->s.port) : NULL);
+    net_fill(&lps[i], p, net_is_loopback(&p->s) ? net_fwd_to(p->s.port) : NULL);
     pp[i] = &lps[i];
   }
   resp.n_ports = N.nports;
@@ -357,22 +360,21 @@ static void net_scan_done(void *data, int canceled) {
   net_port *v = N.scan.err ? NULL : net_build(&n);
   if (v) {
     /* forwarders first, so that `opened` says where a port is forwarded */
-    uint16_t *want = calloc(n + 1, sizeof *want);
+    net_fwd_want *want = calloc(n + 1, sizeof *want);
     size_t nw = 0;
-    for (size_t i = 0; want && i < n; i++) {
+    for (size_t i = 0; want && net_fwd_addr() && i < n; i++) {
       const net_sock *s = &v[i].s;
-      int lo = s->family == AF_INET ? s->raw[0] == 127 : memcmp(s->raw, &in6addr_loopback, 16) == 0;
-      if (!lo || (nw && want[nw - 1] == s->port)) continue;
-      int covered = 0; /* something already listens on every address at this port */
-      for (size_t k = 0; k < n && !covered; k++) {
-        const net_sock *t = &v[k].s;
-        if (t->port != s->port) continue;
-        covered = t->family == AF_INET ? t->raw[0] != 127 : memcmp(t->raw, &in6addr_loopback, 16) != 0;
-      }
-      if (!covered) want[nw++] = s->port;
+      if (!net_is_loopback(s) || (nw && want[nw - 1].port == s->port)) continue;
+      int covered = 0; /* something listens on the outward address at this port already */
+      for (size_t k = 0; k < n && !covered; k++)
+        covered = v[k].s.port == s->port && !net_is_loopback(&v[k].s) && net_fwd_covers(v[k].s.family, v[k].s.raw);
+      if (covered) continue;
+      want[nw].port = s->port;
+      want[nw].family = s->family;
+      memcpy(want[nw].raw, s->raw, 16);
+      nw++;
     }
-    if (want && net_fwd_addr()) net_fwd_sync(want, nw);
-    else if (want) net_fwd_sync(NULL, 0);
+    if (want) net_fwd_sync(want, nw);
     free(want);
     size_t i = 0, j = 0;
     while (i < N.nports || j < n) {
@@ -408,6 +410,12 @@ static void net_scan_done(void *data, int canceled) {
   N.in_job = NULL;
   N.in_done = 0;
   if (N.queued || (!N.watches && !net_fwd_addr())) net_sched(); /* the next batch, or drop the table */
+}
+
+int net_forward_set(const char *addr) {
+  if (net_fwd_config(addr) != 0) return -1;
+  net_sched(); /* forwarding on: scans run from now on */
+  return 0;
 }
 
 static const rpc_method net_methods[] = {
