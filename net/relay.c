@@ -27,6 +27,7 @@
 #define NET_RELAY_SLOT (32u * 1024)
 #define NET_RELAY_SLOTS 2
 #define NET_RETRY_MS 20
+#define NET_SLOT_CACHE 64 /* empty buffers kept for reuse (2 MiB): no malloc/free per read */
 
 typedef struct relay_conn relay_conn;
 
@@ -70,6 +71,22 @@ static size_t nconns;
 static relay_dir *starved;
 static uv_timer_t retry_timer;
 static int retry_init;
+static void *slot_cache[NET_SLOT_CACHE];
+static int nslot_cache;
+
+/* A 32 KiB buffer counted in the budget, or NULL (budget spent, no memory). */
+static char *slot_get(void) {
+  if (rpc_budget_take(NET_RELAY_SLOT) != 0) return NULL;
+  char *b = nslot_cache ? slot_cache[--nslot_cache] : malloc(NET_RELAY_SLOT);
+  if (!b) rpc_budget_give(NET_RELAY_SLOT);
+  return b;
+}
+
+static void slot_put(char *b) {
+  rpc_budget_give(NET_RELAY_SLOT);
+  if (nslot_cache < NET_SLOT_CACHE) slot_cache[nslot_cache++] = b;
+  else free(b);
+}
 
 const char *net_fwd_addr(void) { return fwd_addr; }
 
@@ -171,9 +188,8 @@ static void relay_maybe_shut(relay_dir *d) {
 static void relay_on_write(uv_write_t *w, int status) {
   relay_dir *d = w->data;
   int i = (int)(w - d->wr);
-  free(d->slot[i]);
+  slot_put(d->slot[i]);
   d->slot[i] = NULL;
-  rpc_budget_give(NET_RELAY_SLOT);
   d->inflight--;
   if (d->c->closing) return;
   if (status < 0) {
@@ -196,12 +212,7 @@ static void relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   int i = relay_free_slot(d);
   buf->base = NULL;
   buf->len = 0;
-  if (i < 0 || rpc_budget_take(NET_RELAY_SLOT) != 0) return; /* UV_ENOBUFS: read_cb waits */
-  d->slot[i] = malloc(NET_RELAY_SLOT);
-  if (!d->slot[i]) {
-    rpc_budget_give(NET_RELAY_SLOT);
-    return;
-  }
+  if (i < 0 || !(d->slot[i] = slot_get())) return; /* UV_ENOBUFS: read_cb waits */
   buf->base = d->slot[i];
   buf->len = NET_RELAY_SLOT;
 }
@@ -224,9 +235,8 @@ static void relay_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   for (int k = 0; k < NET_RELAY_SLOTS && buf->base; k++)
     if (d->slot[k] == buf->base) i = k;
   if (n <= 0 && i >= 0) { /* a slot taken for nothing */
-    free(d->slot[i]);
+    slot_put(d->slot[i]);
     d->slot[i] = NULL;
-    rpc_budget_give(NET_RELAY_SLOT);
   }
   if (n == UV_ENOBUFS) { /* both slots in flight, or the budget is spent */
     uv_read_stop(s);
@@ -256,9 +266,8 @@ static void relay_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   d->inflight++;
   if (uv_write(&d->wr[i], (uv_stream_t *)d->dst, &b, 1, relay_on_write) != 0) {
     d->inflight--;
-    free(d->slot[i]);
+    slot_put(d->slot[i]);
     d->slot[i] = NULL;
-    rpc_budget_give(NET_RELAY_SLOT);
     relay_close(c);
     return;
   }

@@ -336,3 +336,301 @@ def test_watch_not_read_is_ended(server):
         assert len(msgs) <= 1024 + 64, len(msgs)  # what the window let out, then the queue
     finally:
         c.close()
+
+
+# ---------------------------------------------------------------- forwarding
+# The agent runs in a network namespace this test creates, with the outward
+# address 10.239.0.1 on that namespace's own loopback device: nothing it
+# forwards can reach (or come from) anywhere but this namespace.  The test
+# enters the namespace (setns, this thread only) to open its sockets.
+
+import contextlib  # noqa: E402
+import ctypes  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+
+from conftest import Server, sanitizer_report, status_kib  # noqa: E402
+
+OUT = "10.239.0.1"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def in_ns(name):
+    old = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    new = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        assert _libc.setns(new, CLONE_NEWNET) == 0, ctypes.get_errno()
+        yield
+    finally:
+        assert _libc.setns(old, CLONE_NEWNET) == 0
+        os.close(old)
+        os.close(new)
+
+
+@pytest.fixture(scope="module")
+def fwd():
+    ns = f"conch-ports-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", f"ip link set lo up && ip addr add {OUT}/32 dev lo"],
+                       check=True)
+        with in_ns(ns):
+            # ASan's quarantine keeps freed buffers (256 MiB by default): the
+            # RSS bound below is about what the agent holds, not about it
+            srv = Server(name="test_ports_fwd", extra_args=["--forward-ports", OUT],
+                         env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:quarantine_size_mb=8"})
+        srv.ns = ns
+        yield srv
+        text = srv.stop()
+        rep = sanitizer_report(text)
+        assert rep is None, f"sanitizer report in server log:\n{rep}"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def ns_list(srv):
+    with in_ns(srv.ns):
+        return list_ports(Client(srv.url, srv.token))
+
+
+def wait_forwarded(srv, port, timeout=5):
+    def f():
+        got = mine(ns_list(srv), {port})
+        return got if got and got[0].get("forwardedTo") else None
+    return wait_for(f, timeout=timeout)
+
+
+def out_conn(srv, port):
+    """A connection to the outward address from the outward address."""
+    with in_ns(srv.ns):
+        s = socket.socket()
+        s.bind((OUT, 0))
+        s.connect((OUT, port))
+    return s
+
+
+def echo_backend(srv, family=socket.AF_INET, addr="127.0.0.1"):
+    with in_ns(srv.ns):
+        lis = listener(family, addr)
+
+    def serve_one(c):
+        with c:
+            while True:
+                d = c.recv(65536)
+                if not d:
+                    c.shutdown(socket.SHUT_WR)
+                    return
+                c.sendall(d)
+
+    def run():
+        while True:
+            try:
+                c, _ = lis.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve_one, args=(c,), daemon=True).start()
+    threading.Thread(target=run, daemon=True).start()
+    return lis
+
+
+def test_forward_curl_http11_managed(fwd):
+    c = Client(fwd.url, fwd.token)
+    with in_ns(fwd.ns):
+        port = free_port()
+        pid = start_bg(c, {"cmd": "python3", "args": ["-m", "http.server", "--protocol", "HTTP/1.1",
+                                                  "--bind", "127.0.0.1", str(port)], "tag": "fwd-http"})
+    try:
+        [p] = wait_forwarded(fwd, port, timeout=20)
+        assert p == {"address": "127.0.0.1", "port": port, "pid": pid, "tag": "fwd-http", "commandPid": pid,
+                     "forwardedTo": f"{OUT}:{port}"}
+        r = subprocess.run(["ip", "netns", "exec", fwd.ns, "curl", "-sS", "--http1.1", "--interface", OUT,
+                            "-o", "/dev/null", "-o", "/dev/null", "-w", "%{http_code} %{http_version} %{num_connects};",
+                            f"http://{OUT}:{port}/", f"http://{OUT}:{port}/"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.stdout == "200 1.1 1;200 1.1 0;", r  # the second request on the same relayed connection
+    finally:
+        with in_ns(fwd.ns):
+            c.unary(SIGNAL, {"process": {"tag": "fwd-http"}, "signal": 9})
+
+
+def test_forward_ipv6_loopback_and_watch(fwd):
+    with in_ns(fwd.ns):
+        w = open_watch(fwd)
+    lis = echo_backend(fwd, socket.AF_INET6, "::1")
+    port = lis.getsockname()[1]
+    try:
+        _, m = w.wait(lambda m: m.get("opened", {}).get("port") == port, 3)
+        assert m["opened"]["forwardedTo"] == f"{OUT}:{port}" and m["opened"]["address"] == "::1"
+        s = out_conn(fwd, port)
+        s.sendall(b"ping6")
+        assert s.recv(100) == b"ping6"
+        s.close()
+    finally:
+        lis.close()
+        w.close()
+
+
+def test_forward_long_lived_bidirectional(fwd):
+    lis = echo_backend(fwd)
+    port = lis.getsockname()[1]
+    try:
+        wait_forwarded(fwd, port)
+        s = out_conn(fwd, port)
+        s.settimeout(10)
+        for i in range(40):  # a WebSocket-style conversation: both ways, with pauses
+            msg = os.urandom(1 + i * 997)
+            s.sendall(msg)
+            got = b""
+            while len(got) < len(msg):
+                got += s.recv(65536)
+            assert got == msg
+            if i % 10 == 0:
+                time.sleep(0.6)  # across a few scans: the relay is not disturbed by them
+        s.close()
+    finally:
+        lis.close()
+
+
+def test_forward_half_close(fwd):
+    with in_ns(fwd.ns):
+        lis = listener()
+    port = lis.getsockname()[1]
+    try:
+        wait_forwarded(fwd, port)
+        s = out_conn(fwd, port)
+        s.settimeout(10)
+        lis.settimeout(10)
+        b, _ = lis.accept()
+        b.settimeout(10)
+        s.sendall(b"request body")
+        s.shutdown(socket.SHUT_WR)  # the client's half-close reaches the backend as EOF
+        got = b""
+        while True:
+            d = b.recv(100)
+            if not d:
+                break
+            got += d
+        assert got == b"request body"
+        b.sendall(b"answer after EOF")  # and the other direction still flows
+        b.close()
+        got = b""
+        while True:
+            d = s.recv(100)
+            if not d:
+                break
+            got += d
+        assert got == b"answer after EOF"
+        s.close()
+    finally:
+        lis.close()
+
+
+def test_forward_stops_within_1s_of_close(fwd):
+    with in_ns(fwd.ns):
+        lis = listener()
+    port = lis.getsockname()[1]
+    wait_forwarded(fwd, port)
+    lis.close()
+    t0 = time.monotonic()
+    while True:
+        try:
+            out_conn(fwd, port).close()
+        except ConnectionRefusedError:
+            break
+        assert time.monotonic() - t0 < 1.0
+        time.sleep(0.02)
+
+
+def test_forward_not_when_covered_by_wildcard(fwd):
+    with in_ns(fwd.ns):
+        a = socket.socket()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        a.bind(("0.0.0.0", 0))
+        a.listen()
+        port = a.getsockname()[1]
+        b = socket.socket()
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        b.bind(("127.0.0.1", port))
+        b.listen()
+    try:
+        time.sleep(1.2)
+        got = mine(ns_list(fwd), {port})
+        assert sorted(p["address"] for p in got) == ["0.0.0.0", "127.0.0.1"]
+        assert all("forwardedTo" not in p for p in got)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_forward_never_4064_4065(fwd):
+    with in_ns(fwd.ns):
+        held = [listener(port=4064), listener(port=4065)]
+        other = listener()
+    try:
+        wait_forwarded(fwd, other.getsockname()[1])
+        time.sleep(0.6)
+        got = mine(ns_list(fwd), {4064, 4065})
+        assert len(got) == 2 and all("forwardedTo" not in p for p in got)
+    finally:
+        for s in held + [other]:
+            s.close()
+
+
+def test_forward_200_to_backend_that_never_reads(fwd):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    with in_ns(fwd.ns):
+        lis = listener()
+        lis.listen(512)
+    port = lis.getsockname()[1]
+    wait_forwarded(fwd, port)
+    rss0 = status_kib(fwd.proc.pid, "VmRSS")
+    conns, backs = [], []
+    try:
+        chunk = b"x" * 65536
+        for _ in range(200):
+            s = out_conn(fwd, port)
+            s.setblocking(False)
+            conns.append(s)
+            b, _ = lis.accept()  # accepted, never read
+            backs.append(b)
+        sent = 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # push until no connection takes more
+            moved = 0
+            for s in conns:
+                try:
+                    n = s.send(chunk)
+                    sent += n
+                    moved += n
+                except BlockingIOError:
+                    pass
+            if not moved:
+                time.sleep(0.2)
+                if not any(_sendable(s) for s in conns):
+                    break
+        rss1 = status_kib(fwd.proc.pid, "VmRSS")
+        # at most 64 KiB per direction per connection held (200 × 2 × 64 KiB =
+        # 25 MiB), plus ASan's 8 MiB quarantine and 4 MiB of slack; the
+        # 1.5 GiB the clients pushed stay in the kernel's buffers and theirs
+        assert rss1 - rss0 < 200 * 2 * 64 + 12 * 1024, (rss0, rss1, sent)
+        assert sent > 200 * 64 * 1024  # the kernel's buffers and the relay's filled
+        print(f"200 stalled relays: {sent >> 20} MiB sent, agent RSS {rss0} → {rss1} KiB", file=sys.stderr)
+        c = Client(fwd.url, fwd.token)
+        with in_ns(fwd.ns):  # the agent still answers
+            st, _, _ = c.unary(LIST, {})
+        assert st == 200
+    finally:
+        for s in conns + backs:
+            s.close()
+        lis.close()
+    time.sleep(1)
+
+
+def _sendable(s):
+    try:
+        return s.send(b"x") > 0
+    except BlockingIOError:
+        return False
