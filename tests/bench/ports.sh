@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Ports (issue 39): the forwarder's relay against a direct connection, and
+# what discovery costs while it runs.  Root (a network namespace of its own).
+#
+#   1. 1 GiB from a loopback server to a client, ROUNDS times each way
+#      interleaved: straight to 127.0.0.1:P, and through the agent's
+#      forwarder at OUT:P (serve --forward-ports OUT); MiB/s and the ratio
+#      (goal ≥ 0.8×).  Both directions: the server sends (a download) and
+#      the client sends (an upload).
+#   2. the agent's CPU (utime + stime of /proc/PID/stat) per second over
+#      SECS seconds while 50 ports listen and one WatchPorts stream is open,
+#      and with neither (the idle baseline).
+#
+# The namespace has only its loopback device, with OUT added to it:
+# nothing leaves it.  Usage: tests/bench/ports.sh
+# Environment: MIB (1024) ROUNDS (3) SECS (10); CONCH_INIT_BIN (default
+#   build/dev/conch-init, rebuilt with `make`).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+MIB=${MIB:-1024}
+ROUNDS=${ROUNDS:-3}
+SECS=${SECS:-10}
+OUT=10.239.0.1
+if [ -z "${CONCH_INIT_BIN:-}" ]; then
+  make -s dev >/dev/null
+  BIN=$PWD/build/dev/conch-init
+else
+  BIN=$CONCH_INIT_BIN
+fi
+NS=conch-ports-bench-$$
+ip netns add "$NS"
+cleanup() {
+  if [ -n "${CIPID:-}" ]; then kill "$CIPID" 2>/dev/null || true; wait "$CIPID" 2>/dev/null || true; fi
+  ip netns del "$NS" 2>/dev/null || true
+}
+trap cleanup EXIT
+ip netns exec "$NS" sh -c "ip link set lo up && ip addr add $OUT/32 dev lo"
+ip netns exec "$NS" "$BIN" serve --listen 127.0.0.1:4064 --token bench --forward-ports "$OUT" \
+  --log-level warn 2>/dev/null &
+CIPID=$!
+sleep 0.5
+ip netns exec "$NS" /usr/bin/python3 - "$MIB" "$ROUNDS" "$SECS" "$OUT" "$CIPID" <<'PY'
+import json, os, socket, statistics, struct, subprocess, sys, threading, time
+mib, rounds, secs, out, agent = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+TOTAL = mib << 20
+CHUNK = memoryview(bytearray(1 << 20))
+
+def pump_out(c):
+    left = TOTAL
+    while left:
+        left -= c.send(CHUNK[:min(left, len(CHUNK))])
+    c.shutdown(socket.SHUT_WR)
+
+def pump_in(c):
+    buf, got = bytearray(1 << 20), 0
+    while True:
+        n = c.recv_into(buf)
+        if not n:
+            return got
+        got += n
+
+def server(mode):
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(8)
+    def run():
+        while True:
+            try:
+                c, _ = lis.accept()
+            except OSError:
+                return
+            with c:
+                if mode == "down":
+                    pump_out(c)
+                    c.recv(1)
+                else:
+                    pump_in(c)
+                    c.sendall(b"k")
+    threading.Thread(target=run, daemon=True).start()
+    return lis
+
+def ports():
+    import urllib.request
+    r = urllib.request.Request("http://127.0.0.1:4064/pb.NetworkService/ListPorts", b"{}",
+                               {"conch-init-token": "bench", "Content-Type": "application/json", "Connect-Protocol-Version": "1"})
+    return json.load(urllib.request.urlopen(r)).get("ports", [])
+
+def cpu():
+    with open(f"/proc/{agent}/stat") as fh:
+        f = fh.read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+def transfer(addr, port, mode):
+    c = socket.socket()
+    if addr == out:
+        c.bind((out, 0))
+    c.connect((addr, port))
+    t0 = time.monotonic()
+    if mode == "down":
+        got = pump_in(c)
+    else:
+        pump_out(c)
+        got = TOTAL
+        c.recv(1)
+    dt = time.monotonic() - t0
+    c.close()
+    assert got == TOTAL, got
+    return mib / dt
+
+for mode in ("down", "up"):
+    lis = server(mode)
+    port = lis.getsockname()[1]
+    while not any(p["port"] == port and p.get("forwardedTo") for p in ports()):
+        time.sleep(0.1)
+    d, f, cs = [], [], []
+    for _ in range(rounds):
+        d.append(transfer("127.0.0.1", port, mode))
+        c0 = cpu()
+        f.append(transfer(out, port, mode))
+        cs.append((cpu() - c0) / (mib / 1024))
+    rs = [b / a for a, b in zip(d, f)]
+    print(f"relay {mode:4s} {mib} MiB: direct {' '.join(f'{x:.0f}' for x in d)} MiB/s, "
+          f"forwarded {' '.join(f'{x:.0f}' for x in f)} MiB/s, ratio {' '.join(f'{x:.2f}' for x in rs)} "
+          f"(median {statistics.median(rs):.2f}; goal ≥ 0.8); agent CPU {' '.join(f'{x:.2f}' for x in cs)} s/GiB")
+    lis.close()
+
+time.sleep(1.5)  # the forwarders above are gone
+c0 = cpu(); time.sleep(secs); idle = (cpu() - c0) / secs
+held = []
+for _ in range(50):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); held.append(s)
+w = socket.create_connection(("127.0.0.1", 4064))
+body = struct.pack(">BI", 0, 2) + b"{}"
+w.sendall((f"POST /pb.NetworkService/WatchPorts HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\n"
+           f"conch-init-token: bench\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+time.sleep(1.5)  # start, 50 opened, 50 forwarders
+c0 = cpu(); time.sleep(secs); busy = (cpu() - c0) / secs
+print(f"agent CPU: {busy * 1000:.2f} ms/s with 50 listening ports (50 forwarded) and one WatchPorts stream; "
+      f"{idle * 1000:.2f} ms/s idle (no stream, forwarding on, nothing listening)")
+w.close()
+PY
