@@ -28,6 +28,7 @@ typedef struct decoded {
   const json_value *ts, *entropy; /* boot.md §10, raw: their errors are terminal texts */
   const json_value *wl_mem, *wl_pids; /* boot.md §12, raw likewise */
   const json_value *duser;            /* boot.md §13, raw likewise */
+  const json_value *fwdlp;            /* boot.md §13 forwardLocalPorts: true, false or absent */
 } decoded;
 
 #define FAIL(...)                                   \
@@ -122,7 +123,7 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   static const char *const top_keys[] = {"version", "sandboxID", "agentToken", "env",
                                          "network", "timestampMs", "entropy",
                                          "workloadMemoryMaxBytes", "workloadPidsMax",
-                                         "defaultUser"};
+                                         "defaultUser", "forwardLocalPorts"};
   static const char *const net_keys[] = {"guestIP", "prefixLength", "gateway", "dns"};
   static const char *const dns_keys[] = {"nameservers", "domain", "search", "options"};
   memset(d, 0, sizeof *d);
@@ -142,6 +143,10 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   d->wl_mem = json_get(root, "workloadMemoryMaxBytes");
   d->wl_pids = json_get(root, "workloadPidsMax");
   d->duser = json_get(root, "defaultUser");
+  d->fwdlp = json_get(root, "forwardLocalPorts");
+  if (d->fwdlp && d->fwdlp->type == JSON_NULL) d->fwdlp = NULL;
+  if (d->fwdlp && d->fwdlp->type != JSON_TRUE && d->fwdlp->type != JSON_FALSE)
+    FAIL("forwardLocalPorts: expected bool, got %s", json_type_name(d->fwdlp->type));
   if (d->wl_mem && d->wl_mem->type == JSON_NULL) d->wl_mem = NULL;
   if (d->wl_pids && d->wl_pids->type == JSON_NULL) d->wl_pids = NULL;
   if (d->env)
@@ -405,6 +410,7 @@ static int build_plan(const decoded *d, sv sid, sv tok, uint32_t ip, uint32_t gw
   p->prefix_len = (unsigned)d->prefix;
   if (!p->sandbox_id || !p->token) return -1;
   if (d->duser && !(p->default_user = dup_sv(item_sv(d->duser)))) return -1;
+  p->forward_local_ports = d->fwdlp ? d->fwdlp->type == JSON_TRUE : -1;
   size_t ne = d->env ? d->env->n : 0;
   if (ne) {
     p->env_k = calloc(ne, sizeof *p->env_k);

@@ -54,6 +54,7 @@ typedef struct initmsg_plan {
   uint64_t workload_memory_max; /* boot.md §12; 0 = absent (keep) */
   uint64_t workload_pids_max;
   char *default_user; /* boot.md §13, syntax checked (users.h); NULL = absent (keep) */
+  int forward_local_ports; /* boot.md §13: 1, 0, or -1 absent (on with a network) */
 } initmsg_plan;
 
 /* MemTotal in bytes, the upper bound of workloadMemoryMaxBytes (0: none);

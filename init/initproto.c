@@ -28,6 +28,7 @@
 #include "init/initmsg.h"
 #include "init/restore.h"
 #include "init/network.h"
+#include "net/service.h"
 #include "proc/cgroup.h"
 
 #define IP_RECV_TIMEOUT_MS 2000
@@ -377,6 +378,13 @@ static void work_done(void *data, int canceled) {
     return;
   }
   if (ips.opts.apply_restore) restore_apply(&c->plan, (int64_t)((uv_hrtime() - c->t_recv) / 1000000));
+  char ipbuf[16];
+  snprintf(ipbuf, sizeof ipbuf, "%u.%u.%u.%u", c->plan.guest_ip >> 24, (c->plan.guest_ip >> 16) & 255,
+           (c->plan.guest_ip >> 8) & 255, c->plan.guest_ip & 255);
+  /* loopback listeners forwarded to the guest IP (api.md §9 "Ports"): where
+   * this message manages the network, on unless it says no */
+  if (ips.opts.apply_network && c->plan.guest_ip)
+    net_forward_set(c->plan.forward_local_ports != 0 ? ipbuf : NULL);
   if (c->work_revalidate) {
     LOG_INFO("init message re-applied: network %s, token %s",
              ips.opts.apply_network ? "revalidated" : "not managed here",
@@ -384,9 +392,6 @@ static void work_done(void *data, int canceled) {
     respond_simple(c, 1, 0, NULL);
     return;
   }
-  char ipbuf[16];
-  snprintf(ipbuf, sizeof ipbuf, "%u.%u.%u.%u", c->plan.guest_ip >> 24, (c->plan.guest_ip >> 16) & 255,
-           (c->plan.guest_ip >> 8) & 255, c->plan.guest_ip & 255);
   LOG_INFO("init message applied guest_ip=%s/%u env=%zu network=%s", ipbuf, c->plan.prefix_len,
            c->plan.nenv, ips.opts.apply_network ? "applied" : "skipped");
   ips.state = INITPROTO_NETWORK_APPLIED;

@@ -269,6 +269,7 @@ static void net_on_timer(uv_timer_t *t) { net_sched(); }
 /* Start a scan when one is wanted and none runs; keep the timer while
  * someone watches or forwards. */
 static void net_sched(void) {
+  if (!net_loop) return; /* the service is not registered (unit tests of init/) */
   int live = N.watches || net_fwd_addr();
   if (live && !N.timer_on) {
     uv_timer_start(&N.timer, net_on_timer, NET_SCAN_MS, NET_SCAN_MS);

@@ -634,3 +634,64 @@ def _sendable(s):
         return s.send(b"x") > 0
     except BlockingIOError:
         return False
+
+
+# ---------------------------------------------------------------- the init key forwardLocalPorts
+# serve --init-listen --init-apply-network stands for PID 1 here: the init
+# message configures the network of a namespace this test creates (a veth
+# pair whose two ends are both inside it, so nothing leaves it), and its
+# forwardLocalPorts turns forwarding to the guest IP on (the default) or off.
+
+GUEST = "10.239.0.2"
+
+
+def test_init_message_forward_local_ports(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import initpeer
+    ns = f"conch-ports-init-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    srv = None
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+                       check=True)
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "v1", "up"], check=True)
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        sock = "unix:" + str(tmp_path / "init.sock")
+        with in_ns(ns):
+            srv = Server(name="test_ports_init", token="",
+                         extra_args=["--init-listen", sock, "--init-apply-network",
+                                     "--resolv-conf", str(tmp_path / "resolv.conf")])
+        srv.ns = ns
+
+        def msg(token, **extra):
+            return dict({"version": 1, "sandboxID": "ports-sb", "agentToken": token, "env": {},
+                         "network": {"guestIP": GUEST, "prefixLength": 24, "gateway": "10.239.0.1"}}, **extra)
+        # a wrong type is a decode failure: no answer
+        assert initpeer.exchange(sock, msg("t0", forwardLocalPorts="no")) is None
+        assert initpeer.exchange(sock, msg("t1")) == '{"version":1,"status":"ready","retryable":false}'
+        srv.token = "t1"
+        with in_ns(ns):
+            lis = echo_backend(srv)
+        port = lis.getsockname()[1]
+        [p] = wait_forwarded(srv, port)
+        assert p["forwardedTo"] == f"{GUEST}:{port}"
+        with in_ns(ns):
+            s = socket.create_connection((GUEST, port), timeout=5)
+        s.sendall(b"via the guest IP")
+        assert s.recv(100) == b"via the guest IP"
+        s.close()
+        # a later message with forwardLocalPorts false turns it off
+        assert '"ready"' in initpeer.exchange(sock, msg("t2", forwardLocalPorts=False))
+        srv.token = "t2"
+        time.sleep(1)
+        [p] = mine(ns_list(srv), {port})
+        assert "forwardedTo" not in p
+        with in_ns(ns):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((GUEST, port), timeout=5)
+        lis.close()
+    finally:
+        if srv:
+            text = srv.stop()
+            assert sanitizer_report(text) is None, sanitizer_report(text)
+        subprocess.run(["ip", "netns", "del", ns], check=False)
