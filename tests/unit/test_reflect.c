@@ -65,6 +65,7 @@ TEST(embedded_set) {
   sym(&db, "pb.FileService", DESCDB_SERVICE, "agent.proto");
   sym(&db, "pb.ProcessService.StartProcess", DESCDB_METHOD, "agent.proto");
   sym(&db, "pb.FileService.WatchDir", DESCDB_METHOD, "agent.proto");
+  sym(&db, "pb.NetworkService.WatchPorts", DESCDB_METHOD, "agent.proto");
   sym(&db, "pb.StartProcessRequest", DESCDB_MESSAGE, "agent.proto");
   sym(&db, "pb.StartProcessRequest.EnvEntry", DESCDB_MESSAGE, "agent.proto"); /* nested (a map entry) */
   sym(&db, "pb.StartProcessRequest.EnvEntry.value", DESCDB_FIELD, "agent.proto");
@@ -88,7 +89,7 @@ TEST(embedded_set) {
     if (i) ASSERT(strcmp(db.syms[i - 1].name, db.syms[i].name) < 0);
     services += db.syms[i].kind == DESCDB_SERVICE;
   }
-  ASSERT_EQ(services, 4);
+  ASSERT_EQ(services, 5); /* ProcessService, FileService, NetworkService, reflection v1 and v1alpha */
 
   int32_t nums[4];
   ASSERT_EQ(descdb_extension_numbers(&db, "pb.FileEntry", nums, 4), 0);
