@@ -13,13 +13,16 @@
 #
 # The namespace has only its loopback device, with OUT added to it:
 # nothing leaves it.  Usage: tests/bench/ports.sh
-# Environment: MIB (1024) ROUNDS (3) SECS (10); CONCH_INIT_BIN (default
+#   3. listen() → `opened` on that stream, SAMPLES listeners opened at
+#      random moments against the scans (p50, p90, max).
+# Environment: MIB (1024) ROUNDS (3) SECS (10) SAMPLES (30); CONCH_INIT_BIN (default
 #   build/dev/conch-init, rebuilt with `make`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MIB=${MIB:-1024}
 ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
+SAMPLES=${SAMPLES:-30}
 OUT=10.239.0.1
 if [ -z "${CONCH_INIT_BIN:-}" ]; then
   make -s dev >/dev/null
@@ -39,9 +42,10 @@ ip netns exec "$NS" "$BIN" serve --listen 127.0.0.1:4064 --token bench --forward
   --log-level warn 2>/dev/null &
 CIPID=$!
 sleep 0.5
-ip netns exec "$NS" /usr/bin/python3 - "$MIB" "$ROUNDS" "$SECS" "$OUT" "$CIPID" <<'PY'
+ip netns exec "$NS" /usr/bin/python3 - "$MIB" "$ROUNDS" "$SECS" "$OUT" "$CIPID" "$SAMPLES" <<'PY'
 import json, os, socket, statistics, struct, subprocess, sys, threading, time
 mib, rounds, secs, out, agent = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+samples = int(sys.argv[6])
 TOTAL = mib << 20
 CHUNK = memoryview(bytearray(1 << 20))
 
@@ -137,5 +141,27 @@ time.sleep(1.5)  # start, 50 opened, 50 forwarders
 c0 = cpu(); time.sleep(secs); busy = (cpu() - c0) / secs
 print(f"agent CPU: {busy * 1000:.2f} ms/s with 50 listening ports (50 forwarded) and one WatchPorts stream; "
       f"{idle * 1000:.2f} ms/s idle (no stream, forwarding on, nothing listening)")
+# listen() → `opened` on the stream, at random moments against the scans
+import random
+w.setblocking(True)
+buf = b""
+def wait_opened(port):
+    global buf
+    while True:
+        i = buf.find(f'"port":{port},'.encode())
+        if i >= 0 and buf.rfind(b'"opened"', 0, i) >= 0:
+            buf = buf[i:]
+            return time.monotonic()
+        buf += w.recv(65536)
+lat = []
+for _ in range(samples):
+    time.sleep(random.uniform(0, 1))
+    s = socket.socket(); s.bind(("127.0.0.1", 0))
+    t0 = time.monotonic(); s.listen()
+    lat.append((wait_opened(s.getsockname()[1]) - t0) * 1000)
+    held.append(s)
+lat.sort()
+print(f"listen() → opened: p50 {statistics.median(lat):.0f} ms, p90 {lat[int(len(lat) * 0.9)]:.0f} ms, "
+      f"max {lat[-1]:.0f} ms ({samples} listeners at random moments)")
 w.close()
 PY
