@@ -100,7 +100,14 @@ def cpu():
             pass
     return t / 1e9
 
+def machine():
+    """(busy, total) jiffies of all CPUs: how saturated the host is."""
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
 def transfer(addr, port, mode):
+    m0, u0 = machine(), os.times()
     c = socket.socket()
     if addr == out:
         c.bind((out, 0))
@@ -115,9 +122,13 @@ def transfer(addr, port, mode):
     dt = time.monotonic() - t0
     c.close()
     assert got == TOTAL, got
+    m1, u1 = machine(), os.times()
+    load[addr].append(((m1[0] - m0[0]) / max(1, m1[1] - m0[1]),
+                       (u1.user + u1.system - u0.user - u0.system) / (mib / 1024)))
     return mib / dt
 
 for mode in ("down", "up"):
+    load = {"127.0.0.1": [], out: []}
     lis = server(mode)
     port = lis.getsockname()[1]
     while not any(p["port"] == port and p.get("forwardedTo") for p in ports()):
@@ -132,6 +143,9 @@ for mode in ("down", "up"):
     print(f"relay {mode:4s} {mib} MiB: direct {' '.join(f'{x:.0f}' for x in d)} MiB/s, "
           f"forwarded {' '.join(f'{x:.0f}' for x in f)} MiB/s, ratio {' '.join(f'{x:.2f}' for x in rs)} "
           f"(median {statistics.median(rs):.2f}; goal ≥ 0.8); agent CPU {' '.join(f'{x:.2f}' for x in cs)} s/GiB")
+    for a, name in (("127.0.0.1", "direct"), (out, "forwarded")):
+        print(f"  {name}: host CPUs busy {' '.join(f'{b * 100:.0f}%' for b, _ in load[a])}, "
+              f"client+server CPU {' '.join(f'{x:.2f}' for _, x in load[a])} s/GiB")
     lis.close()
 
 time.sleep(1.5)  # the forwarders above are gone
