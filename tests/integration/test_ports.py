@@ -629,6 +629,42 @@ def test_forward_200_to_backend_that_never_reads(fwd):
     time.sleep(1)
 
 
+def test_forward_at_most_1024_relays(fwd):
+    """The 1025th connection is accepted and closed at once; when one of
+    the 1024 ends, a new one is relayed again."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    with in_ns(fwd.ns):
+        lis = listener()
+        lis.listen(2048)
+    port = lis.getsockname()[1]
+    wait_forwarded(fwd, port)
+    conns, backs = [], []
+    try:
+        for _ in range(1024):
+            conns.append(out_conn(fwd, port))
+            lis.settimeout(10)
+            backs.append(lis.accept()[0])  # each reached the backend: relayed
+        extra = out_conn(fwd, port)
+        extra.settimeout(5)
+        assert extra.recv(10) == b""  # closed by the agent at once
+        extra.close()
+        conns.pop().close()
+        backs.pop().close()
+        time.sleep(0.3)  # the relay saw both sides go
+        again = out_conn(fwd, port)
+        backs.append(lis.accept()[0])
+        conns.append(again)
+        again.sendall(b"still relayed")
+        backs[-1].settimeout(5)
+        assert backs[-1].recv(100) == b"still relayed"
+    finally:
+        for s in conns + backs:
+            s.close()
+        lis.close()
+    time.sleep(1)
+
+
 def _sendable(s):
     try:
         return s.send(b"x") > 0
