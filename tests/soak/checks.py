@@ -96,7 +96,8 @@ def check_output_exactly_once(run):
             o.bad(last, "reader never finished", tag=tag)
         for ch in ("stdout", "stderr"):
             if have[ch] != len(exp[ch]) and last["kind"] == "bg_done":
-                o.bad(last, f"{ch}: {have[ch]} of {len(exp[ch])} bytes delivered", tag=tag)
+                o.bad(last, f"{ch}: {have[ch]} of {len(exp[ch])} bytes delivered when the stream ended "
+                            f"(end event, no jump in offset: the tail was lost unseen)", tag=tag)
         if not ended and last["kind"] == "bg_done":
             o.bad(last, "no end event", tag=tag)
         o.notes.setdefault("writers", 0)

@@ -332,16 +332,21 @@ def settle(pid, run, deadline, want):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=int(os.environ["SOAK_SEED"]) if os.environ.get("SOAK_SEED")
-                    else random.SystemRandom().randrange(1, 1 << 31))
-    ap.add_argument("--seconds", type=float, default=float(os.environ.get("SOAK_SECONDS", "60")))
-    ap.add_argument("--clients", type=int, default=int(os.environ.get("SOAK_CLIENTS", "8")))
-    ap.add_argument("--bin", default=os.environ.get("CONCH_INIT_BIN", os.path.join(ROOT, "build", "asan", "conch-init")))
+                    else random.SystemRandom().randrange(1, 1 << 31),
+                    help="the master seed (default $SOAK_SEED, else random; printed)")
+    ap.add_argument("--seconds", type=float, default=float(os.environ.get("SOAK_SECONDS", "60")),
+                    help="how long the clients run (default $SOAK_SECONDS, else 60)")
+    ap.add_argument("--clients", type=int, default=int(os.environ.get("SOAK_CLIENTS", "8")),
+                    help="client threads (default $SOAK_CLIENTS, else 8)")
+    ap.add_argument("--bin", default=os.environ.get("CONCH_INIT_BIN", os.path.join(ROOT, "build", "asan", "conch-init")),
+                    help="the binary (default $CONCH_INIT_BIN, else build/asan/conch-init)")
     ap.add_argument("--outdir", default=os.path.join(ROOT, "build", "soak"),
                     help="where the report, the server log and (on failure) the history go")
     ap.add_argument("--report", default=None, help="the report's path (default OUTDIR/report-SEED.json)")
     ap.add_argument("--history", default=None, help="write the whole history here (JSON lines); "
                     "default: beside the report, on failure only")
-    ap.add_argument("--protocols", choices=["all", "h1"], default="all")
+    ap.add_argument("--protocols", choices=["all", "h1"], default="all",
+                    help="h1: HTTP/1.1 Connect only (default: every transport, flavour and codec)")
     ap.add_argument("--fd-tolerance", type=int, default=int(os.environ.get("SOAK_FD_TOLERANCE", "0")))
     ap.add_argument("--thread-tolerance", type=int, default=int(os.environ.get("SOAK_THREAD_TOLERANCE", "0")))
     ap.add_argument("--rss-tolerance-mib", type=float, default=None,
@@ -349,7 +354,7 @@ def main(argv=None):
     ap.add_argument("--settle-seconds", type=float, default=float(os.environ.get("SOAK_SETTLE_SECONDS", "45")))
     ap.add_argument("--epoch-seconds", type=float, default=float(os.environ.get("SOAK_EPOCH_SECONDS", "120")),
                     help="check and drop the history this often (bounds the harness's memory in long runs)")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="print only a failure")
     a = ap.parse_args(argv)
 
     outdir = a.outdir
