@@ -153,8 +153,9 @@ void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n
       proc_sub_hold(s);
     } else if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || rpc_budget_over()) {
       s->dropped++;
-    } else {
-      proc_sub_send(s, &ev);
+      s->owed[kind] = offset + n;
+    } else if (proc_sub_send(s, &ev) == 0) {
+      s->owed[kind] = 0; /* the jump shows in this event's offset */
     }
   }
 }
@@ -195,9 +196,11 @@ void proc_sub_send_replay(struct proc_sub *s, int kind, const uint8_t *data, siz
                           bufref *ref) {
   if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || rpc_budget_over()) { /* as live output to a lossy subscriber */
     s->dropped++;
+    s->owed[kind] = offset + n;
     ref->release(ref);
     return;
   }
+  s->owed[kind] = 0;
   s->last_send = uv_now(s->f->loop);
   if (!rpc_is_json(s->call) && !rpc_compresses(s->call)) {
     uint8_t *head = malloc(PROC_HEADROOM);
@@ -238,10 +241,20 @@ static int proc_send_end_event(rpc_call *c, const proc_end_info *end) {
   return rpc_send(c, &ev.base);
 }
 
-/* End event to one subscriber, then finish it. */
+/* End event to one subscriber, then finish it: first, for each channel
+ * whose last output was dropped for it, an empty output event at that
+ * channel's end (the jump a client resumes from). */
 static void proc_sub_send_end(struct proc_sub *s, int pid, const proc_end_info *e) {
   rpc_call *c = s->call;
   s->last_send = uv_now(s->f->loop);
+  for (int k = 0; k < 3; k++)
+    if (s->owed[k]) {
+      Pb__ProcessDataEvent d;
+      Pb__ProcessEvent ev;
+      proc_data_event(&ev, &d, k, (const uint8_t *)"", 0, s->owed[k]);
+      rpc_send(c, &ev.base);
+      s->owed[k] = 0;
+    }
   int r = proc_send_end_event(c, e);
   if (s->dropped)
     LOG_INFO("subscriber dropped events pid=%d dropped=%llu", pid, (unsigned long long)s->dropped);

@@ -18,7 +18,9 @@
  * The others are lossy: an output event for a subscriber whose call
  * already holds PROC_SUB_QUEUE_BYTES unsent bytes (or while the budget is
  * past its half) is dropped for it and counted; nobody waits for them.  Start/end/keepalive events are never
- * dropped.  Every subscriber gets a keepalive after keepalive_ms of
+ * dropped, and a drop is always seen: by the offset of the next output
+ * event of that channel, or, when the drop was the channel's last output,
+ * by an empty output event at the channel's end sent before `end`.  Every subscriber gets a keepalive after keepalive_ms of
  * silence (0: never).  Loop thread only.
  */
 #ifndef CONCH_PROC_FANOUT_H
@@ -51,6 +53,11 @@ struct proc_sub {
   uv_timer_t ka;
   uint64_t last_send; /* uv_now of the last message */
   uint64_t dropped;
+  /* per channel (enum proc_out_kind): the end of the last output dropped
+   * for it since one was delivered; 0: none owed.  The end event is
+   * preceded by an empty data event at that offset, so a drop at the very
+   * end still shows as a jump in `offset` */
+  uint64_t owed[3];
   int lossless;       /* foreground starter: flow control instead of drops */
   int drain_armed;
 };

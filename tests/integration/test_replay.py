@@ -509,9 +509,11 @@ def test_slow_replaying_subscriber_drops_not_blocks(server):
     chunks = channels(ev)["stdout"]
     got = sum(len(d) for _, d in chunks)
     assert got < total
-    # it got a prefix (its queue was full from then on); the offsets say
-    # where it stopped, and a replay from there resumes past what aged out
-    stop = len(contiguous(chunks))
+    # it got a prefix (its queue was full from then on), then, before the
+    # end, an empty event at the channel's end: the offsets say where it
+    # stopped, and a replay from there resumes past what aged out
+    assert chunks[-1] == (total + 6, b"")
+    stop = len(contiguous(chunks[:-1]))
     assert stop < total
     ev, end = call(server, CONNECT, {"process": {"tag": tag}, "replay": {"stdout": str(stop)}}, "proto")
     rest = channels(ev)["stdout"]
@@ -521,6 +523,31 @@ def test_slow_replaying_subscriber_drops_not_blocks(server):
     assert len(tail) >= 224 << 10
     log = open(server.log_path, errors="replace").read()
     assert re.search(rf"process ended pid={pid} .*dropped_events=[1-9]", log)
+
+
+@pytest.mark.parametrize("codec", ["proto", "json"])
+def test_a_drop_at_the_very_end_still_shows_as_a_jump(server, codec):
+    """A subscriber that does not read while a process writes its last
+    output: every event past its queue is dropped, the last ones included.
+    Before `end` it gets an empty output event at the channel's end, so the
+    drop shows as a jump in `offset` and a replay from where it stopped
+    fetches the rest.  (Found by the soak: the tail was lost silently.)"""
+    total = 8 << 20
+    tag = f"tail-drop-{codec}"
+    pid = start_bg(server, {"cmd": "sh", "args": ["-c", f"sleep 0.5; head -c {total} /dev/zero"], "tag": tag})
+    s = Stream(server, CONNECT, {"process": {"tag": tag}}, codec)
+    ev, _ = call(server, CONNECT, {"process": {"tag": tag}})  # read: the process ends
+    assert ev[-1] == ("end", 0)
+    ev = s.all()
+    s.close()
+    assert ev[-1] == ("end", 0)
+    chunks = channels(ev)["stdout"]
+    stop = len(contiguous(chunks[:-1]))
+    assert stop < total  # most of it was dropped for this subscriber
+    assert chunks[-1] == (total, b"")  # the marker: the channel ends at `total`
+    ev, end = call(server, CONNECT, {"process": {"tag": tag}, "replay": {"stdout": str(stop)}}, codec)
+    rest = channels(ev)["stdout"]
+    assert end == {} and rest[-1][0] + len(rest[-1][1]) == total  # what was kept of the rest, to the end
 
 
 # ---------------------------------------------------------------- budget
