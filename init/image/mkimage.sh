@@ -34,11 +34,11 @@ ARCH=${ARCH:-$(dpkg --print-architecture)}
 if [ "$ARCH" = arm64 ] && [ "$(dpkg --print-architecture)" != arm64 ]; then
   FOREIGN=1
   PACKAGES=${PACKAGES:-python3,procps,dash,coreutils,base-files,base-passwd,findutils,grep,sed}
-  MODULES=${MODULES:-virtio_pci virtio_blk virtio_net erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback}
+  MODULES=${MODULES:-virtio_pci virtio_blk virtio_net erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback inet_diag tcp_diag}
 else
   FOREIGN=
   PACKAGES=${PACKAGES:-python3,procps,sysvinit-core}
-  MODULES=${MODULES:-virtio_pci virtio_blk virtio_net virtio_pmem nd_pmem erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback}
+  MODULES=${MODULES:-virtio_pci virtio_blk virtio_net virtio_pmem nd_pmem erofs overlay vsock vmw_vsock_virtio_transport vsock_loopback inet_diag tcp_diag}
 fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from conftest import BOOT_TIMEOUT, boot
+import vm as vmmod
 from api_examples import api_curls
 from conch import Client, b64, unb64
 from test_process import CONNECT, LIST, SIGNAL, Stream, end_of, err_of, list_procs, output, run, start_bg, wait_for
@@ -328,6 +329,49 @@ def test_default_user_from_init_message(pmem_vm):
     finally:
         assert v.init_message(v.token, defaultUser="root")["status"] == "ready"
     assert sh(v, "id -u")[0] == "0\n"
+
+
+def test_localhost_server_reached_through_the_guest_ip(tmp_path_factory):
+    """api.md §9 "Ports" in the real guest: a server bound to 127.0.0.1
+    inside it is forwarded to the guest IP (PID 1 with a network from the
+    init message: on by default) and reached from the host through qemu's
+    hostfwd to that address; ListPorts says so; forwardLocalPorts: false
+    turns it off, a later message on again."""
+    import urllib.request
+    v = boot("pmem", "ports", tmp_path_factory, fwd_ports=(8765,))
+    try:
+        c = v.client
+        start_bg(c, {"cmd": "python3", "args": ["-m", "http.server", "--bind", "127.0.0.1", "8765",
+                                                "--directory", "/etc"], "tag": "web"})
+
+        def listed():
+            st, body, _ = c.unary("/pb.NetworkService/ListPorts", {})
+            assert st == 200, body  # (a kernel without inet_diag/tcp_diag: internal, list ports: …)
+            return [p for p in body.get("ports", []) if p.get("port") == 8765]
+        ports = wait_for(lambda: [p for p in listed() if p.get("forwardedTo")], 60, 0.5)
+        assert ports, listed()
+        p = ports[0]
+        assert (p["address"], p["tag"], p["forwardedTo"]) == ("127.0.0.1", "web", f"{vmmod.GUEST_IP}:8765"), p
+        url = f"http://127.0.0.1:{v.fwd[8765]}/hostname"
+        body = urllib.request.urlopen(url, timeout=30).read()
+        assert body == sh(v, "cat /etc/hostname")[0].encode()
+
+        assert v.init_message(v.token, forwardLocalPorts=False)["status"] == "ready"
+        assert wait_for(lambda: listed() and not listed()[0].get("forwardedTo"), 30, 0.5), listed()
+
+        def refused():
+            try:
+                urllib.request.urlopen(url, timeout=10).read()
+                return False
+            except OSError:
+                return True
+        assert wait_for(refused, 30, 0.5)  # nothing listens on the guest IP any more
+
+        assert v.init_message(v.token, forwardLocalPorts=True)["status"] == "ready"
+        assert wait_for(lambda: listed() and listed()[0].get("forwardedTo"), 30, 0.5), listed()
+        assert urllib.request.urlopen(url, timeout=30).read() == body
+    finally:
+        v.close()
 
 
 # ---------------------------------------------------------------- virtio-blk layout

@@ -116,7 +116,7 @@ def overlay_initrd(workdir, arch="x86_64"):
 
 class VM:
     def __init__(self, layout="pmem", workdir=None, name="vm", mem="512M", sandbox_id="vm-test", smp=1,
-                 init_env=None, arch="x86_64"):
+                 init_env=None, arch="x86_64", fwd_ports=()):
         self.layout, self.name, self.mem, self.sandbox_id, self.smp = layout, name, mem, sandbox_id, smp
         self.arch = arch
         assert arch == "x86_64" or layout == "blk", "arm64 guests: blk layout only"
@@ -125,6 +125,8 @@ class VM:
         self.workdir = workdir or tempfile.mkdtemp(prefix="conch-vm-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # guest port → a host port on 127.0.0.1 forwarded to the guest IP (x86-64)
+        self.fwd = {p: free_port() for p in fwd_ports}
         self.console = os.path.join(self.workdir, f"{name}-console.log")
         self.bridge_path = os.path.join(self.workdir, f"{name}-bridge.sock")
         self.qmp_path = os.path.join(self.workdir, f"{name}-qmp.sock")
@@ -148,7 +150,8 @@ class VM:
              "-serial", "file:" + self.console,
              "-serial", f"unix:{self.bridge_path},server=on,wait=off",
              "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
-             "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-{GUEST_IP}:4064",
+             "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-{GUEST_IP}:4064" +
+             "".join(f",hostfwd=tcp:127.0.0.1:{h}-{GUEST_IP}:{p}" for p, h in self.fwd.items()),
              "-device", "virtio-net-pci,netdev=n0"]
         if accel() == "kvm":
             a += ["-cpu", "host"]
