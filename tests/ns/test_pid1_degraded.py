@@ -71,7 +71,8 @@ def fields(b):
 def test_reflection_lists_only_the_services_served(sb):
     """gRPC reflection's list_services (curl, h2c prior knowledge, one
     request message then end of stream) names the services routed:
-    FileService and the two reflection services, no ProcessService."""
+    FileService, NetworkService and the two reflection services, no
+    ProcessService."""
     import struct
     req = bytes([0x3A, 1, ord("*")])  # ServerReflectionRequest{list_services: "*"}
     body_path = os.path.join(sb.work, "refl.bin")
@@ -89,4 +90,4 @@ def test_reflection_lists_only_the_services_served(sb):
     [lst] = [v for f, v in fields(data[5:]) if f == 6]
     names = sorted(dict(fields(svc))[1].decode() for f, svc in fields(lst) if f == 1)
     assert names == ["grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection",
-                     "pb.FileService"], names
+                     "pb.FileService", "pb.NetworkService"], names
