@@ -24,7 +24,15 @@ DEV = os.path.join(ROOT, "build", "dev", "conch-init")
 OUT = os.path.join(ROOT, "build", "soak", "harness")
 SEED = 41
 SECONDS = os.environ.get("SOAK_HARNESS_SECONDS", "25")
-SOURCES = ["Makefile", "agent", "fs", "init", "proc", "proto", "reflect"]
+def _src_dirs():
+    """The Makefile's SRC_DIRS: every source directory the build needs."""
+    for line in open(os.path.join(ROOT, "Makefile")):
+        if line.startswith("SRC_DIRS"):
+            return line.split(":=", 1)[1].split()
+    raise AssertionError("no SRC_DIRS in the Makefile")
+
+
+SOURCES = ["Makefile"] + _src_dirs()
 
 CASES = [
     # (patch, the invariant that must catch it)
