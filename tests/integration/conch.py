@@ -123,3 +123,72 @@ def curl(*args, input=None, check=False, timeout=120):
     """Run curl; returns CompletedProcess with bytes stdout."""
     return subprocess.run([CURL, "-sS", *args], input=input, capture_output=True,
                           timeout=timeout, check=check)
+
+
+class RawStream:
+    """A Connect streaming call (JSON) over HTTP/1.1 on a raw socket, the
+    chunked response decoded as it comes (http.client cannot read again
+    after a timeout): poll(timeout) returns the messages that arrived,
+    `end` is the end-of-stream JSON once seen, `eof` the socket's end."""
+
+    def __init__(self, port, token, path, req, rcvbuf=None):
+        self.s = socket.socket()
+        if rcvbuf:
+            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.s.connect(("127.0.0.1", port))
+        body = envelope(json.dumps(req).encode())
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\n"
+                f"conch-init-token: {token}\r\nContent-Length: {len(body)}\r\n\r\n")
+        self.s.sendall(head.encode() + body)
+        self.raw = b""      # bytes from the socket not yet de-chunked
+        self.head = None
+        self.buf = b""      # de-chunked body not yet parsed
+        self.end = None
+        self.eof = False
+
+    def _dechunk(self):
+        if self.head is None:
+            i = self.raw.find(b"\r\n\r\n")
+            if i < 0:
+                return
+            self.head, self.raw = self.raw[:i], self.raw[i + 4:]
+            assert self.head.startswith(b"HTTP/1.1 200"), self.head
+        while True:
+            i = self.raw.find(b"\r\n")
+            if i < 0:
+                return
+            n = int(self.raw[:i].split(b";")[0], 16)
+            if len(self.raw) < i + 2 + n + 2:
+                return
+            self.buf += self.raw[i + 2:i + 2 + n]
+            self.raw = self.raw[i + 2 + n + 2:]
+            if n == 0:
+                self.eof = True
+                return
+
+    def poll(self, timeout):
+        """New messages within timeout (maybe none)."""
+        if not self.eof:
+            self.s.settimeout(timeout)
+            try:
+                data = self.s.recv(1 << 20)
+                if not data:
+                    self.eof = True
+                self.raw += data
+            except (socket.timeout, TimeoutError):
+                pass
+        self._dechunk()
+        out = []
+        while len(self.buf) >= 5:
+            flags, n = struct.unpack(">BI", self.buf[:5])
+            if len(self.buf) < 5 + n:
+                break
+            p, self.buf = self.buf[5:5 + n], self.buf[5 + n:]
+            if flags & 2:
+                self.end = json.loads(p)
+            else:
+                out.append(json.loads(p))
+        return out
+
+    def close(self):
+        self.s.close()

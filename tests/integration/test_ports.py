@@ -12,13 +12,12 @@ import os
 import resource
 import socket
 import statistics
-import struct
 import sys
 import time
 
 import pytest
 
-from conch import Client, envelope, free_port
+from conch import Client, RawStream, free_port
 from conftest import serve
 from test_process import SIGNAL, start_bg, wait_for
 
@@ -59,63 +58,12 @@ def listener(family=socket.AF_INET, addr="127.0.0.1", port=0):
     return s
 
 
-class Watch:
-    """A WatchPorts stream over HTTP/1.1 on a raw socket, decoded as it comes."""
+class Watch(RawStream):
+    """A WatchPorts stream over HTTP/1.1 on a raw socket (conch.RawStream)."""
 
     def __init__(self, server, rcvbuf=None):
-        self.s = socket.socket()
-        if rcvbuf:
-            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.s.connect(("127.0.0.1", server.port))
-        body = envelope(b"{}")
-        head = (f"POST {WATCH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\n"
-                f"conch-init-token: {server.token}\r\nContent-Length: {len(body)}\r\n\r\n")
-        self.s.sendall(head.encode() + body)
-        self.raw, self.head, self.buf, self.end, self.eof = b"", None, b"", None, False
+        super().__init__(server.port, server.token, WATCH, {}, rcvbuf)
         self.pending = []
-
-    def _dechunk(self):
-        if self.head is None:
-            i = self.raw.find(b"\r\n\r\n")
-            if i < 0:
-                return
-            self.head, self.raw = self.raw[:i], self.raw[i + 4:]
-            assert self.head.startswith(b"HTTP/1.1 200"), self.head
-        while True:
-            i = self.raw.find(b"\r\n")
-            if i < 0:
-                return
-            n = int(self.raw[:i].split(b";")[0], 16)
-            if len(self.raw) < i + 2 + n + 2:
-                return
-            self.buf += self.raw[i + 2:i + 2 + n]
-            self.raw = self.raw[i + 2 + n + 2:]
-            if n == 0:
-                self.eof = True
-                return
-
-    def poll(self, timeout):
-        if not self.eof:
-            self.s.settimeout(timeout)
-            try:
-                data = self.s.recv(1 << 20)
-                if not data:
-                    self.eof = True
-                self.raw += data
-            except (socket.timeout, TimeoutError):
-                pass
-        self._dechunk()
-        out = []
-        while len(self.buf) >= 5:
-            flags, n = struct.unpack(">BI", self.buf[:5])
-            if len(self.buf) < 5 + n:
-                break
-            p, self.buf = self.buf[5:5 + n], self.buf[5 + n:]
-            if flags & 2:
-                self.end = json.loads(p)
-            else:
-                out.append(json.loads(p))
-        return out
 
     def events(self, seconds, keepalives=False):
         """(arrival time, message) for `seconds`."""
@@ -142,8 +90,6 @@ class Watch:
                     return time.monotonic(), m
         raise AssertionError(f"no such event within {seconds}s (end={self.end})")
 
-    def close(self):
-        self.s.close()
 
 
 def open_watch(server):
