@@ -122,6 +122,11 @@ build/$(1)/gen/proto/reflection.pb-c.c build/$(1)/gen/proto/reflection.pb-c.h: p
 	@mkdir -p build/$(1)/gen
 	$(PROTOC_C) --c_out=build/$(1)/gen -I. proto/reflection.proto
 
+# the state an upgrade in place carries (agent/handover.h); never on the wire
+build/$(1)/gen/proto/handover.pb-c.c build/$(1)/gen/proto/handover.pb-c.h: proto/handover.proto | $(DEPS_STAMP)
+	@mkdir -p build/$(1)/gen
+	$(PROTOC_C) --c_out=build/$(1)/gen -I. proto/handover.proto
+
 # The descriptors served by gRPC reflection (reflect/), embedded as a C array.
 build/$(1)/gen/proto/descriptors.c: $(REFLECT_PROTOS) | $(DEPS_STAMP)
 	@mkdir -p build/$(1)/gen/proto
@@ -133,10 +138,10 @@ build/$(1)/gen/proto/descriptors.c: $(REFLECT_PROTOS) | $(DEPS_STAMP)
 	  echo '};'; \
 	  echo 'const size_t reflect_descriptor_set_len = sizeof reflect_descriptor_set;'; } > $$@.tmp && mv $$@.tmp $$@
 
-$(1)_GEN_OBJS := build/$(1)/obj/gen/agent.pb-c.o build/$(1)/obj/gen/reflection.pb-c.o build/$(1)/obj/gen/descriptors.o
+$(1)_GEN_OBJS := build/$(1)/obj/gen/agent.pb-c.o build/$(1)/obj/gen/reflection.pb-c.o build/$(1)/obj/gen/handover.pb-c.o build/$(1)/obj/gen/descriptors.o
 $(1)_OBJS := $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRCS)) $$($(1)_GEN_OBJS)
 
-build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h build/$(1)/gen/proto/reflection.pb-c.h | $(DEPS_STAMP)
+build/$(1)/obj/%.o: %.c build/$(1)/gen/proto/agent.pb-c.h build/$(1)/gen/proto/reflection.pb-c.h build/$(1)/gen/proto/handover.pb-c.h | $(DEPS_STAMP)
 	@mkdir -p $$(dir $$@)
 	@$(if $(Q),echo "  CC [$(1)] $$<")
 	$(Q)$(or $($(1)_CC),$(CC)) $(BASEFLAGS) -Ibuild/$(1)/gen $($(1)_CFLAGS) $(CFLAGS) -c $$< -o $$@

@@ -36,7 +36,11 @@ typedef struct conn {
   int counted; /* in conch.nconns */
   unsigned nbulk; /* exchanges sending bulk data (hx_bulk) */
   tokhold tok;    /* authenticated (hx_authed): with which token generation */
+  struct conn *next, *prev; /* conn_all: the open connections (conn_freeze) */
 } conn;
+
+static conn *conn_all;
+static int conn_frozen; /* conn_freeze: no connection reads */
 
 #define CONN_BATCH_BUFS 64
 #define CONN_BATCH_PRE 1024
@@ -113,6 +117,10 @@ static void conn_free_cb(uv_handle_t *h) {
 static void conn_close(conn *c) {
   if (c->s.closing) return;
   c->s.closing = 1;
+  if (c->counted) {
+    if (c->prev) c->prev->next = c->next; else conn_all = c->next;
+    if (c->next) c->next->prev = c->prev;
+  }
   tokhold_drop(&c->tok);
   if (c->s.proto && c->s.proto->on_close) c->s.proto->on_close(&c->s);
   c->s.proto = NULL;
@@ -229,7 +237,8 @@ static void conn_on_flush(uv_prepare_t *h) {
   c->s.turn_reqs = 0;
   if (c->turn_paused) { /* a new loop turn: its reading share again */
     c->turn_paused = 0;
-    if (!c->read_paused && !c->s.closing) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+    if (!c->read_paused && !c->s.closing && !conn_frozen)
+      uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
   }
   /* on_written may queue more: a few rounds, then uv_write */
   for (int round = 0; round < 4 && c->batch && !c->s.closing; round++)
@@ -369,8 +378,16 @@ static void conn_read_pause(conn *c, int paused) {
   c->read_paused = paused;
   if (paused)
     uv_read_stop((uv_stream_t *)&c->tcp);
-  else
+  else if (!conn_frozen && !c->turn_paused)
     uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+}
+
+void conn_freeze(int on) {
+  conn_frozen = on;
+  for (conn *c = conn_all; c; c = c->next) {
+    if (on) uv_read_stop((uv_stream_t *)&c->tcp);
+    else if (!c->read_paused && !c->turn_paused) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+  }
 }
 
 static void conn_on_timer(uv_timer_t *t) {
@@ -470,6 +487,9 @@ void conn_accept(uv_stream_t *server, const hserve *serve) {
   }
   c->counted = 1;
   conch.nconns++;
+  c->next = conn_all;
+  if (conn_all) conn_all->prev = c;
+  conn_all = c;
   uv_tcp_nodelay(&c->tcp, 1);
   struct sockaddr_storage ss;
   int sl = sizeof ss;
@@ -478,5 +498,5 @@ void conn_accept(uv_stream_t *server, const hserve *serve) {
     else uv_ip4_name((struct sockaddr_in *)&ss, c->s.peer, sizeof c->s.peer);
   }
   conn_timer(c, conch.http_header_ms); /* request headers within 10 s (api.md §1) */
-  uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+  if (!conn_frozen) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
 }

@@ -32,6 +32,10 @@
  * after a connection closed, or an exchange that sent a lot ended. */
 void conn_trim_soon(void);
 
+/* on: no connection reads any more (an upgrade in place is draining: no
+ * new request starts work); off: they read again (the exec failed). */
+void conn_freeze(int on);
+
 /* Accept on a listening stream; the connection speaks what serve offers. */
 void conn_accept(uv_stream_t *server, const hserve *serve);
 

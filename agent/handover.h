@@ -44,4 +44,50 @@ int handover_busy(void);
 /* Upgrades since boot (/metrics "upgrades"). */
 unsigned long long handover_upgrades(void);
 
+/* ---- wiring (agent/main.c) ---- */
+#include <uv.h>
+typedef struct Conch__Handover__State Conch__Handover__State;
+
+/* A part of the state kept by a module outside agent/ (the process table,
+ * ports, PID 1).  Every hook is optional.
+ *   drain         old program: stop taking work (1), or take it again (0)
+ *   busy          old program: work in flight, the drain waits (bounded)
+ *   save          fill its fields of st (may point into live memory)
+ *   save_free     free what save allocated (after the state was written)
+ *   restore_early new program, before the services start (cgroups)
+ *   restore       after they started, without I/O; 0 or -1 with err
+ *                 (then the previous program takes over: rollback)
+ *   keep_fds      name, through handover_keep_fd, descriptors of its own
+ *                 encoding (they get close-on-exec back after the restore)
+ *   resume        the restore is committed: start (reads, timers) */
+typedef struct handover_part {
+  const char *name;
+  void (*drain)(int on); /* 1: stop taking new work (its listeners); 0: the exec failed, go on */
+  int (*busy)(void);
+  int (*save)(Conch__Handover__State *st);
+  void (*save_free)(Conch__Handover__State *st);
+  int (*restore_early)(uv_loop_t *loop, const Conch__Handover__State *st);
+  int (*restore)(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn);
+  void (*keep_fds)(const Conch__Handover__State *st);
+  void (*resume)(void);
+} handover_part;
+void handover_add_part(const handover_part *p);
+/* The argument vector the next program gets (plus --handover <fd>). */
+void handover_set_argv(int argc, char **argv);
+/* A descriptor the state names: it survives the exec. */
+void handover_keep_fd(int fd);
+
+/* The new program: the state's descriptor from `--handover N` or
+ * `--handover-rollback N` (*rollback = 1), or -1 when there is none. */
+int handover_arg(int argc, char **argv, int *rollback);
+/* Read the state, restore the daemon's part (token, sandbox identity and
+ * environment, default user, log) and every part's restore_early.  On
+ * failure it rolls back (no return) or, when it cannot, returns -1. */
+int handover_load(int fd, int rollback, char *err, size_t errn);
+/* After the services are registered: every part's restore, the API
+ * listeners, then the commit (descriptors close-on-exec again, the
+ * previous program and the state closed) and every part's resume.  A
+ * failing part rolls back; when it cannot, what was restored serves. */
+int handover_finish(char *err, size_t errn);
+
 #endif

@@ -35,6 +35,16 @@ int log_open_file(const char *path) {
   return 0;
 }
 
+void log_adopt_file(int fd, const char *path) {
+  FILE *f = fdopen(fd, "a");
+  if (!f) return;
+  struct stat st;
+  conch.log_file_bytes = fstat(fd, &st) == 0 ? (size_t)st.st_size : 0;
+  if (conch.log_file) fclose(conch.log_file);
+  conch.log_file = f;
+  snprintf(conch.log_path, sizeof conch.log_path, "%s", path);
+}
+
 /* Rename the full log to <dir>/<YYYYMMDD-HHMMSS>.log.<n> and start anew. */
 static void log_rotate(void) {
   char dir[512], stamp[32], dst[600];

@@ -21,6 +21,8 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
 
 /* Also append to this file (created 0644).  Returns 0 or -errno. */
 int log_open_file(const char *path);
+/* The log file of the previous program (upgrade in place): fd, its path. */
+void log_adopt_file(int fd, const char *path);
 /* Minimum level written (default INFO; CONCH_LOG_LEVEL=debug lowers it). */
 void log_set_level(log_level lvl);
 

@@ -15,11 +15,13 @@
 #include <unistd.h>
 
 #include "agent/daemon.h"
+#include "agent/handover.h"
 #include "agent/log.h"
 #include "agent/router.h"
 #include "agent/server.h"
 #include "agent/users.h"
 #include "fs/service.h"
+#include "init/handover.h"
 #include "init/initproto.h"
 #include "net/service.h"
 #include "init/pid1.h"
@@ -188,6 +190,17 @@ static void main_register_services(void) {
   net_set_owner_lookup(proc_owner_lookup); /* net/ sees proc/ only through this hook */
 }
 
+/* The process table's part of an upgrade's state (proc/handover.c). */
+static const handover_part main_proc_part = {
+    .name = "processes",
+    .busy = proc_handover_busy,
+    .save = proc_handover_save,
+    .save_free = proc_handover_save_free,
+    .restore_early = proc_handover_restore_cgroups,
+    .restore = proc_handover_restore,
+    .resume = proc_handover_resume,
+};
+
 static void main_on_stop(uv_signal_t *s, int signum) {
   (void)s;
   LOG_INFO("stopping signal=%d", signum);
@@ -204,7 +217,8 @@ static int main_serve(int argc, char **argv) {
       {"init-apply-network", no_argument, NULL, 'N'}, {"resolv-conf", required_argument, NULL, 'R'},
       {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},        {"default-user", required_argument, NULL, 'U'},
-      {"forward-ports", required_argument, NULL, 'F'}, {NULL, 0, NULL, 0}};
+      {"forward-ports", required_argument, NULL, 'F'}, {"handover", required_argument, NULL, 'H'},
+      {"handover-rollback", required_argument, NULL, 'B'}, {NULL, 0, NULL, 0}};
   int ch;
   optind = 1;
   while ((ch = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
@@ -225,6 +239,7 @@ static int main_serve(int argc, char **argv) {
       case 'N': apply_network = 1; break;
       case 'R': resolv = optarg; break;
       case 'F': forward = optarg; break;
+      case 'H': case 'B': break; /* handover_arg() read it */
       case 'U': {
         users_spec sp;
         if (users_spec_parse(optarg, &sp) != 0) {
@@ -249,7 +264,17 @@ static int main_serve(int argc, char **argv) {
     fprintf(stderr, "conch-init: unexpected argument %s\n", argv[optind]);
     return 2;
   }
-  if (main_take_env_token() != 0) {
+  int rollback = 0, hfd = handover_arg(argc, argv, &rollback);
+  char herr[512];
+  if (hfd >= 0 && handover_load(hfd, rollback, herr, sizeof herr) != 0) hfd = -1; /* a fresh start */
+  if (hfd >= 0) { /* the token, and the rest, come from the state */
+    main_take_env_token();
+    main_forget(&main_arg_token);
+    main_forget(&main_env_token);
+    token = token_file = NULL;
+    reaper_hold(1);
+  }
+  if (hfd < 0 && main_take_env_token() != 0) {
     fprintf(stderr, "conch-init: out of memory\n");
     return 2;
   }
@@ -260,7 +285,7 @@ static int main_serve(int argc, char **argv) {
     return 2;
   main_forget(&main_arg_token);
   main_forget(&main_env_token);
-  if (!conch.token_set && !init_listen)
+  if (hfd < 0 && !conch.token_set && !init_listen)
     LOG_WARN("no token configured: every RPC answers \"agent token is not initialized\"");
   main_register_services();
   if (forward && net_forward_set(forward) != 0) {
@@ -268,8 +293,12 @@ static int main_serve(int argc, char **argv) {
     return 2;
   }
   uv_signal_t main_sigterm, main_sigint; /* live as long as uv_run below */
-  if (server_listen(listen) != 0) return 1;
-  if (init_listen) {
+  if (hfd >= 0) {
+    handover_finish(herr, sizeof herr);
+    reaper_hold(0);
+  }
+  if (!conch.server && server_listen(listen) != 0) return 1;
+  if (init_listen && !initproto_listening()) {
     initproto_configure(&(initproto_opts){.apply_network = apply_network, .resolv_path = resolv});
     int r = initproto_listen(init_listen);
     if (r != 0) {
@@ -308,6 +337,9 @@ int main(int argc, char **argv) {
     printf("conch-init %s\n", CONCH_VERSION);
     return 0;
   }
+  handover_set_argv(argc, argv);
+  handover_add_part(&main_proc_part);
+  init_handover_register();
   if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
     fputs(usage, stdout);
     return 0;
@@ -315,6 +347,19 @@ int main(int argc, char **argv) {
   main_common_setup();
   if (argc >= 2 && strcmp(argv[1], "serve") == 0) return main_serve(argc - 1, argv + 1);
   if (getpid() == 1) {
+    int rollback = 0, hfd = handover_arg(argc, argv, &rollback);
+    char herr[512];
+    if (hfd >= 0) { /* an upgrade in place (boot.md §13): no boot, the state instead */
+      init_pid1_prepare();
+      if (handover_load(hfd, rollback, herr, sizeof herr) == 0) {
+        reaper_hold(1);
+        main_register_services();
+        handover_finish(herr, sizeof herr);
+        reaper_hold(0);
+        return init_pid1_serve();
+      }
+      LOG_ERROR("PID 1 boots again: %s", herr); /* no rollback was possible */
+    }
     main_register_services();
     return init_pid1_main(argc, argv);
   }

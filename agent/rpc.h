@@ -206,6 +206,9 @@ typedef struct rpc_ident {
 const rpc_ident *rpc_ident_of(const rpc_call *c);
 const rpc_ident *rpc_ident_hold(const rpc_ident *id);
 void rpc_ident_release(const rpc_ident *id);
+/* A held identity for a record carried over by an upgrade in place (its
+ * user's name, uid and gid, as List shows them); "" → root as nobody named. */
+const rpc_ident *rpc_ident_restored(const char *name, uint32_t uid, uint32_t gid);
 
 /* In a pool thread: this thread's fsuid, fsgid and groups become id's (a
  * no-op for root); rpc_fs_restore() makes it root's again.  Per thread

@@ -1,6 +1,8 @@
 /* server — see server.h. */
 #include "agent/server.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,3 +78,36 @@ int server_listen(const char *addr) {
 }
 
 int server_port(void) { return conch.server ? conch.server->port : 0; }
+
+int server_detach(void) {
+  struct server *s = conch.server;
+  if (!s) return -ENOENT;
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)&s->tcp, &fd) != 0) return -EBADF;
+  int keep = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (keep < 0) return -errno;
+  conch.server = NULL;
+  uv_close((uv_handle_t *)&s->tcp, (uv_close_cb)free);
+  return keep;
+}
+
+int server_adopt(int fd) {
+  struct server *s = calloc(1, sizeof *s);
+  if (!s) return UV_ENOMEM;
+  uv_tcp_init(conch.loop, &s->tcp);
+  int r = uv_tcp_open(&s->tcp, fd);
+  if (r == 0) r = uv_listen((uv_stream_t *)&s->tcp, 1024, server_on_conn);
+  if (r != 0) {
+    LOG_ERROR("cannot serve on the inherited listener fd=%d: %s", fd, uv_strerror(r));
+    uv_close((uv_handle_t *)&s->tcp, (uv_close_cb)free); /* closes fd */
+    return r;
+  }
+  struct sockaddr_storage bound;
+  int bl = sizeof bound;
+  uv_tcp_getsockname(&s->tcp, (struct sockaddr *)&bound, &bl);
+  s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                              : ((struct sockaddr_in *)&bound)->sin_port);
+  conch.server = s;
+  conch.api_serving = 1;
+  return 0;
+}

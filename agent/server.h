@@ -8,5 +8,11 @@
 int server_listen(const char *addr);
 /* The port actually bound by the last server_listen (for ":0"). */
 int server_port(void);
+/* Upgrade in place: stop accepting but keep the socket listening (clients
+ * wait in its backlog): the handle is closed, a descriptor (close-on-exec)
+ * of the socket returned, or -errno.  server_adopt serves on such a
+ * descriptor (the next program's, or the same after a failed exec). */
+int server_detach(void);
+int server_adopt(int fd);
 
 #endif

@@ -48,6 +48,12 @@ static rpc_ident *ident_new(uint32_t uid, uint32_t gid, const char *name, const 
   return id;
 }
 
+const rpc_ident *rpc_ident_restored(const char *name, uint32_t uid, uint32_t gid) {
+  if (!name || !name[0]) return &users_root;
+  rpc_ident *id = ident_new(uid, gid, name, "/", NULL, 0);
+  return id ? id : &users_root;
+}
+
 /* ------------------------------------------------------------ the header */
 
 static int parse_id(const char *s, size_t n, uint32_t *out) {

@@ -51,6 +51,19 @@ void initproto_services_ready(void);
 /* The sandbox id of the last applied message (full length), or NULL. */
 const char *initproto_sandbox_id(void);
 initproto_state initproto_get_state(void);
+/* Upgrade in place (init/handover.c): freeze stops accepting (the sockets
+ * stay open: senders wait in the backlog); busy: a message is being
+ * handled.  save points into the live state until save_free.  restore
+ * (no I/O) then resume (the listeners are watched again). */
+typedef struct Conch__Handover__Init Conch__Handover__Init;
+void initproto_freeze(int on);
+/* 1 when some listener is open (restored by a handover, say). */
+int initproto_listening(void);
+int initproto_busy(void);
+int initproto_handover_save(Conch__Handover__Init *m);
+void initproto_handover_save_free(Conch__Handover__Init *m);
+int initproto_handover_restore(const Conch__Handover__Init *m);
+void initproto_handover_resume(void);
 /* Close the listeners and any connection, free the state (tests, shutdown). */
 void initproto_close(void);
 

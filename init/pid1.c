@@ -132,7 +132,7 @@ static void quiet_oom_reports(void) {
   if (fd >= 0) close(fd);
 }
 
-int init_pid1_main(int argc, char **argv) {
+void init_pid1_prepare(void) {
   /* step 1: not killable from inside; children reset these before exec */
   signal(SIGTERM, SIG_IGN);
   signal(SIGINT, SIG_IGN);
@@ -140,6 +140,17 @@ int init_pid1_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   conch.is_pid1 = 1;
   conch.loop = uv_default_loop();
+}
+
+int init_pid1_serve(void) {
+  uv_signal_init(conch.loop, &p1.sigusr1); /* ref'd: keeps the loop alive forever */
+  uv_signal_start(&p1.sigusr1, on_sigusr1, SIGUSR1);
+  LOG_INFO("conch-init %s serving as PID 1 after an upgrade in place", CONCH_VERSION);
+  for (;;) uv_run(conch.loop, UV_RUN_DEFAULT);
+}
+
+int init_pid1_main(int argc, char **argv) {
+  init_pid1_prepare();
   if (reaper_init(conch.loop) != 0) LOG_ERROR("reaper_init failed");
   uv_signal_init(conch.loop, &p1.sigusr1); /* ref'd: keeps the loop alive forever */
   uv_signal_start(&p1.sigusr1, on_sigusr1, SIGUSR1);

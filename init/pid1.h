@@ -11,6 +11,11 @@
 #ifndef CONCH_INIT_PID1_H
 #define CONCH_INIT_PID1_H
 
+/* Step 1 alone: signal dispositions, conch.is_pid1, the loop. */
+void init_pid1_prepare(void);
+/* After an upgrade in place (boot.md §13): the boot was done by the
+ * first program; serve, reap and answer init messages forever. */
+int init_pid1_serve(void);
 /* Never returns (the return type is for main()). */
 int init_pid1_main(int argc, char **argv);
 

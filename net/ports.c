@@ -419,6 +419,8 @@ int net_forward_set(const char *addr) {
   return 0;
 }
 
+const char *net_forward_get(void) { return net_fwd_addr(); }
+
 static const rpc_method net_methods[] = {
     {
         .path = "/pb.NetworkService/ListPorts",

@@ -29,5 +29,7 @@ void net_set_owner_lookup(net_owner_fn fn);
 /* Forward loopback-only listeners to addr (an IPv4 or IPv6 literal), or
  * stop (NULL); 0, or -1 when addr is no address literal. */
 int net_forward_set(const char *addr);
+/* The address forwarded to, or NULL when forwarding is off. */
+const char *net_forward_get(void);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include "agent/log.h"
 #include "agent/rpc.h"
+#include "proto/handover.pb-c.h"
 #include "proto/text.h"
 
 #define CG_PID1_MOUNT "/run/conch/cgroup"
@@ -55,6 +56,7 @@ struct proc_cgroups {
   struct proc_cg *spare;
   int spare_busy; /* its mkdir is out in the pool */
   int spare_stale; /* a kill of the whole base ran while it was made: dropped when it is */
+  unsigned jobs;   /* pool jobs out (spare mkdir, accounting + rmdir): an upgrade waits for them */
 };
 
 #define CG_CONTROLLERS "+cpu +memory +pids"
@@ -473,6 +475,7 @@ static void cg_spare_done(void *data, int canceled) {
   struct proc_cgroups *g = cg_state;
   struct proc_cg *cg = data;
   g->spare_busy = 0;
+  g->jobs--;
   if (canceled || cg->fd < 0 || g->spare_stale) { /* made on the start's path instead */
     g->spare = NULL;
     g->spare_stale = 0;
@@ -500,7 +503,9 @@ void proc_cg_refill(void) {
   if (!cg) return;
   g->spare = cg;
   g->spare_busy = 1;
+  g->jobs++;
   if (!rpc_work_submit(NULL, cg_spare_run, cg_spare_done, cg)) {
+    g->jobs--;
     g->spare = NULL;
     g->spare_busy = 0;
     proc_cg_release(cg);
@@ -752,6 +757,7 @@ static void cg_rm_run(void *data) {
 
 static void cg_rm_done(void *data, int canceled) {
   struct proc_cg *cg = data;
+  cg_state->jobs--;
   proc_cg_exit_cb on_exit = cg->on_exit;
   cg->on_exit = NULL;
   if (!canceled && cg->rm_err != EBUSY) {
@@ -795,7 +801,9 @@ void proc_cg_exited(struct proc_cg *cg, uint64_t deadline_ms, proc_cg_exit_cb on
     cg->on_empty = NULL;
     on_exit(arg, &cg->usage, 0);
   }
+  g->jobs++;
   if (!rpc_work_submit(NULL, cg_rm_run, cg_rm_done, cg)) {
+    g->jobs--;
     on_exit = cg->on_exit;
     cg->on_exit = NULL;
     if (on_exit) on_exit(arg, &cg->usage, 1);
@@ -821,4 +829,88 @@ void proc_cg_shutdown(void) {
   if (to >= 0) close(to);
   if (unlinkat(g->parent_fd, g->base_name, AT_REMOVEDIR) != 0)
     LOG_INFO("cgroup %s kept: %s", g->base_path, strerror(errno));
+}
+
+/* ---- upgrade in place (proc/handover.c) ---- */
+
+int proc_cg_busy(void) { return cg_state && cg_state->jobs > 0; }
+
+void proc_cg_save(Conch__Handover__Cgroups *m) {
+  struct proc_cgroups *g = cg_state;
+  if (!g) return;
+  m->enabled = 1;
+  m->parent_fd = g->parent_fd;
+  m->base_fd = g->base_fd;
+  m->base_name = g->base_name;
+  m->base_path = g->base_path;
+  m->seq = g->seq;
+  m->envelope = g->envelope;
+  m->why = g->why;
+  m->mem_max = g->mem_max;
+  m->pids_max = g->pids_max;
+  if (g->spare && !g->spare_busy && g->spare->fd >= 0) {
+    m->spare = g->spare->name;
+    m->spare_fd = g->spare->fd;
+  }
+}
+
+int proc_cg_restore(uv_loop_t *loop, const Conch__Handover__Cgroups *m) {
+  if (!m || !m->enabled || cg_state) return 0;
+  struct proc_cgroups *g = calloc(1, sizeof *g);
+  if (!g) return -1;
+  g->loop = loop;
+  g->parent_fd = m->parent_fd;
+  g->base_fd = m->base_fd;
+  snprintf(g->base_name, sizeof g->base_name, "%s", m->base_name);
+  snprintf(g->base_path, sizeof g->base_path, "%s", m->base_path);
+  g->seq = m->seq;
+  g->envelope = m->envelope;
+  snprintf(g->why, sizeof g->why, "%s", m->why);
+  g->mem_max = m->mem_max;
+  g->pids_max = m->pids_max;
+  cg_state = g;
+  if (m->spare && m->spare[0] && m->spare_fd >= 0) {
+    struct proc_cg *cg = proc_cg_adopt(m->spare, m->spare_fd, NULL);
+    if (!cg) return -1;
+    g->spare = cg;
+  }
+  return 0;
+}
+
+void proc_cg_save_one(const struct proc_cg *cg, Conch__Handover__Proc *m) {
+  m->cgroup = (char *)cg->name;
+  m->cgroup_fd = cg->fd;
+  m->memory_max = cg->limits.memory_max;
+  m->pids_max = cg->limits.pids_max;
+  m->cpu_millis = cg->limits.cpu_millis;
+  if (cg->timer_on && uv_is_active((const uv_handle_t *)&cg->deadline))
+    m->cg_deadline_left_ms = uv_timer_get_due_in(&cg->deadline) + 1;
+}
+
+struct proc_cg *proc_cg_adopt(const char *name, int fd, const proc_cg_limits *limits) {
+  struct proc_cgroups *g = cg_state;
+  if (!g || strlen(name) >= sizeof ((struct proc_cg *)0)->name) return NULL;
+  struct proc_cg *cg = calloc(1, sizeof *cg);
+  if (!cg) return NULL;
+  snprintf(cg->name, sizeof cg->name, "%s", name);
+  cg->fd = fd;
+  cg->created = 1;
+  if (limits) cg->limits = *limits;
+  cg->next = g->all;
+  if (g->all) g->all->prev = cg;
+  g->all = cg;
+  return cg;
+}
+
+void proc_cg_adopt_lingering(struct proc_cg *cg, uint64_t deadline_ms, proc_cg_empty_cb on_empty, void *arg) {
+  struct proc_cgroups *g = cg_state;
+  cg->released = 1;
+  cg->on_empty = on_empty;
+  cg->arg = arg;
+  if (deadline_ms > 0 && uv_timer_init(g->loop, &cg->deadline) == 0) {
+    cg->timer_on = 1;
+    cg->deadline.data = cg;
+    uv_timer_start(&cg->deadline, cg_on_deadline, deadline_ms, 0);
+  }
+  cg_linger(cg);
 }

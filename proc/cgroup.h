@@ -123,4 +123,23 @@ void proc_cg_exited(struct proc_cg *cg, uint64_t deadline_ms, proc_cg_exit_cb on
  * base's cgroup.kill); the processes signalled (cgroup.kill: 0), or -errno. */
 int proc_cg_signal_all(int sig);
 
+/* ---- upgrade in place (proc/handover.c, agent/handover.h) ----
+ * What the hierarchy and each command's cgroup need to go on in the next
+ * program: the descriptors (kept open across the exec), names, the seq,
+ * the envelope, a lingering cgroup's deadline.  Loop thread only. */
+typedef struct Conch__Handover__Cgroups Conch__Handover__Cgroups;
+typedef struct Conch__Handover__Proc Conch__Handover__Proc;
+/* Pool jobs out (a spare's mkdir, an accounting read): wait before saving. */
+int proc_cg_busy(void);
+/* Strings point into the live state (valid until the exec). */
+void proc_cg_save(Conch__Handover__Cgroups *m);
+void proc_cg_save_one(const struct proc_cg *cg, Conch__Handover__Proc *m);
+/* Before proc_cg_init (which then keeps this state); 0 or -1. */
+int proc_cg_restore(uv_loop_t *loop, const Conch__Handover__Cgroups *m);
+/* A command's cgroup from its name and directory descriptor. */
+struct proc_cg *proc_cg_adopt(const char *name, int fd, const proc_cg_limits *limits);
+/* Its leader was reaped before the upgrade, processes are left: watched
+ * as proc_cg_exited's lingering cgroups are. */
+void proc_cg_adopt_lingering(struct proc_cg *cg, uint64_t deadline_ms, proc_cg_empty_cb on_empty, void *arg);
+
 #endif

@@ -344,6 +344,20 @@ int proc_input_open(struct proc *p, int fd) {
   return rc;
 }
 
+unsigned char *proc_input_pending(const struct proc *p, size_t *n) {
+  size_t total = 0;
+  for (const struct proc_in_chunk *ch = p->in_head; ch; ch = ch->next) total += ch->len - ch->off;
+  *n = total;
+  unsigned char *b = total ? malloc(total) : NULL;
+  if (!b) return NULL;
+  size_t at = 0;
+  for (const struct proc_in_chunk *ch = p->in_head; ch; ch = ch->next) {
+    memcpy(b + at, ch->bytes + ch->off, ch->len - ch->off);
+    at += ch->len - ch->off;
+  }
+  return b;
+}
+
 void proc_input_shutdown(struct proc *p) {
   if (p->in_open || p->in_head || p->in_wait_head || !p->in_closed) proc_in_drop(p);
 }

@@ -15,6 +15,10 @@ int proc_input_open(struct proc *p, int pipe_fd);
 /* The leader was reaped (or the record is going): close the input, fail
  * calls waiting for bytes that will never be written. */
 void proc_input_shutdown(struct proc *p);
+/* Upgrade in place: the input queued and not yet written, in order (its
+ * unwritten part), as one malloc'd block of *n bytes; NULL when none (or
+ * out of memory: *n is then nonzero). */
+unsigned char *proc_input_pending(const struct proc *p, size_t *n);
 /* SendInput, StreamInput, CloseStdin, Update. */
 extern const rpc_method proc_input_methods[4];
 

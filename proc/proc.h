@@ -107,6 +107,7 @@ struct proc_out {
 
 struct proc {
   struct proc_table *t;
+  struct proc *anext, *aprev; /* every record of the table (an upgrade saves them all) */
   struct proc *next, *prev; /* table list (background only), start order */
   int in_table;
   int retained; /* ended, kept for Connect/List until its retention ends */
@@ -206,6 +207,7 @@ struct proc_table {
   struct proc *head, *tail; /* background records, start order */
   struct proc *fg_head;     /* running foreground records (input RPCs find them by pid) */
   struct proc *linger_head; /* records whose leader exited with processes left in its cgroup */
+  struct proc *all;         /* every record, any state (anext/aprev) */
   size_t nrecords;          /* every live record */
   size_t nretained;         /* ended background records still in the table */
   size_t ring_mem;          /* what the output rings of all records take (ring.h) */
@@ -269,6 +271,12 @@ void proc_usage_now(struct proc_cg *cg, pid_t pid, proc_end_info *u);
  * goes to s too, so nothing is lost or repeated between the two). */
 uint64_t proc_out_total(const struct proc *p, int kind);
 void proc_replay(struct proc *p, struct proc_sub *s, const uint64_t from[3]);
+/* Upgrade in place (proc/handover.c): a record rebuilt from the saved
+ * state (no handle started yet) starts again: its outputs are read, its
+ * input flushed, the reaper watches a running leader, timers resume with
+ * what was left of them (ms; 0 = none).  A foreground record becomes a
+ * background one (adopted: Connect finds it by pid). */
+void proc_resume(struct proc *p, uint64_t deadline_left, uint64_t cg_deadline_left, uint64_t retain_left);
 /* Foreground list of the table (running foreground records, found by pid
  * by the input RPCs). */
 void proc_fg_link(struct proc *p);

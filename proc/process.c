@@ -69,6 +69,9 @@ struct proc *proc_new(struct proc_table *t) {
   p->grace.data = p;
   p->handles = 2;
   t->nrecords++;
+  p->anext = t->all;
+  if (t->all) t->all->aprev = p;
+  t->all = p;
   return p;
 }
 
@@ -193,6 +196,8 @@ static void proc_free(struct proc *p) {
   proc_rings_free(p);
   proc_cg_release(p->cg); /* never started (PREP failure) */
   p->t->nrecords--;
+  if (p->aprev) p->aprev->anext = p->anext; else p->t->all = p->anext;
+  if (p->anext) p->anext->aprev = p->aprev;
   free(p);
 }
 
@@ -709,4 +714,47 @@ void proc_fg_unlink(struct proc *p) {
   if (p->fnext) p->fnext->fprev = p->fprev;
   p->fnext = p->fprev = NULL;
   p->in_fg_list = 0;
+}
+
+/* ---- upgrade in place ---- */
+void proc_resume(struct proc *p, uint64_t deadline_left, uint64_t cg_deadline_left, uint64_t retain_left) {
+  struct proc_table *t = p->t;
+  p->background = 1;
+  if (!p->buf) p->buf = malloc(PROC_READ_MAX);
+  proc_table_add(p);
+  for (int i = 0; i < p->nout; i++) {
+    struct proc_out *o = &p->out[i];
+    int fd = o->fd;
+    o->fd = -1;
+    if (fd > 0 && p->buf) proc_out_open(p, i, fd, o->kind); /* done ones are read and discarded until EOF */
+    else o->done = 1;
+  }
+  if (p->state == PROC_RUNNING) {
+    int in = p->in_fd;
+    p->in_fd = -1;
+    if (t->input_open(p, p->has_pty ? -1 : in) != 0) LOG_WARN("pending input of pid=%d lost", (int)p->pid);
+    if (reaper_watch(p->pid, proc_on_exit, p) != 0) LOG_ERROR("cannot watch pid=%d after the upgrade", (int)p->pid);
+    if (p->timeout_ms > 0 && !p->timed_out) {
+      p->deadline_at = uv_now(t->loop) + deadline_left;
+      uv_timer_start(&p->timer, proc_on_timeout, deadline_left ? deadline_left : 1, 0);
+    }
+    return;
+  }
+  if (p->lingering) { /* its cgroup still holds processes */
+    p->lingering = 0;
+    proc_linger_link(p);
+    proc_cg_adopt_lingering(p->cg, cg_deadline_left, proc_on_cg_empty, p);
+  } else if (p->cg) { /* (the leader was reaped: its cgroup went with the accounting) */
+    proc_cg_release(p->cg);
+    p->cg = NULL;
+  }
+  if (p->state == PROC_EXITED) {
+    if (proc_outputs_done(p)) proc_check_end(p);
+    else uv_timer_start(&p->grace, proc_on_grace, PROC_EXIT_GRACE_MS, PROC_EXIT_GRACE_MS);
+    return;
+  }
+  /* ENDED: findable for what was left of its retention */
+  p->retained = 1;
+  t->nretained++;
+  if (!p->lingering) uv_timer_start(&p->timer, proc_on_retention_end, retain_left ? retain_left : 1, 0);
 }

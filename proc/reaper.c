@@ -42,6 +42,7 @@ struct reaper {
   uv_poll_t sig;  /* on sigfd */
   uv_idle_t more; /* a batch was full: go on next turn */
   int started;
+  int held; /* reaper_hold: an upgrade's owners are not back yet */
   struct reaper_slot *slots;
   size_t cap; /* power of two */
   size_t used;
@@ -158,7 +159,13 @@ int reaper_inflight_claim(reaper_inflight *s, reaper_cb cb, void *arg, int *stat
 
 static void reaper_on_more(uv_idle_t *h) { reaper_reap(); }
 
+void reaper_hold(int on) {
+  reaper.held = on;
+  if (!on) reaper_reap();
+}
+
 void reaper_reap(void) {
+  if (reaper.held) return; /* the zombies wait: their statuses are not lost */
   for (int n = 0;; n++) {
     if (n == REAPER_BATCH) {
       if (reaper.started && !uv_is_active((uv_handle_t *)&reaper.more)) uv_idle_start(&reaper.more, reaper_on_more);

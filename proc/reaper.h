@@ -31,6 +31,10 @@ int reaper_init(uv_loop_t *loop);
 int reaper_watch(pid_t pid, reaper_cb cb, void *arg);
 /* Forget the owner (status then goes to the orphan path). */
 void reaper_unwatch(pid_t pid);
+/* Upgrade in place: while held nothing is reaped (a child that exited
+ * during the exec stays a zombie until its record watches it again);
+ * reaper_hold(0) reaps what waited. */
+void reaper_hold(int on);
 /* Reap now (also run by SIGCHLD). */
 void reaper_reap(void);
 /* Orphans reaped so far (tests, logs). */

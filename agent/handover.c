@@ -1,0 +1,476 @@
+/* handover — an upgrade in place, both sides of the exec; see handover.h.
+ *
+ * Trade-offs, briefly:
+ * - The drain freezes reading on every connection instead of closing them
+ *   one by one: no new request starts work, answers already queued still
+ *   go out, and the exec closes them all at once (clients reconnect).
+ * - It waits for starts, pool jobs of the process table and accounting
+ *   reads (a clone in a pool thread must not vanish with the exec), at
+ *   most HANDOVER_DRAIN_MS; a start still out then is not carried.
+ * - Only descriptors the state names lose close-on-exec, just before the
+ *   exec (and get it back if the exec fails), so nothing else leaks into
+ *   the new program; the new program sets it again on each only once the
+ *   whole state was restored, so a rollback finds them all open.
+ */
+#include "agent/handover.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent/conn.h"
+#include "agent/daemon.h"
+#include "agent/log.h"
+#include "agent/senv.h"
+#include "agent/server.h"
+#include "agent/tokhold.h"
+#include "proto/handover.pb-c.h"
+
+#define HANDOVER_DRAIN_MS 2000
+#define HANDOVER_TICK_MS 1
+#define HANDOVER_STATE_MAX (1u << 30) /* what a reader accepts */
+#define HANDOVER_PARTS_MAX 8
+#define HANDOVER_FDS_MAX 65536
+
+typedef Conch__Handover__State hstate;
+
+/* One lifecycle, changed only by hs_step (asserts the previous state). */
+typedef enum handover_state {
+  HS_IDLE,      /* serving */
+  HS_DRAINING,  /* frozen, waiting for work in flight */
+  HS_SAVING,    /* the state written, the exec under way */
+  HS_RESTORING, /* the new program, before it serves */
+} handover_state;
+
+static const char *const hs_names[] = {"idle", "draining", "saving", "restoring"};
+
+static struct {
+  handover_state state;
+  int prog_fd;            /* the new program (DRAINING, SAVING) */
+  char to[128];
+  uv_timer_t tick;
+  int tick_init;
+  uint64_t began;         /* uv_now at handover_begin */
+  int listen_fd;          /* the API socket while no handle serves it */
+  unsigned long long upgrades;
+  int argc;
+  char **argv;
+  const handover_part *parts[HANDOVER_PARTS_MAX];
+  size_t nparts;
+  int *fds;               /* the descriptors the state names */
+  size_t nfds, capfds;
+  /* the new program, between handover_load and handover_finish */
+  int state_fd, rollback;
+  hstate *loaded;
+} H = {.prog_fd = -1, .listen_fd = -1, .state_fd = -1};
+
+static void hs_step(handover_state from, handover_state to) {
+  if (H.state != from) {
+    LOG_ERROR("handover: transition %s -> %s from state %s refused", hs_names[from], hs_names[to],
+              hs_names[H.state]);
+    return;
+  }
+  H.state = to;
+}
+
+int handover_can_read(unsigned n) { return n >= HANDOVER_FORMAT_MIN && n <= HANDOVER_FORMAT; }
+int handover_busy(void) { return H.state != HS_IDLE; }
+unsigned long long handover_upgrades(void) { return H.upgrades; }
+
+void handover_set_argv(int argc, char **argv) {
+  H.argc = argc;
+  H.argv = argv;
+}
+
+void handover_add_part(const handover_part *p) {
+  if (H.nparts < HANDOVER_PARTS_MAX) H.parts[H.nparts++] = p;
+}
+
+void handover_keep_fd(int fd) {
+  if (fd <= 2) return;
+  if (H.nfds == H.capfds) {
+    size_t nc = H.capfds ? H.capfds * 2 : 64;
+    int *n = nc <= HANDOVER_FDS_MAX ? realloc(H.fds, nc * sizeof *n) : NULL;
+    if (!n) return; /* then it closes with the exec: its owner sees EOF/EBADF */
+    H.fds = n;
+    H.capfds = nc;
+  }
+  H.fds[H.nfds++] = fd;
+}
+
+static uint64_t hs_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void hs_cloexec_all(int on) {
+  for (size_t i = 0; i < H.nfds; i++) {
+    int f = fcntl(H.fds[i], F_GETFD);
+    if (f >= 0) fcntl(H.fds[i], F_SETFD, on ? (f | FD_CLOEXEC) : (f & ~FD_CLOEXEC));
+  }
+}
+
+/* Every descriptor a state names (the ones the parts added themselves
+ * come through handover_keep_fd). */
+static void hs_collect_fds(const hstate *st) {
+  if (st->prev_program_fd > 0) handover_keep_fd(st->prev_program_fd);
+  for (size_t i = 0; i < st->n_api_listeners; i++) handover_keep_fd(st->api_listeners[i]);
+  if (st->daemon && st->daemon->log_fd > 0) handover_keep_fd(st->daemon->log_fd);
+  if (st->cgroups) {
+    handover_keep_fd(st->cgroups->parent_fd);
+    handover_keep_fd(st->cgroups->base_fd);
+    handover_keep_fd(st->cgroups->spare_fd);
+  }
+  for (size_t i = 0; i < st->n_procs; i++) {
+    const Conch__Handover__Proc *p = st->procs[i];
+    for (size_t j = 0; j < p->n_out; j++) handover_keep_fd(p->out[j]->fd);
+    handover_keep_fd(p->in_fd);
+    handover_keep_fd(p->cgroup_fd);
+    handover_keep_fd(p->script_dfd);
+  }
+}
+
+/* argv for the next exec: ours without a previous --handover*, plus flag fd. */
+static char **hs_argv(const char *flag, int fd, char *num, size_t numlen) {
+  char **v = calloc((size_t)H.argc + 3, sizeof *v);
+  if (!v) return NULL;
+  int n = 0;
+  for (int i = 0; i < H.argc; i++) {
+    if ((strcmp(H.argv[i], "--handover") == 0 || strcmp(H.argv[i], "--handover-rollback") == 0) &&
+        i + 1 < H.argc) {
+      i++;
+      continue;
+    }
+    v[n++] = H.argv[i];
+  }
+  snprintf(num, numlen, "%d", fd);
+  v[n++] = (char *)flag;
+  v[n++] = num;
+  v[n] = NULL;
+  return v;
+}
+
+/* ------------------------------------------------------------------ save */
+
+static int hs_save_daemon(Conch__Handover__Daemon *d, ProtobufCBinaryData *senv_items) {
+  conch__handover__daemon__init(d);
+  d->token_set = conch.token_set;
+  d->token.data = (uint8_t *)conch.token;
+  d->token.len = conch.token_len;
+  d->token_gen = conch.token_gen;
+  d->sandbox_id = conch.sandbox_id;
+  d->default_user = conch.default_user;
+  d->log_level = conch.log_level;
+  d->conns_refused = conch.conns_refused;
+  d->unauth_closed = conch.unauth_closed;
+  d->n_senv = conch.senv_len;
+  d->senv = senv_items;
+  for (size_t i = 0; i < conch.senv_len; i++) {
+    senv_items[i].data = (uint8_t *)conch.senv[i];
+    senv_items[i].len = strlen(conch.senv[i]);
+  }
+  d->log_fd = conch.log_file ? fileno(conch.log_file) : -1;
+  d->log_path = conch.log_path;
+  return 0;
+}
+
+/* The state into a memfd; -1 on failure (logged). */
+static int hs_write_state(const hstate *st) {
+  size_t len = conch__handover__state__get_packed_size(st);
+  uint8_t *buf = malloc(len ? len : 1);
+  if (!buf) return -1;
+  conch__handover__state__pack(st, buf);
+  int fd = memfd_create("conch-handover", MFD_CLOEXEC);
+  size_t off = 0;
+  while (fd >= 0 && off < len) {
+    ssize_t w = write(fd, buf + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      close(fd);
+      fd = -1;
+      break;
+    }
+    off += (size_t)w;
+  }
+  free(buf);
+  if (fd >= 0) lseek(fd, 0, SEEK_SET);
+  return fd;
+}
+
+static void hs_fail_resume(const char *why) {
+  LOG_ERROR("upgrade abandoned: %s; this program goes on", why);
+  if (H.prog_fd >= 0) close(H.prog_fd);
+  H.prog_fd = -1;
+  if (H.listen_fd >= 0 && server_adopt(H.listen_fd) == 0) H.listen_fd = -1;
+  conn_freeze(0);
+  for (size_t i = 0; i < H.nparts; i++)
+    if (H.parts[i]->drain) H.parts[i]->drain(0);
+  hs_step(HS_SAVING, HS_IDLE);
+}
+
+static void hs_exec(void) {
+  hs_step(HS_DRAINING, HS_SAVING);
+  hstate st = CONCH__HANDOVER__STATE__INIT;
+  st.format = HANDOVER_FORMAT;
+#ifndef CONCH_STATIC /* test seam: a format the next program cannot read (tests/integration/test_upgrade.py) */
+  const char *fault = getenv("CONCH_FAULT");
+  if (fault && strcmp(fault, "handover_format") == 0) st.format = HANDOVER_FORMAT + 1000;
+#endif
+  st.version = CONCH_VERSION;
+  st.upgrades = H.upgrades + 1;
+  st.saved_mono_ms = hs_mono_ms();
+  st.prev_program_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  if (st.prev_program_fd < 0) LOG_WARN("upgrade: cannot keep this program for a rollback: %s", strerror(errno));
+  Conch__Handover__Daemon d;
+  ProtobufCBinaryData *senv = calloc(conch.senv_len + 1, sizeof *senv);
+  int32_t listener = H.listen_fd;
+  if (!senv) {
+    if (st.prev_program_fd >= 0) close(st.prev_program_fd);
+    hs_fail_resume("out of memory");
+    return;
+  }
+  hs_save_daemon(&d, senv);
+  st.daemon = &d;
+  if (listener >= 0) {
+    st.api_listeners = &listener;
+    st.n_api_listeners = 1;
+  }
+  H.nfds = 0;
+  size_t saved = 0;
+  int ok = 1;
+  for (; saved < H.nparts && ok; saved++)
+    if (H.parts[saved]->save && H.parts[saved]->save(&st) != 0) ok = 0;
+  int sfd = ok ? hs_write_state(&st) : -1;
+  if (sfd >= 0) {
+    hs_collect_fds(&st);
+    handover_keep_fd(sfd);
+  }
+  for (size_t i = 0; i < saved; i++)
+    if (H.parts[i]->save_free) H.parts[i]->save_free(&st);
+  free(senv);
+  if (sfd < 0) {
+    if (st.prev_program_fd >= 0) close(st.prev_program_fd);
+    hs_fail_resume(ok ? "cannot write the state" : "out of memory saving the state");
+    return;
+  }
+  char num[16];
+  char **argv = hs_argv("--handover", sfd, num, sizeof num);
+  LOG_INFO("upgrade: exec of conch-init %s (from %s) state=%d upgrades=%llu after %llu ms of drain",
+           H.to, CONCH_VERSION, sfd, (unsigned long long)st.upgrades, (unsigned long long)(uv_now(conch.loop) - H.began));
+  if (argv) {
+    hs_cloexec_all(0);
+    extern char **environ;
+    fexecve(H.prog_fd, argv, environ);
+    int e = errno;
+    hs_cloexec_all(1);
+    errno = e;
+  }
+  char why[160];
+  snprintf(why, sizeof why, "exec of the new program failed: %s", argv ? strerror(errno) : "out of memory");
+  free(argv);
+  close(sfd);
+  if (st.prev_program_fd >= 0) close(st.prev_program_fd);
+  hs_fail_resume(why);
+}
+
+static void hs_on_tick(uv_timer_t *t) {
+  uint64_t waited = uv_now(conch.loop) - H.began;
+  int busy = 0;
+  for (size_t i = 0; i < H.nparts && !busy; i++)
+    if (H.parts[i]->busy && H.parts[i]->busy()) busy = 1;
+  if (busy && waited < HANDOVER_DRAIN_MS) return;
+  if (busy) LOG_WARN("upgrade: work still in flight after %d ms; going on", HANDOVER_DRAIN_MS);
+  uv_timer_stop(t);
+  hs_exec();
+}
+
+int handover_begin(int prog_fd, const char *to_version) {
+  if (H.state != HS_IDLE) {
+    errno = EBUSY;
+    return -1;
+  }
+  hs_step(HS_IDLE, HS_DRAINING);
+  H.prog_fd = prog_fd;
+  snprintf(H.to, sizeof H.to, "%s", to_version ? to_version : "");
+  H.began = uv_now(conch.loop);
+  conn_freeze(1);
+  for (size_t i = 0; i < H.nparts; i++)
+    if (H.parts[i]->drain) H.parts[i]->drain(1);
+  int fd = server_detach();
+  H.listen_fd = fd >= 0 ? fd : -1;
+  if (!H.tick_init) {
+    uv_timer_init(conch.loop, &H.tick);
+    uv_unref((uv_handle_t *)&H.tick);
+    H.tick_init = 1;
+  }
+  /* from the next loop turn: the answer to Upgrade is written first */
+  uv_timer_start(&H.tick, hs_on_tick, HANDOVER_TICK_MS, HANDOVER_TICK_MS);
+  return 0;
+}
+
+/* --------------------------------------------------------------- restore */
+
+int handover_arg(int argc, char **argv, int *rollback) {
+  for (int i = 0; i + 1 < argc; i++) {
+    int rb = strcmp(argv[i], "--handover-rollback") == 0;
+    if (rb || strcmp(argv[i], "--handover") == 0) {
+      char *end;
+      long fd = strtol(argv[i + 1], &end, 10);
+      if (*end || fd < 3 || fd > 1 << 20) return -1;
+      if (rollback) *rollback = rb;
+      return (int)fd;
+    }
+  }
+  return -1;
+}
+
+/* The state could not be restored: the previous program, with the same
+ * state.  Returns only when that is impossible (then this program goes on
+ * with what it has). */
+static void hs_rollback(const char *why) {
+  const hstate *st = H.loaded;
+  int prev = st ? st->prev_program_fd : -1;
+  LOG_ERROR("upgrade: cannot restore the state: %s", why);
+  if (H.rollback || prev <= 0 || H.state_fd < 0) {
+    LOG_ERROR("upgrade: no rollback possible (%s); serving without the old state",
+              H.rollback ? "this is the rollback" : "no previous program");
+    return;
+  }
+  char num[16];
+  char **argv = hs_argv("--handover-rollback", H.state_fd, num, sizeof num);
+  lseek(H.state_fd, 0, SEEK_SET);
+  LOG_ERROR("upgrade: rolling back to the previous program (conch-init %s)", st->version);
+  extern char **environ;
+  if (argv) fexecve(prev, argv, environ);
+  LOG_ERROR("upgrade: rollback exec failed: %s", strerror(errno));
+  free(argv);
+}
+
+static int hs_read_all(int fd, uint8_t **out, size_t *n) {
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (uint64_t)sb.st_size > HANDOVER_STATE_MAX) return -1;
+  size_t len = (size_t)sb.st_size, off = 0;
+  uint8_t *b = malloc(len ? len : 1);
+  if (!b) return -1;
+  while (off < len) {
+    ssize_t r = pread(fd, b + off, len - off, (off_t)off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      free(b);
+      return -1;
+    }
+    off += (size_t)r;
+  }
+  *out = b;
+  *n = len;
+  return 0;
+}
+
+static void hs_restore_daemon(const Conch__Handover__Daemon *d) {
+  if (!d) return;
+  if (d->token_set && d->token.len <= CONCH_TOKEN_MAX) daemon_set_token((const char *)d->token.data, d->token.len);
+  snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", d->sandbox_id);
+  snprintf(conch.default_user, sizeof conch.default_user, "%s", d->default_user);
+  log_set_level((log_level)d->log_level);
+  conch.conns_refused = d->conns_refused;
+  conch.unauth_closed = d->unauth_closed;
+  for (size_t i = 0; i < d->n_senv; i++) {
+    char *kv = strndup((const char *)d->senv[i].data, d->senv[i].len);
+    char *eq = kv ? strchr(kv, '=') : NULL;
+    if (eq) {
+      *eq = 0;
+      senv_set(kv, eq + 1);
+    }
+    free(kv);
+  }
+  if (d->log_fd > 0) log_adopt_file(d->log_fd, d->log_path);
+}
+
+int handover_load(int fd, int rollback, char *err, size_t errn) {
+  H.state = HS_RESTORING;
+  H.state_fd = fd;
+  H.rollback = rollback;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if (hs_read_all(fd, &buf, &len) != 0) {
+    snprintf(err, errn, "cannot read the state (fd %d)", fd);
+    hs_rollback(err);
+    return -1;
+  }
+  H.loaded = conch__handover__state__unpack(NULL, len, buf);
+  free(buf);
+  if (!H.loaded) {
+    snprintf(err, errn, "the state does not parse");
+    hs_rollback(err);
+    return -1;
+  }
+  int readable = handover_can_read(H.loaded->format);
+#ifndef CONCH_STATIC
+  /* the old program reads back what it wrote itself (the test of a format
+   * the new one cannot read rolls back to it) */
+  const char *fault = getenv("CONCH_FAULT");
+  if (rollback && fault && strcmp(fault, "handover_format") == 0) readable = 1;
+#endif
+  if (!readable) {
+    snprintf(err, errn, "state format %u is not one this program reads (%d to %d)", H.loaded->format,
+             HANDOVER_FORMAT_MIN, HANDOVER_FORMAT);
+    hs_rollback(err);
+    return -1;
+  }
+  H.upgrades = H.loaded->upgrades;
+  hs_restore_daemon(H.loaded->daemon);
+  for (size_t i = 0; i < H.nparts; i++)
+    if (H.parts[i]->restore_early && H.parts[i]->restore_early(conch.loop, H.loaded) != 0) {
+      snprintf(err, errn, "%s: cannot restore its early state", H.parts[i]->name);
+      hs_rollback(err);
+      return -1;
+    }
+  return 0;
+}
+
+int handover_finish(char *err, size_t errn) {
+  hstate *st = H.loaded;
+  if (!st) return -1;
+  uint64_t now = hs_mono_ms();
+  for (size_t i = 0; i < H.nparts; i++)
+    if (H.parts[i]->restore && H.parts[i]->restore(st, now, err, errn) != 0) {
+      char why[600];
+      snprintf(why, sizeof why, "%s: %s", H.parts[i]->name, err);
+      hs_rollback(why);
+      goto commit; /* no rollback: serve with what was restored */
+    }
+#ifndef CONCH_STATIC /* test seam: the rollback path (tests/integration/test_upgrade.py) */
+  const char *fault = getenv("CONCH_FAULT");
+  if (!H.rollback && fault && strcmp(fault, "handover_restore") == 0) {
+    snprintf(err, errn, "CONCH_FAULT=handover_restore");
+    hs_rollback(err);
+  }
+#endif
+commit:
+  for (size_t i = 0; i < st->n_api_listeners; i++)
+    if (server_adopt(st->api_listeners[i]) != 0) LOG_ERROR("upgrade: the API listener is lost");
+  /* committed: from here on the state is ours */
+  H.nfds = 0;
+  hs_collect_fds(st);
+  for (size_t i = 0; i < H.nparts; i++)
+    if (H.parts[i]->keep_fds) H.parts[i]->keep_fds(st);
+  hs_cloexec_all(1);
+  if (st->prev_program_fd > 0) close(st->prev_program_fd);
+  close(H.state_fd);
+  H.state_fd = -1;
+  for (size_t i = 0; i < H.nparts; i++)
+    if (H.parts[i]->resume) H.parts[i]->resume();
+  LOG_INFO("upgraded in place: conch-init %s -> %s%s pid=%d upgrades=%llu", st->version, CONCH_VERSION,
+           H.rollback ? " (rollback)" : "", (int)getpid(), H.upgrades);
+  conch__handover__state__free_unpacked(st, NULL);
+  H.loaded = NULL;
+  hs_step(HS_RESTORING, HS_IDLE);
+  return 0;
+}

@@ -1,0 +1,85 @@
+/* handover — the init protocol's and the ports' part of an upgrade in
+ * place (agent/handover.h): the init listeners (kept open across the exec,
+ * so an init message sent meanwhile waits in their backlog and the new
+ * program answers it), the protocol's state (its sticky terminal answer,
+ * the sandbox id, what the mode applies), and the address local ports are
+ * forwarded to.  Registered in both modes (serve --init-listen has the
+ * same state); PID 1 never boots again after a handover (pid1.h). */
+#include "init/handover.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "agent/daemon.h"
+#include "agent/handover.h"
+#include "agent/log.h"
+#include "init/initproto.h"
+#include "net/service.h"
+#include "proto/handover.pb-c.h"
+
+static void ih_drain(int on) { initproto_freeze(on); }
+
+static int ih_busy(void) { return initproto_busy(); }
+
+static int ih_save(Conch__Handover__State *st) {
+  st->init = calloc(1, sizeof *st->init);
+  st->net = calloc(1, sizeof *st->net);
+  if (!st->init || !st->net) return -1;
+  conch__handover__init__init(st->init);
+  conch__handover__net__init(st->net);
+  if (initproto_handover_save(st->init) != 0) return -1;
+  st->init->pid1 = conch.is_pid1;
+  const char *fwd = net_forward_get();
+  st->net->forward_addr = (char *)(fwd ? fwd : "");
+  return 0;
+}
+
+static void ih_save_free(Conch__Handover__State *st) {
+  if (st->init) initproto_handover_save_free(st->init);
+  free(st->init);
+  free(st->net);
+  st->init = NULL;
+  st->net = NULL;
+}
+
+static int ih_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
+  if (initproto_handover_restore(st->init) != 0) {
+    snprintf(err, errn, "out of memory");
+    return -1;
+  }
+  return 0;
+}
+
+static void ih_keep_fds(const Conch__Handover__State *st) {
+  if (!st->init) return;
+  for (size_t i = 0; i < st->init->n_listeners; i++) handover_keep_fd(st->init->listeners[i]->fd);
+}
+
+static char ih_forward[64];
+
+/* resume needs the forward address after the state is freed: kept here */
+static int ih_restore_net(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
+  int r = ih_restore(st, now_mono, err, errn);
+  if (r == 0 && st->net && st->net->forward_addr)
+    snprintf(ih_forward, sizeof ih_forward, "%s", st->net->forward_addr);
+  return r;
+}
+
+static void ih_resume_net(void) {
+  initproto_handover_resume();
+  if (ih_forward[0] && net_forward_set(ih_forward) != 0)
+    LOG_WARN("upgrade: forwarding to %s not restored", ih_forward);
+}
+
+static const handover_part init_part = {
+    .name = "init",
+    .drain = ih_drain,
+    .busy = ih_busy,
+    .save = ih_save,
+    .save_free = ih_save_free,
+    .restore = ih_restore_net,
+    .keep_fds = ih_keep_fds,
+    .resume = ih_resume_net,
+};
+
+void init_handover_register(void) { handover_add_part(&init_part); }
