@@ -54,6 +54,9 @@ dev_CFLAGS    := -O2 -g
 asan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # NDEBUG: an internal assert() (callstate.c) logs instead of aborting PID 1
 static_CFLAGS := -O2 -DCONCH_STATIC -DNDEBUG
+# The same source under another version string: the program an upgrade in
+# place goes to in the VM test (tests/vm/test_upgrade.py)
+static-next_CFLAGS := $(static_CFLAGS) -UCONCH_VERSION -DCONCH_VERSION='"$(VERSION)-next"'
 # ThreadSanitizer: the thread pool and its unit tests (make tsan-check)
 tsan_CFLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 # libFuzzer drivers (tests/fuzz): the library built by clang with coverage
@@ -156,7 +159,7 @@ build/$(1)/libconch.a: $$($(1)_OBJS)
 
 -include $$(patsubst %.o,%.d,$$($(1)_OBJS))
 endef
-$(foreach v,dev asan static fuzz tsan static-arm64,$(eval $(call VARIANT,$(v))))
+$(foreach v,dev asan static static-next fuzz tsan static-arm64,$(eval $(call VARIANT,$(v))))
 
 $(ARM64_STAMP): | $(DEPS_STAMP)
 	@$(call apt-missing,arm64 cross dependencies,$(ARM64_DEPS))
@@ -183,6 +186,11 @@ build/asan/conch-init: build/asan/obj/agent/main.o build/asan/libconch.a
 build/static/conch-init: build/static/obj/agent/main.o build/static/libconch.a
 	@$(if $(Q),echo "  LD $@")
 	$(Q)$(CC) -static $(static_CFLAGS) $^ $(STATIC_LIBS) -o $@
+	strip $@
+
+build/static-next/conch-init: build/static-next/obj/agent/main.o build/static-next/libconch.a
+	@$(if $(Q),echo "  LD $@")
+	$(Q)$(CC) -static $(static-next_CFLAGS) $^ $(STATIC_LIBS) -o $@
 	strip $@
 
 dev: build/dev/conch-init
@@ -302,7 +310,7 @@ vm-image-arm64: static-arm64 $(DEB_ARM64)
 	@$(call apt-missing,arm64 VM dependencies,$(VM_ARM64_DEPS))
 	ARCH=arm64 init/image/mkimage.sh $(DEB_ARM64) build/vm-arm64
 
-vm-check: vm-image vm-image-arm64 $(ARM64_ALL_UNIT_BINS) test-deps
+vm-check: vm-image vm-image-arm64 build/static-next/conch-init $(ARM64_ALL_UNIT_BINS) test-deps
 	@mkdir -p build/py && protoc --python_out=build/py -Iproto proto/agent.proto
 	PYTHONPATH=$(CURDIR)/build/py:$(CURDIR)/tests/integration /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/vm
 

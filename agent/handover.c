@@ -250,6 +250,8 @@ static void hs_exec(void) {
   int sfd = ok ? hs_write_state(&st) : -1;
   if (sfd >= 0) {
     hs_collect_fds(&st);
+    for (size_t i = 0; i < H.nparts; i++)
+      if (H.parts[i]->keep_fds) H.parts[i]->keep_fds(&st);
     handover_keep_fd(sfd);
   }
   for (size_t i = 0; i < saved; i++)
@@ -424,7 +426,7 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
     hs_rollback(err);
     return -1;
   }
-  H.upgrades = H.loaded->upgrades;
+  H.upgrades = H.loaded->upgrades - (rollback && H.loaded->upgrades ? 1 : 0); /* a rollback is no upgrade */
   hs_restore_daemon(H.loaded->daemon);
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->restore_early && H.parts[i]->restore_early(conch.loop, H.loaded) != 0) {
@@ -467,8 +469,12 @@ commit:
   H.state_fd = -1;
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->resume) H.parts[i]->resume();
-  LOG_INFO("upgraded in place: conch-init %s -> %s%s pid=%d upgrades=%llu", st->version, CONCH_VERSION,
-           H.rollback ? " (rollback)" : "", (int)getpid(), H.upgrades);
+  if (H.rollback)
+    LOG_WARN("upgrade rolled back: conch-init %s goes on with its state pid=%d upgrades=%llu", CONCH_VERSION,
+             (int)getpid(), H.upgrades);
+  else
+    LOG_INFO("upgraded in place: conch-init %s -> %s pid=%d upgrades=%llu", st->version, CONCH_VERSION,
+             (int)getpid(), H.upgrades);
   conch__handover__state__free_unpacked(st, NULL);
   H.loaded = NULL;
   hs_step(HS_RESTORING, HS_IDLE);

@@ -805,14 +805,19 @@ int initproto_handover_restore(const Conch__Handover__Init *m) {
 }
 
 void initproto_handover_resume(void) {
+  size_t k = 0;
   for (size_t i = 0; i < ips.nlst; i++) {
     ip_listener *l = ips.lst[i];
     if (uv_poll_init_socket(conch.loop, &l->poll, l->fd) != 0) {
       LOG_ERROR("init listener fd=%d lost after the upgrade", l->fd);
+      close(l->fd);
+      free(l);
       continue;
     }
     l->poll.data = l;
+    ips.lst[k++] = l;
   }
+  ips.nlst = k;
   ips.frozen = 0;
   listeners_resume();
 }

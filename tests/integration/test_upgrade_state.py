@@ -1,0 +1,311 @@
+"""Upgrading the agent in place, what it carries (docs/api.md "Upgrading the
+agent in place", docs/guide/upgrade.md): `conch-init serve` upgraded with
+AgentService/Upgrade to a copy of the same binary keeps its pid, its
+listening socket (never refusing), and every process record — background,
+PTY, stdin_open with pending input, lingering leftovers, exited records
+with their exit codes, a deadline that falls after the upgrade, foreground
+commands adopted — the retained output with its offsets, the init
+listener and its state; a child that exits during the exec is reaped with
+its true status; a new program that cannot restore the state rolls back to
+the old one; 20 upgrades in a row leave no descriptor or memory behind.
+The refusals live in test_upgrade.py."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conch import Client, b64, envelope, unb64
+from conftest import BIN, Server, sanitizer_report, status_kib
+from test_replay import CONNECT, SP, Stream, call, channels, contiguous
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import initpeer  # noqa: E402
+
+UPGRADE = "/pb.AgentService/Upgrade"
+LIST = "/pb.ProcessService/List"
+
+
+def metrics(s):
+    req = urllib.request.Request(s.url + "/metrics", headers={"conch-init-token": s.token})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        return json.loads(r.read())
+
+
+def wait_for(pred, timeout=20.0, step=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = pred()
+        except OSError:
+            v = None
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def upgrade(s, prog=BIN, expect_upgrades=None):
+    """Upgrade s to prog; wait until the new program serves (/metrics says
+    so: `upgrades` went up, or expect_upgrades)."""
+    before = metrics(s)["upgrades"]
+    st, body, _ = Client(s.url, s.token).unary(UPGRADE, {"path": prog})
+    assert st == 200, body
+    want = before + 1 if expect_upgrades is None else expect_upgrades
+    # the new program answers once it restored everything
+    assert wait_for(lambda: s.alive() and _log_count(s, "upgraded in place" if want > before else "rolled back")
+                    >= (want if want > before else 1)), open(s.log_path).read()[-3000:]
+    m = wait_for(lambda: metrics(s))
+    assert m["upgrades"] == want, m
+    return body
+
+
+def _log_count(s, text):
+    return open(s.log_path, errors="replace").read().count(text)
+
+
+def bg(s, cmd, tag, timeout_ms=None, **kw):
+    req = dict({"cmd": "sh", "args": ["-c", cmd], "background": True, "tag": tag}, **kw)
+    c = Client(s.url, s.token)
+    conn = c.conn(timeout=20)
+    h = c.headers(ctype="application/connect+json")
+    if timeout_ms:
+        h["Connect-Timeout-Ms"] = str(timeout_ms)
+    conn.request("POST", SP, body=envelope(json.dumps(req).encode()), headers=h)
+    r = conn.getresponse()
+    assert r.status == 200
+    buf = b""
+    while len(buf) < 5 or len(buf) < 5 + int.from_bytes(buf[1:5], "big"):
+        chunk = r.read1(4096)
+        assert chunk, buf
+        buf += chunk
+    conn.close()
+    ev = json.loads(buf[5:5 + int.from_bytes(buf[1:5], "big")])
+    assert "start" in ev, ev
+    return ev["start"]["pid"]
+
+
+def events_of(s, sel, replay=None, until=None):
+    req = {"process": sel}
+    if replay is not None:
+        req["replay"] = replay
+    return call(s, CONNECT, req, until=until)
+
+
+@pytest.fixture
+def server(request):
+    srv = Server(name=request.node.name, env={"CONCH_PROC_RETAIN_MS": "60000"})
+    yield srv
+    text = srv.stop()
+    assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+# ---------------------------------------------------------------- what is carried
+def test_every_kind_of_process_is_carried(server):
+    s = server
+    c = Client(s.url, s.token)
+    agent_pid = s.proc.pid
+    n = 300
+    writer = bg(s, f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; sleep 0.01; done", "writer")
+    pty = bg(s, "stty size; exec cat", "pty", pty={"cols": 111, "rows": 33})
+    stdin = bg(s, "sleep 1.5; exec cat", "stdin", stdin_open=True)
+    st, body, _ = c.unary("/pb.ProcessService/SendInput",
+                          {"process": {"tag": "stdin"}, "input": {"stdin": b64(b"pending input\n")}})
+    assert st == 200, body
+    exited = bg(s, "exit 7", "exited")
+    linger = bg(s, "sleep 60 & echo $! > /tmp/conch-upgrade-linger-$$; exit 3", "linger")
+    deadline = bg(s, "sleep 60", "deadline", timeout_ms=2500)
+    t_deadline = time.monotonic()
+    fg = Stream(s, SP, {"cmd": "sh", "args": ["-c", "for i in $(seq 1 40); do echo fg$i; sleep 0.05; done; exit 5"]})
+    assert fg.next()[0] == "start"
+    time.sleep(0.3)
+    # what was seen before: part of the writer's output
+    ev, _ = events_of(s, {"tag": "writer"}, replay={}, until=lambda e: sum(len(x[2]) for x in e if x[0] == "data") >= 100)
+    seen = contiguous(channels(ev)["stdout"])
+    fds_before = len(os.listdir(f"/proc/{agent_pid}/fd"))
+
+    body = upgrade(s)
+    assert body["fromVersion"] == body["toVersion"] and body["fromVersion"], body
+    assert s.proc.pid == agent_pid and s.alive()
+    st, lst, _ = c.unary(LIST, {})
+    fgp = [p for p in lst.get("processes", []) if not p.get("tag")]
+    assert len(fgp) == 1 and fgp[0]["config"]["args"][1].startswith("for i in"), lst
+    # the foreground stream ended without an end (its connection closed)
+    with pytest.raises(Exception):
+        while fg.next() is not None:
+            pass
+    assert fg.end is None
+
+    # background writer: every line exactly once, resumed at the last offset seen
+    ev, end = events_of(s, {"tag": "writer"}, replay={"stdout": str(len(seen))})
+    assert ev[0] == ("start", writer) and ev[-1] == ("end", 0), ev[-3:]
+    rest = contiguous(channels(ev)["stdout"], len(seen))
+    assert (seen + rest).decode().split() == [f"line{i}" for i in range(1, n + 1)]
+    # the PTY kept its size and its input
+    st, body2, _ = c.unary("/pb.ProcessService/SendInput", {"process": {"tag": "pty"}, "input": {"pty": b64(b"typed\n")}})
+    assert st == 200, body2
+    ev, _ = events_of(s, {"tag": "pty"}, replay={}, until=lambda e: b"typed" in b"".join(x[2] for x in e if x[0] == "data"))
+    out = contiguous(channels(ev)["pty"])
+    assert out.startswith(b"33 111\r\n"), out
+    # the pending input was written once the process read
+    ev, _ = events_of(s, {"tag": "stdin"}, replay={}, until=lambda e: b"pending input\n" in b"".join(x[2] for x in e if x[0] == "data"))
+    assert contiguous(channels(ev)["stdout"]) == b"pending input\n"
+    st, b3, _ = c.unary("/pb.ProcessService/CloseStdin", {"process": {"tag": "stdin"}})
+    assert st == 200, b3
+    ev, _ = events_of(s, {"tag": "stdin"})
+    assert ev[-1] == ("end", 0), ev
+    # the exited record and its exit code
+    ev, _ = events_of(s, {"tag": "exited"})
+    assert ev == [("start", exited), ("end", 7)], ev
+    # the lingering record: exit 3, its leftover still signalable through the cgroup
+    ev, _ = events_of(s, {"tag": "linger"})
+    assert ev == [("start", linger), ("end", 3)], ev
+    left = int(open(f"/tmp/conch-upgrade-linger-{linger}").read())
+    os.unlink(f"/tmp/conch-upgrade-linger-{linger}")
+    assert os.path.exists(f"/proc/{left}")
+    st, b4, _ = c.unary("/pb.ProcessService/SendSignal", {"process": {"tag": "linger"}, "signal": 9})
+    assert wait_for(lambda: not os.path.exists(f"/proc/{left}") or "State:\tZ" in open(f"/proc/{left}/status").read(), 10)
+    # the deadline set before the upgrade fires at its time, not before
+    ev, _ = events_of(s, {"tag": "deadline"})
+    took = time.monotonic() - t_deadline
+    assert ev == [("start", deadline), ("end", -1)], ev
+    assert 2.0 <= took <= 10, took
+    # the foreground command was adopted: Connect finds it by pid, its output from the upgrade on
+    ev, _ = events_of(s, {"pid": fgp[0]["pid"]}, replay={})
+    assert ev[-1] == ("end", 5), ev[-3:]
+    chunks = channels(ev)["stdout"]
+    text = contiguous(chunks, chunks[0][0]).decode()
+    assert text.split()[-1] == "fg40" and chunks[0][0] > 0, (chunks[:2], text[-20:])
+    # nothing left behind: the descriptors are the same as before (the
+    # processes that ended meanwhile closed theirs)
+    assert len(os.listdir(f"/proc/{agent_pid}/fd")) <= fds_before
+
+
+def test_a_child_exiting_during_the_exec_is_reaped_with_its_status(server):
+    s = server
+    pids = {k: bg(s, f"sleep 0.{k:02d}; exit {k + 10}", f"x{k}") for k in range(0, 60, 3)}
+    upgrade(s)
+    for k, pid in pids.items():
+        ev, _ = events_of(s, {"pid": pid})
+        assert ev == [("start", pid), ("end", k + 10)], (k, ev)
+
+
+def test_the_listener_never_refuses(server):
+    """Clients connecting all through 5 upgrades: each is answered, none
+    refused (they wait in the backlog while no program accepts)."""
+    s = server
+    stop = threading.Event()
+    seen = {"ok": 0, "refused": 0, "other": []}
+
+    def hammer():
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(s.url + "/health", timeout=20) as r:
+                    assert r.status == 200
+                    seen["ok"] += 1
+            except ConnectionRefusedError:
+                seen["refused"] += 1
+            except OSError as e:  # a connection the exec cut mid-answer: not a refusal
+                seen["other"].append(repr(e))
+    ts = [threading.Thread(target=hammer) for _ in range(3)]
+    for t in ts:
+        t.start()
+    try:
+        for _ in range(5):
+            upgrade(s)
+    finally:
+        stop.set()
+        for t in ts:
+            t.join()
+    assert seen["refused"] == 0 and seen["ok"] > 20, seen
+    assert len(seen["other"]) <= 15, seen  # at most a cut connection per thread and upgrade
+
+
+def test_init_listener_and_state_are_kept(tmp_path):
+    sock = "unix:" + str(tmp_path / "init.sock")
+    s = Server(name="test_upgrade_init", token="", extra_args=["--init-listen", sock])
+    try:
+        msg = {"version": 1, "sandboxID": "upgrade-sb", "agentToken": "t1", "env": {"FROM_INIT": "yes"},
+               "network": {"guestIP": "10.0.2.15", "prefixLength": 24, "gateway": "10.0.2.2"}}
+        assert initpeer.exchange(sock, msg) == '{"version":1,"status":"ready","retryable":false}'
+        s.token = "t1"
+        upgrade(s)
+        c = Client(s.url, "t1")
+        st, _, _ = c.unary(LIST, {})
+        assert st == 200
+        ev, _ = call(s, SP, {"cmd": "sh", "args": ["-c", "echo $FROM_INIT"]})
+        assert b"".join(x[2] for x in ev if x[0] == "data") == b"yes\n"
+        # the listener is the same socket: the next message goes to the new program
+        assert initpeer.exchange(sock, dict(msg, agentToken="t2")) == \
+            '{"version":1,"status":"ready","retryable":false}'
+        assert Client(s.url, "t1").unary(LIST, {})[0] == 401
+        assert Client(s.url, "t2").unary(LIST, {})[0] == 200
+        s.token = "t2"
+        assert "upgrade-sb" in open(s.log_path).read()
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+# ---------------------------------------------------------------- rollback
+@pytest.mark.parametrize("fault,why", [
+    ("handover_restore", "CONCH_FAULT=handover_restore"),
+    ("handover_format", "state format 1001 is not one this program reads"),
+])
+def test_rollback_to_the_previous_program(fault, why):
+    """A new program that cannot restore the state hands it back: the old
+    program comes back as it was (same pid, processes, version, upgrades 0)."""
+    s = Server(name=f"test_upgrade_rollback_{fault}", env={"CONCH_FAULT": fault})
+    try:
+        n = 200
+        bg(s, f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; sleep 0.01; done", "writer")
+        pid = s.proc.pid
+        upgrade(s, expect_upgrades=0)
+        log = open(s.log_path).read()
+        assert why in log and "rolling back to the previous program" in log and "upgrade rolled back" in log, log[-3000:]
+        assert s.proc.pid == pid and metrics(s)["upgrades"] == 0
+        ev, _ = events_of(s, {"tag": "writer"}, replay={})
+        assert contiguous(channels(ev)["stdout"]).decode().split() == [f"line{i}" for i in range(1, n + 1)]
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+# ---------------------------------------------------------------- leaks
+def open_fds(pid):
+    """What the agent holds open: sockets and files by identity, pipes
+    and anonymous inodes by kind (libuv makes its own anew in each program;
+    the listening socket moves to another number, it stays the same socket)."""
+    out = []
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{pid}/fd/{f}")
+        except FileNotFoundError:
+            continue
+        out.append("pipe" if t.startswith("pipe:") else t)
+    return sorted(out)
+
+
+def test_twenty_upgrades_leave_nothing_behind(server):
+    s = server
+    bg(s, "sleep 120", "keeper")
+    upgrade(s)
+    pid = s.proc.pid
+    fds = open_fds(pid)
+    rss = status_kib(pid, "VmRSS")
+    for _ in range(20):
+        upgrade(s)
+    assert metrics(s)["upgrades"] == 21
+    assert open_fds(pid) == fds
+    assert status_kib(pid, "VmRSS") <= rss * 1.25 + 4096, (rss, status_kib(pid, "VmRSS"))
+    # no memfd of an earlier program or state is still mapped
+    maps = open(f"/proc/{pid}/maps").read()
+    assert maps.count("conch-handover") == 0, maps
+    st, lst, _ = Client(s.url, s.token).unary(LIST, {})
+    assert [p["tag"] for p in lst["processes"]] == ["keeper"]

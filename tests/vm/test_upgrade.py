@@ -1,0 +1,95 @@
+"""An upgrade in place of PID 1 on the real guest kernel (api.md §9 of the
+project's docs/api.md "Upgrading the agent in place", boot.md §13): the
+guest's conch-init is replaced by a second build of the same source with
+another version string (build/static-next, `make build/static-next/conch-init`),
+uploaded with PostFileStream and named to AgentService/Upgrade.  A
+background job writing numbered lines runs across it and is read with
+`replay`, every line exactly once; the pid stays 1; an init message (a
+restore's, with timestampMs and entropy) is answered by the new program."""
+import base64
+import hashlib
+import json
+import os
+import secrets
+import time
+import urllib.request
+
+import pytest
+
+from conftest import boot
+import vm as vmmod
+from conch import Client, b64
+from test_process import list_procs, run, output, end_of, start_bg, wait_for
+from test_replay import CONNECT, call, channels, contiguous
+
+NEXT = os.path.join(vmmod.ROOT, "build", "static-next", "conch-init")
+
+
+def metrics(v):
+    req = urllib.request.Request(v.url + "/metrics", headers={"conch-init-token": v.token})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def sh(v, script):
+    ev, tr = run(v.client, {"cmd": "sh", "args": ["-c", script]})
+    assert tr == {}, tr
+    return output(ev).decode()
+
+
+def test_pid1_upgraded_to_another_build(tmp_path_factory):
+    assert os.path.exists(NEXT), "make build/static-next/conch-init first (make vm-check does)"
+    data = open(NEXT, "rb").read()
+    v = boot("pmem", "upgrade", tmp_path_factory)
+    try:
+        before = metrics(v)
+        assert before["upgrades"] == 0, before
+        old_version = before["version"]
+        n = 600
+        pid = start_bg(v.client, {"cmd": "sh", "args": ["-c", f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); "
+                                                        f"echo line$i; sleep 0.02; done"], "tag": "across"})
+        # some lines now, the rest across the upgrade
+        ev, _ = call(v, CONNECT, {"process": {"tag": "across"}, "replay": {}},
+                     until=lambda e: sum(len(x[2]) for x in e if x[0] == "data") >= 50)
+        seen = contiguous(channels(ev)["stdout"])
+        chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+        msgs = [{"filepath": "/root/conch-init.next", "content": b64(chunks[0])}] + \
+               [{"content": b64(x)} for x in chunks[1:]]
+        st, out, end = v.client.stream("/pb.FileService/PostFileStream", msgs)
+        assert st == 200 and end == {}, (st, out, end)
+        st, body, _ = v.client.unary("/pb.AgentService/Upgrade", {
+            "path": "/root/conch-init.next", "sha256": hashlib.sha256(data).hexdigest()})
+        assert st == 200, body
+        assert body == {"fromVersion": old_version, "toVersion": old_version + "-next"}, body
+        # the new program answers, as PID 1, with its version
+        after = wait_for(lambda: _try(metrics, v), timeout=120, step=0.2)
+        assert after and after["version"] == old_version + "-next" and after["upgrades"] == 1, after
+        lg = v.log()
+        assert "serving as PID 1 after an upgrade in place" in lg, lg[-3000:]
+        assert "upgraded in place: conch-init %s -> %s-next pid=1" % (old_version, old_version) in lg, lg[-3000:]
+        assert sh(v, "readlink /proc/1/exe") .startswith("/memfd:"), "PID 1 is not the new program"
+        # the job went on: every line exactly once, from the last offset seen
+        ev, end = call(v, CONNECT, {"process": {"tag": "across"}, "replay": {"stdout": str(len(seen))}})
+        assert ev[-1] == ("end", 0), ev[-3:]
+        rest = contiguous(channels(ev)["stdout"], len(seen))
+        assert (seen + rest).decode().split() == [f"line{i}" for i in range(1, n + 1)]
+        assert ev[0] == ("start", pid)
+        # an init message (a restore's) goes to the new program through the kept listener
+        tok = secrets.token_hex(16)
+        r = v.init_message(tok, timestampMs=int(time.time() * 1000),
+                           entropy=base64.b64encode(secrets.token_bytes(64)).decode())
+        assert r == {"version": 1, "status": "ready", "retryable": False}, r
+        st, body, _ = Client(v.url, v.token).unary("/pb.ProcessService/List", {})
+        assert st == 401, body
+        v.token, v.client = tok, Client(v.url, tok)
+        assert sh(v, "echo after") == "after\n"
+        assert "entropy: 64 bytes credited" in v.log()
+    finally:
+        v.close()
+
+
+def _try(fn, *a):
+    try:
+        return fn(*a)
+    except OSError:
+        return None
