@@ -224,6 +224,70 @@ def test_default_user_from_init_message(sb):
     assert run_in_sandbox(sb, "id -u") == "0\n"
 
 
+def stream(sb, path, req, token, timeout=30):
+    """A Connect streaming JSON call from the peer namespace, read to its end
+    (or curl's -m): [(flags, message)]."""
+    import base64
+    import struct
+    payload = json.dumps(req).encode()
+    env_path = os.path.join(sb.work, "stream-req.env")
+    with open(env_path, "wb") as f:
+        f.write(struct.pack(">BI", 0, len(payload)) + payload)
+    out_path = os.path.join(sb.work, "stream-resp.bin")
+    sb.peer("curl", "-s", "-m", str(timeout), "-o", out_path, "-H", "Content-Type: application/connect+json",
+            "-H", f"conch-init-token: {token}", "--data-binary", "@" + env_path, sb.url(path), timeout=timeout + 5)
+    data = open(out_path, "rb").read()
+    out, off = [], 0
+    while off + 5 <= len(data):
+        flags, n = struct.unpack(">BI", data[off:off + 5])
+        if off + 5 + n > len(data):
+            break
+        out.append((flags, json.loads(data[off + 5:off + 5 + n] or b"{}")))
+        off += 5 + n
+    return out
+
+
+def test_upgrade_in_place_as_pid1(sb):
+    """boot.md §13: Upgrade to a copy of the binary; PID 1 stays PID 1, skips
+    the boot, keeps a background job (its output read with replay, every
+    line once), the API listener and the init listener (an init message
+    after it is answered by the new program)."""
+    n = 300
+    ev = stream(sb, "/pb.ProcessService/StartProcess",
+                {"cmd": "/bin/sh", "args": ["-c", f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; "
+                                                  f"sleep 0.01; done"], "background": True, "tag": "across"},
+                sb.token, timeout=1)
+    assert ev and "start" in ev[0][1], ev
+    sbx.copy_with_libs(BIN, sb.in_root(""), "/root/conch-init.next")
+    host_pid1 = sb.pid1
+    code, body = sb.unary("/pb.AgentService/Upgrade", {"path": "/root/conch-init.next"}, sb.token)
+    assert code == 200, body
+    b = json.loads(body)
+    assert b["fromVersion"] == b["toVersion"] and b["fromVersion"], b
+    assert wait_for(lambda: "serving as PID 1 after an upgrade in place" in sb.console(), 30), sb.console()[-3000:]
+    assert wait_for(lambda: sb.health().endswith("200"), 30)
+    r = sb.peer("curl", "-s", "-m", "10", "-H", f"conch-init-token: {sb.token}", sb.url("/metrics"))
+    m = json.loads(r.stdout)
+    assert m["upgrades"] == 1 and m["version"] == b["toVersion"], m
+    assert os.path.exists(f"/proc/{host_pid1}") and sb.pid1 == host_pid1
+    assert [l for l in open(f"/proc/{host_pid1}/status") if l.startswith("NSpid:")][0].split()[-1] == "1"
+    assert os.readlink(f"/proc/{host_pid1}/exe").startswith("/memfd:")
+    assert sb.console().count("boot complete") == 1  # no second boot
+    # the job went on; every line exactly once
+    def ended():
+        ev = stream(sb, "/pb.ProcessService/Connect", {"process": {"tag": "across"}, "replay": {}}, sb.token)
+        return ev if any("end" in e for f, e in ev if f == 0) else None
+    ev = wait_for(ended, 30, 0.5)
+    assert ev, "the job did not end"
+    import base64
+    out = b"".join(base64.b64decode(e["data"]["stdout"]) for f, e in ev if f == 0 and "data" in e)
+    assert out.decode().split() == [f"line{i}" for i in range(1, n + 1)]
+    # the init listener is the same socket; the new program answers it
+    resp, secs = sb.init_until_ready(sb.request(token=sb.token, sandbox_id="ns-sb-2", env={"FOO": "baz"}))
+    assert resp == '{"version":1,"status":"ready","retryable":false}', resp
+    assert run_in_sandbox(sb, 'echo "$FOO"') == "baz\n"
+
+
 def test_zz_terminal_failure_is_sticky(sb):
     want = ('{"version":1,"status":"not_ready","retryable":false,'
             '"message":"guestIP \\"10.77.0.300\\" must be a valid IPv4 address"}')
