@@ -40,6 +40,9 @@
 #include "proto/agent.pb-c.h"
 
 #define UP_REFUSED "upgrade refused: "
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U /* Linux 6.3: say so, or vm.memfd_noexec decides (and the kernel warns) */
+#endif
 #define UP_COPY_CHUNK (1u << 20)
 
 enum { UP_STEP_VERSION, UP_STEP_CHECK };
@@ -153,7 +156,9 @@ static void up_load(void *data) {
     fs_status_set(&o->st, RPC_INVALID_ARGUMENT, "not a regular file: %s", p);
     goto out;
   }
-  o->memfd = memfd_create("conch-init-upgrade", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  o->memfd = memfd_create("conch-init-upgrade", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC);
+  if (o->memfd < 0 && (errno == EINVAL || errno == EACCES)) /* before 6.3; vm.memfd_noexec = 2: the exec says */
+    o->memfd = memfd_create("conch-init-upgrade", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   buf = malloc(UP_COPY_CHUNK);
   if (o->memfd < 0 || !buf) {
     fs_status_os(&o->st, "copy file", p, o->memfd < 0 ? errno : ENOMEM);
