@@ -38,6 +38,12 @@ typedef struct conch_daemon {
   /* api.md §9: the user of RPCs that name none (serve --default-user, init
    * key defaultUser); "" = root */
   char default_user[256];
+  /* api.md §9 "Upgrading the agent in place" (agent/upgrade.c): Upgrade is
+   * refused while serve --no-upgrade or the init key "allowUpgrade": false
+   * (sticky) says so; upgrade_trying while an Upgrade call is past its
+   * checks (a second one is refused) */
+  int no_upgrade, init_no_upgrade;
+  int upgrade_trying;
 
   /* sandbox environment: "K=V" strings, malloc'd, in insertion order */
   char **senv;

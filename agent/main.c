@@ -2,6 +2,8 @@
  *
  *   conch-init                      as PID 1: the whole boot (boot.md)
  *   conch-init serve [options]      standalone: serve the API, no mounts
+ *   conch-init --handover-check N   exit 0 when this program can restore
+ *                                   handover state format N (Upgrade's trial)
  */
 #include <errno.h>
 #include <getopt.h>
@@ -19,6 +21,7 @@
 #include "agent/log.h"
 #include "agent/router.h"
 #include "agent/server.h"
+#include "agent/upgrade.h"
 #include "agent/users.h"
 #include "fs/service.h"
 #include "init/handover.h"
@@ -33,6 +36,7 @@
 static const char usage[] =
     "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
     "       conch-init serve [options]  (standalone: serve the agent API)\n"
+    "       conch-init --handover-check N  (exit 0 when it can restore state format N)\n"
     "\n"
     "options for serve:\n"
     "  --listen HOST:PORT      API address (default 127.0.0.1:4064)\n"
@@ -45,6 +49,7 @@ static const char usage[] =
     "  --resolv-conf FILE      where such messages write resolv.conf (/etc/resolv.conf)\n"
     "  --default-user USER     run RPCs that name no user as USER (name, uid or uid:gid)\n"
     "  --forward-ports ADDR    forward loopback-only listeners to ADDR (IPv4 or IPv6 literal)\n"
+    "  --no-upgrade            refuse pb.AgentService/Upgrade (permission_denied)\n"
     "  --log-level LEVEL       debug, info (default), warn, error\n"
     "  -h, --help              this text\n"
     "  -V, --version           print the version\n";
@@ -167,6 +172,8 @@ static void main_register_services(void) {
   router_register(m, n);
   m = net_service_methods(conch.loop, &n);
   router_register(m, n);
+  m = upgrade_service_methods(&n);
+  router_register(m, n);
   m = reflect_service_methods(&n);
   if (m) router_register(m, n);
   else LOG_ERROR("the embedded descriptor set does not load: no gRPC reflection");
@@ -201,6 +208,23 @@ static const handover_part main_proc_part = {
     .resume = proc_handover_resume,
 };
 
+/* `conch-init --handover-check N` (the Upgrade trial, api.md §9): 0 when
+ * this program can restore handover state format N, else 1 with a line on
+ * stderr; 2 for a usage error. */
+static int main_handover_check(int argc, char **argv) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long n = argc == 3 && argv[2][0] >= '0' && argv[2][0] <= '9' ? strtoul(argv[2], &end, 10) : 0;
+  if (!end || *end || errno || n > 0xffffffffUL) {
+    fprintf(stderr, "usage: conch-init --handover-check N\n");
+    return 2;
+  }
+  if (handover_can_read((unsigned)n)) return 0;
+  fprintf(stderr, "conch-init %s cannot read handover state format %lu (it reads %d to %d)\n", CONCH_VERSION, n,
+          HANDOVER_FORMAT_MIN, HANDOVER_FORMAT);
+  return 1;
+}
+
 static void main_on_stop(uv_signal_t *s, int signum) {
   (void)s;
   LOG_INFO("stopping signal=%d", signum);
@@ -218,7 +242,8 @@ static int main_serve(int argc, char **argv) {
       {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},        {"default-user", required_argument, NULL, 'U'},
       {"forward-ports", required_argument, NULL, 'F'}, {"handover", required_argument, NULL, 'H'},
-      {"handover-rollback", required_argument, NULL, 'B'}, {NULL, 0, NULL, 0}};
+      {"handover-rollback", required_argument, NULL, 'B'}, {"no-upgrade", no_argument, NULL, 'u'},
+      {NULL, 0, NULL, 0}};
   int ch;
   optind = 1;
   while ((ch = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
@@ -240,6 +265,7 @@ static int main_serve(int argc, char **argv) {
       case 'R': resolv = optarg; break;
       case 'F': forward = optarg; break;
       case 'H': case 'B': break; /* handover_arg() read it */
+      case 'u': conch.no_upgrade = 1; break;
       case 'U': {
         users_spec sp;
         if (users_spec_parse(optarg, &sp) != 0) {
@@ -337,6 +363,7 @@ int main(int argc, char **argv) {
     printf("conch-init %s\n", CONCH_VERSION);
     return 0;
   }
+  if (argc >= 2 && strcmp(argv[1], "--handover-check") == 0) return main_handover_check(argc, argv);
   handover_set_argv(argc, argv);
   handover_add_part(&main_proc_part);
   init_handover_register();

@@ -14,6 +14,7 @@
 
 #include "agent/auth.h"
 #include "agent/daemon.h"
+#include "agent/handover.h"
 #include "agent/pool.h"
 #include "proc/cgroup.h"
 
@@ -151,13 +152,14 @@ static void metrics_done(pool_job *j, int canceled) {
     conch.metrics_cpu_busy = m->busy;
     conch.metrics_cpu_total = m->total;
   }
-  char body[640];
+  char body[768];
   snprintf(body, sizeof body,
            "{\"ts\":%lld,\"cpuCount\":%ld,\"cpuUsedPct\":%.2f,\"memTotal\":%llu,\"memUsed\":%llu,"
            "\"diskTotal\":%llu,\"diskUsed\":%llu,\"processes\":%u,\"connections\":%u,"
-           "\"agentRss\":%llu,\"workloadMemoryMax\":%llu,\"workloadPidsMax\":%llu,\"oomKills\":%llu}",
+           "\"agentRss\":%llu,\"workloadMemoryMax\":%llu,\"workloadPidsMax\":%llu,\"oomKills\":%llu,"
+           "\"version\":\"%s\",\"upgrades\":%llu}",
            m->ts, m->cpus, pct, m->mem_total, m->mem_used, m->disk_total, m->disk_used, m->procs,
-           conch.nconns, m->rss, m->wl_mem, m->wl_pids, m->oom_kills);
+           conch.nconns, m->rss, m->wl_mem, m->wl_pids, m->oom_kills, CONCH_VERSION, handover_upgrades());
   hx_simple(x, 200, "application/json", body, NULL, 0);
   free(m);
 }

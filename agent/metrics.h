@@ -5,14 +5,19 @@
  * Allow: GET.  The answer, read in the thread pool from /proc and statvfs:
  *
  *   {"ts":<unix s>,"cpuCount":N,"cpuUsedPct":P,"memTotal":B,"memUsed":B,
- *    "diskTotal":B,"diskUsed":B,"processes":N,"connections":N,"agentRss":B}
+ *    "diskTotal":B,"diskUsed":B,"processes":N,"connections":N,"agentRss":B,
+ *    "workloadMemoryMax":B,"workloadPidsMax":N,"oomKills":N,"version":"V","upgrades":N}
  *
  * cpuCount: online CPUs; cpuUsedPct: non-idle share of /proc/stat's cpu
  * times since the previous /metrics call (since boot for the first);
  * memUsed = MemTotal − MemAvailable; disk of "/" (f_blocks, f_blocks −
  * f_bfree, times f_frsize); processes: the agent's live children (the
  * commands it started, and orphans it adopted as reaper), from /proc;
- * connections: open API connections; agentRss: VmRSS of the agent.
+ * connections: open API connections; agentRss: VmRSS of the agent;
+ * workloadMemoryMax, workloadPidsMax: the workload envelope's bounds (0:
+ * none); oomKills: /proc/vmstat's oom_kill; version: CONCH_VERSION, the
+ * program now serving; upgrades: upgrades in place since boot
+ * (handover_upgrades(), agent/handover.h).
  */
 #ifndef CONCH_METRICS_H
 #define CONCH_METRICS_H

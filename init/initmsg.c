@@ -29,6 +29,7 @@ typedef struct decoded {
   const json_value *wl_mem, *wl_pids; /* boot.md §12, raw likewise */
   const json_value *duser;            /* boot.md §13, raw likewise */
   const json_value *fwdlp;            /* boot.md §13 forwardLocalPorts: true, false or absent */
+  const json_value *allow_up;         /* api.md §9 allowUpgrade, raw: a bad type is a terminal text */
 } decoded;
 
 #define FAIL(...)                                   \
@@ -123,7 +124,7 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   static const char *const top_keys[] = {"version", "sandboxID", "agentToken", "env",
                                          "network", "timestampMs", "entropy",
                                          "workloadMemoryMaxBytes", "workloadPidsMax",
-                                         "defaultUser", "forwardLocalPorts"};
+                                         "defaultUser", "forwardLocalPorts", "allowUpgrade"};
   static const char *const net_keys[] = {"guestIP", "prefixLength", "gateway", "dns"};
   static const char *const dns_keys[] = {"nameservers", "domain", "search", "options"};
   memset(d, 0, sizeof *d);
@@ -145,6 +146,8 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   d->duser = json_get(root, "defaultUser");
   d->fwdlp = json_get(root, "forwardLocalPorts");
   if (d->fwdlp && d->fwdlp->type == JSON_NULL) d->fwdlp = NULL;
+  d->allow_up = json_get(root, "allowUpgrade");
+  if (d->allow_up && d->allow_up->type == JSON_NULL) d->allow_up = NULL;
   if (d->fwdlp && d->fwdlp->type != JSON_TRUE && d->fwdlp->type != JSON_FALSE)
     FAIL("forwardLocalPorts: expected bool, got %s", json_type_name(d->fwdlp->type));
   if (d->wl_mem && d->wl_mem->type == JSON_NULL) d->wl_mem = NULL;
@@ -344,6 +347,8 @@ static char *validate_text(const decoded *d, sv *sid, sv *tok, uint32_t *ip, uin
     buf[u.n] = 0;
     if (users_spec_parse(buf, &sp) != 0) return strdup("invalid defaultUser");
   }
+  if (d->allow_up && d->allow_up->type != JSON_TRUE && d->allow_up->type != JSON_FALSE)
+    return strdup("invalid allowUpgrade");
   *invalid = 0;
   return NULL;
 }
@@ -411,6 +416,7 @@ static int build_plan(const decoded *d, sv sid, sv tok, uint32_t ip, uint32_t gw
   if (!p->sandbox_id || !p->token) return -1;
   if (d->duser && !(p->default_user = dup_sv(item_sv(d->duser)))) return -1;
   p->forward_local_ports = d->fwdlp ? d->fwdlp->type == JSON_TRUE : -1;
+  p->allow_upgrade = d->allow_up ? d->allow_up->type == JSON_TRUE : -1;
   size_t ne = d->env ? d->env->n : 0;
   if (ne) {
     p->env_k = calloc(ne, sizeof *p->env_k);

@@ -17,7 +17,8 @@
  * entropy" for anything but base64 of 32–512 bytes).  The workload keys
  * (boot.md §12) follow them: "invalid workloadMemoryMaxBytes" (not a uint
  * of at least 16 MiB and at most MemTotal), "invalid workloadPidsMax"
- * (not a uint of at least 64).
+ * (not a uint of at least 64).  Then defaultUser ("invalid defaultUser")
+ * and allowUpgrade ("invalid allowUpgrade": anything but a bool or null).
  */
 #ifndef CONCH_INIT_INITMSG_H
 #define CONCH_INIT_INITMSG_H
@@ -55,6 +56,7 @@ typedef struct initmsg_plan {
   uint64_t workload_pids_max;
   char *default_user; /* boot.md §13, syntax checked (users.h); NULL = absent (keep) */
   int forward_local_ports; /* boot.md §13: 1, 0, or -1 absent (on with a network) */
+  int allow_upgrade; /* api.md §9 "Upgrading the agent in place": 1, 0, or -1 absent (keep) */
 } initmsg_plan;
 
 /* MemTotal in bytes, the upper bound of workloadMemoryMaxBytes (0: none);

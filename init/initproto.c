@@ -374,6 +374,8 @@ static void work_done(void *data, int canceled) {
   }
   if (c->plan.default_user) /* sticky: an absent key keeps the last one */
     snprintf(conch.default_user, sizeof conch.default_user, "%s", c->plan.default_user);
+  if (c->plan.allow_upgrade >= 0) /* sticky likewise; serve --no-upgrade wins either way */
+    conch.init_no_upgrade = !c->plan.allow_upgrade;
   int token_changed = apply_identity(&c->plan);
   if (token_changed < 0) {
     go_terminal(c, "invalid sandbox environment: out of memory");

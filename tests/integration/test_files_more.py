@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 import agent_pb2 as pb
-from conftest import serve, status_kib
+from conftest import BIN, serve, status_kib
 from conch import RawStream, envelope, parse_envelopes
 from files_util import curl_post
 from h2conn import H2Client
@@ -832,9 +832,11 @@ def test_metrics(server, mode):
         m = json.loads(body)
         assert set(m) == {"ts", "cpuCount", "cpuUsedPct", "memTotal", "memUsed", "diskTotal", "diskUsed",
                           "processes", "connections", "agentRss",
-                          "workloadMemoryMax", "workloadPidsMax", "oomKills"}  # api.md §9, the envelope
-        for k in ("workloadMemoryMax", "workloadPidsMax", "oomKills"):
+                          "workloadMemoryMax", "workloadPidsMax", "oomKills",  # api.md §9, the envelope
+                          "version", "upgrades"}  # api.md §9, upgrading in place
+        for k in ("workloadMemoryMax", "workloadPidsMax", "oomKills", "upgrades"):
             assert isinstance(m[k], int) and m[k] >= 0, (k, m[k])
+        assert m["version"] == subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split()[1]
         mi = meminfo()
         sv = os.statvfs("/")
         assert abs(m["ts"] - time.time()) < 5

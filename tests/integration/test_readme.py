@@ -1,7 +1,9 @@
 """README.md "Routes": the set-up block and every curl line of the route
 table, run as written (bash, real curl) in table order against a daemon of
 its own; each answers HTTP 200, every stream ends with the `{}` envelope,
-and the table names every route the daemon serves."""
+and the table names every route the daemon serves.  The Upgrade row runs
+last, after every stream has ended, with the binary under test in place of
+build/dev/conch-init: once answered, the agent hands over to it."""
 import os
 import re
 import subprocess
@@ -11,11 +13,12 @@ import pytest
 
 import agent_pb2
 from conch import Client
-from conftest import ROOT
+from conftest import BIN, ROOT
 
 README = os.path.join(ROOT, "README.md")
 CODE_200 = re.compile(r"^HTTP (\d{3})$", re.M)
 STREAM_OK = b"\x02\x00\x00\x00\x02{}"
+UPGRADE = "/pb.AgentService/Upgrade"
 
 
 def routes_section():
@@ -72,9 +75,9 @@ def test_readme_curl_lines_run(demo, tmp_path):
 
     def run(line, name):
         out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        line = line.replace("/tmp/demo", demo_dir).replace("$PWD/build/dev/conch-init", BIN)
         with open(out, "wb") as o, open(err, "wb") as e:
-            r = subprocess.run(["bash", "-c", prelude + line.replace("/tmp/demo", demo_dir)],
-                               stdout=o, stderr=e, timeout=30)
+            r = subprocess.run(["bash", "-c", prelude + line], stdout=o, stderr=e, timeout=30)
         return r.returncode, out, err
 
     for i, line in enumerate(setup[1:]):
@@ -83,7 +86,10 @@ def test_readme_curl_lines_run(demo, tmp_path):
             assert rc == 0, err.read_text()
     time.sleep(0.5)  # the two background processes have started
     later = []
-    for i, (route, line) in enumerate(table_rows(sec)):
+    rows = table_rows(sec)
+    for i, (route, line) in enumerate(rows):
+        if route == UPGRADE:
+            continue  # last of all
         rc, out, err = run(line, f"row{i}")
         assert rc == 0, (route, err.read_text())
         if line.endswith("&"):
@@ -103,6 +109,11 @@ def test_readme_curl_lines_run(demo, tmp_path):
     st, _, _ = Client(server.url, server.token).unary("/pb.ProcessService/SendSignal",
                                                       {"process": {"tag": "term"}, "signal": 9})
     assert st == 200
+    [(i, line)] = [(i, line) for i, (route, line) in enumerate(rows) if route == UPGRADE]
+    rc, out, err = run(line, f"row{i}")
+    assert rc == 0, (UPGRADE, err.read_text())
+    check(UPGRADE, line, out, err)
+    assert b'"toVersion"' in out.read_bytes()
 
 
 def check(route, line, out, err):

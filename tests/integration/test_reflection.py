@@ -246,7 +246,8 @@ def test_file_by_filename(server, channel, pkg):
     [f] = fdps(r)
     # the embedded descriptor is the one protoc gives agent.proto here, with json names
     assert plain(f) == descriptor_pb2.FileDescriptorProto.FromString(agent_pb2.DESCRIPTOR.serialized_pb)
-    assert f.package == "pb" and [s.name for s in f.service] == ["ProcessService", "FileService", "NetworkService"]
+    assert f.package == "pb" and [s.name for s in f.service] == ["ProcessService", "FileService", "NetworkService",
+                                                             "AgentService"]
     [sp] = [mt for mt in f.message_type if mt.name == "StartProcessRequest"]
     assert {fl.name: fl.json_name for fl in sp.field}["stdin_open"] == "stdinOpen"
     for name, mod in (("reflection.proto", v1), ("reflection_v1alpha.proto", v1alpha)):

@@ -55,7 +55,7 @@ for (const pkg of ["v1", "v1alpha"]) {
         assert.equal(out.length, 3);
         assert.deepEqual(out[0].messageResponse.value.service.map((s) => s.name).sort(), [
           "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection",
-          "pb.FileService", "pb.NetworkService", "pb.ProcessService"]);
+          "pb.AgentService", "pb.FileService", "pb.NetworkService", "pb.ProcessService"]);
         const files = out[1].messageResponse.value.fileDescriptorProto.map((b) => fromBinary(FileDescriptorProtoSchema, b));
         assert.deepEqual(files.map((f) => f.name), ["agent.proto"]);
         assert.deepEqual(out[2].messageResponse.case, "errorResponse");

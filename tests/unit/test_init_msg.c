@@ -361,6 +361,30 @@ TEST(restore_keys_invalid_texts) {
   expect_text("{\"version\":2,\"entropy\":\"x\"}", "unsupported protocol version 2");
 }
 
+TEST(allow_upgrade_key) { /* api.md §9 "Upgrading the agent in place" */
+  initmsg_plan p;
+  expect_ok("{" HEAD "," NET "}", &p);
+  ASSERT_EQ(p.allow_upgrade, -1); /* absent: keep */
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"allowUpgrade\":null}", &p);
+  ASSERT_EQ(p.allow_upgrade, -1);
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"allowUpgrade\":false}", &p);
+  ASSERT_EQ(p.allow_upgrade, 0);
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"allowUpgrade\":true}", &p);
+  ASSERT_EQ(p.allow_upgrade, 1);
+  initmsg_plan_free(&p);
+  static const char *const bad[] = {"0", "1", "\"false\"", "[]", "{}"};
+  char msg[512];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"allowUpgrade\":%s}", bad[i]);
+    expect_text(msg, "invalid allowUpgrade");
+  }
+  /* order: after defaultUser */
+  expect_text("{" HEAD "," NET ",\"allowUpgrade\":1,\"defaultUser\":\"\"}", "invalid defaultUser");
+}
+
 TEST(clock_step_rule) {
   const int64_t h = 1764590000000LL;
   ASSERT_EQ(initmsg_clock_needs_step(h, h), 0);
@@ -387,6 +411,7 @@ int main(void) {
   RUN(restore_keys_valid);
   RUN(restore_keys_invalid_texts);
   RUN(workload_keys);
+  RUN(allow_upgrade_key);
   RUN(clock_step_rule);
   return test_summary();
 }

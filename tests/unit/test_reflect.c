@@ -89,7 +89,7 @@ TEST(embedded_set) {
     if (i) ASSERT(strcmp(db.syms[i - 1].name, db.syms[i].name) < 0);
     services += db.syms[i].kind == DESCDB_SERVICE;
   }
-  ASSERT_EQ(services, 5); /* ProcessService, FileService, NetworkService, reflection v1 and v1alpha */
+  ASSERT_EQ(services, 6); /* ProcessService, FileService, NetworkService, AgentService, reflection v1 and v1alpha */
 
   int32_t nums[4];
   ASSERT_EQ(descdb_extension_numbers(&db, "pb.FileEntry", nums, 4), 0);

@@ -1,0 +1,73 @@
+/* upgrade — pb.AgentService/Upgrade, the front end of an upgrade in place
+ * (api.md §9 "Upgrading the agent in place"; the state handover behind it:
+ * agent/handover.h).
+ *
+ *   size_t n;
+ *   const rpc_method *m = upgrade_service_methods(&n);   // n == 1
+ *
+ * One call: checks on the loop (disabled, path, sha256 syntax, busy), then
+ * in the thread pool as the call's user the file is read, hashed and
+ * copied into a sealed memfd (regular file, ≤ UPGRADE_MAX_BYTES, sha256,
+ * ELF header); then the new program is run twice from that memfd, as the
+ * agent (root), outside the workload, with a minimal environment and
+ * stdout captured: `--version` and `--handover-check HANDOVER_FORMAT`,
+ * UPGRADE_TRIAL_MS each (then SIGKILL to its process group).  Each child is
+ * cloned in the pool (reaper_inflight, proc/reaper.h: the reaper alone
+ * waits); its stdout pipe and its timer live on the loop.  Passing all of
+ * it: the answer {fromVersion, toVersion} is sent and finished, then
+ * handover_begin(memfd, toVersion) — the memfd is the handover's from then
+ * on (closed here if handover_begin fails).  One Upgrade at a time: a
+ * second one while a call is past its checks, or while handover_busy(),
+ * is refused.  A call that ends early (client gone, deadline) kills its
+ * trial child and changes nothing.
+ *
+ * Disabled (permission_denied "upgrade is disabled") by serve --no-upgrade
+ * (conch.no_upgrade) or the init key "allowUpgrade": false (sticky,
+ * conch.init_no_upgrade).
+ */
+#ifndef CONCH_UPGRADE_H
+#define CONCH_UPGRADE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "agent/rpc.h"
+
+#define UPGRADE_MAX_BYTES (64u << 20)
+#define UPGRADE_TRIAL_MS 5000
+/* stdout kept of a trial run (the rest is read and dropped) */
+#define UPGRADE_OUT_MAX 4096
+/* a version as --version prints it: at most this long */
+#define UPGRADE_VERSION_MAX 64
+
+const rpc_method *upgrade_service_methods(size_t *n);
+
+/* ---- the pure parts (upgrade_run.c; tests/unit/test_upgrade.c) ---- */
+
+/* hdr[0..n): the start of the file.  0 when it is an ELF executable (ET_EXEC
+ * or ET_DYN) of this build's class, byte order and machine; else -1 with
+ * the reason in why ("not an ELF executable", "not an x86-64 executable
+ * (ELF machine 183)", …). */
+int upgrade_elf_check(const uint8_t *hdr, size_t n, char *why, size_t whylen);
+
+/* The version of out[0..n), a --version output whose first line is
+ * "conch-init <version>" (the version: 1..UPGRADE_VERSION_MAX of
+ * [0-9A-Za-z.+~_-], the line ending at "\n", "\r\n" or the end): 0 with it
+ * in ver (≥ UPGRADE_VERSION_MAX + 1 bytes), else -1. */
+int upgrade_parse_version(const char *out, size_t n, char *ver);
+
+/* ---- the trial child (upgrade_run.c) ---- */
+
+/* In a pool thread: clone a child that runs prog_fd (execveat
+ * AT_EMPTY_PATH) with argv and a minimal environment (PATH only), stdin and
+ * stderr /dev/null, stdout the write end of a pipe, its own process group,
+ * cwd "/", default signal dispositions, an empty mask and no descriptor of
+ * the agent's.  The kernel stores its pid in *inflight_pid
+ * (reaper_inflight) as it creates it.  Returns 0 with *out_r the pipe's read
+ * end (O_CLOEXEC|O_NONBLOCK), *exec_errno 0; 0 with *out_r -1 and
+ * *exec_errno set when the child exists but its exec failed (it exits 127:
+ * the reaper reaps it); -1 with *exec_errno when no child was made. */
+int upgrade_spawn(int prog_fd, char *const argv[], pid_t *inflight_pid, int *out_r, int *exec_errno);
+
+#endif
