@@ -382,6 +382,12 @@ static void conn_read_pause(conn *c, int paused) {
     uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
 }
 
+int conn_pending_output(void) {
+  for (conn *c = conn_all; c; c = c->next)
+    if (!c->s.closing && (c->batch || c->s.outq > 0)) return 1;
+  return 0;
+}
+
 void conn_freeze(int on) {
   conn_frozen = on;
   for (conn *c = conn_all; c; c = c->next) {

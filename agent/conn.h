@@ -35,6 +35,9 @@ void conn_trim_soon(void);
 /* on: no connection reads any more (an upgrade in place is draining: no
  * new request starts work); off: they read again (the exec failed). */
 void conn_freeze(int on);
+/* 1 while some connection holds output not yet handed to the kernel (an
+ * upgrade waits for the Upgrade call's answer to leave). */
+int conn_pending_output(void);
 
 /* Accept on a listening stream; the connection speaks what serve offers. */
 void conn_accept(uv_stream_t *server, const hserve *serve);

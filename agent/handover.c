@@ -6,7 +6,9 @@
  *   go out, and the exec closes them all at once (clients reconnect).
  * - It waits for starts, pool jobs of the process table and accounting
  *   reads (a clone in a pool thread must not vanish with the exec), at
- *   most HANDOVER_DRAIN_MS; a start still out then is not carried.
+ *   most HANDOVER_DRAIN_MS; a start still out then is not carried.  Output
+ *   queued on connections (the Upgrade's answer) gets HANDOVER_FLUSH_MS
+ *   to reach the kernel.
  * - Only descriptors the state names lose close-on-exec, just before the
  *   exec (and get it back if the exec fails), so nothing else leaks into
  *   the new program; the new program sets it again on each only once the
@@ -33,6 +35,10 @@
 #include "proto/handover.pb-c.h"
 
 #define HANDOVER_DRAIN_MS 2000
+/* answers queued on connections get this long to reach the kernel (the
+ * Upgrade's own first; a stream whose reader is slow must not hold the
+ * exec for the whole drain) */
+#define HANDOVER_FLUSH_MS 200
 #define HANDOVER_TICK_MS 1
 #define HANDOVER_STATE_MAX (1u << 30) /* what a reader accepts */
 #define HANDOVER_PARTS_MAX 8
@@ -168,6 +174,8 @@ static int hs_save_daemon(Conch__Handover__Daemon *d, ProtobufCBinaryData *senv_
   d->sandbox_id = conch.sandbox_id;
   d->default_user = conch.default_user;
   d->log_level = conch.log_level;
+  d->no_upgrade = conch.no_upgrade;
+  d->init_no_upgrade = conch.init_no_upgrade;
   d->conns_refused = conch.conns_refused;
   d->unauth_closed = conch.unauth_closed;
   d->n_senv = conch.senv_len;
@@ -287,6 +295,7 @@ static void hs_on_tick(uv_timer_t *t) {
   int busy = 0;
   for (size_t i = 0; i < H.nparts && !busy; i++)
     if (H.parts[i]->busy && H.parts[i]->busy()) busy = 1;
+  if (!busy && waited < HANDOVER_FLUSH_MS && conn_pending_output()) busy = 1;
   if (busy && waited < HANDOVER_DRAIN_MS) return;
   if (busy) LOG_WARN("upgrade: work still in flight after %d ms; going on", HANDOVER_DRAIN_MS);
   uv_timer_stop(t);
@@ -381,6 +390,7 @@ static void hs_restore_daemon(const Conch__Handover__Daemon *d) {
   snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", d->sandbox_id);
   snprintf(conch.default_user, sizeof conch.default_user, "%s", d->default_user);
   log_set_level((log_level)d->log_level);
+  conch.init_no_upgrade = d->init_no_upgrade; /* (--no-upgrade comes with the arguments again) */
   conch.conns_refused = d->conns_refused;
   conch.unauth_closed = d->unauth_closed;
   for (size_t i = 0; i < d->n_senv; i++) {
