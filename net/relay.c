@@ -94,6 +94,7 @@ int net_fwd_config(const char *addr) {
   if (inet_pton(AF_INET, addr, &s4->sin_addr) == 1) s4->sin_family = AF_INET;
   else if (inet_pton(AF_INET6, addr, &s6->sin6_addr) == 1) s6->sin6_family = AF_INET6;
   else return -1;
+  if (fwd_addr && memcmp(&sa, &fwd_sa, sizeof sa) == 0) return 0; /* the same address again: forwarders stay */
   char *d = strdup(addr);
   if (!d) return -1;
   free(fwd_addr);
