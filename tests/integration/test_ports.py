@@ -432,6 +432,11 @@ def test_forward_long_lived_bidirectional(fwd):
             assert got == msg
             if i % 10 == 0:
                 time.sleep(0.6)  # across a few scans: the relay is not disturbed by them
+        # the relay's leg to the loopback listener uses reno, whatever the
+        # system's default (tests/bench/README.md, ports.sh)
+        ss = subprocess.run(["ip", "netns", "exec", fwd.ns, "ss", "-Htin", "state", "established",
+                             "dst", f"127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
+        assert " reno " in ss and ss.count("\n") <= 2, ss
         s.close()
     finally:
         lis.close()
