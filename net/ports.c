@@ -3,7 +3,8 @@
  *
  * One scan job at a time (scan.c, in the pool).  The table is rebuilt from
  * each scan and compared with the previous one: what left is `closed`, what
- * came is `opened`, to every stream.  Scans run every NET_SCAN_MS while a
+ * came is `opened`, to every stream; a port whose forwarding changed while
+ * it listens is `closed` as it was listed and `opened` as it is now.  Scans run every NET_SCAN_MS while a
  * WatchPorts stream is open or forwarding is on, and once per batch of
  * ListPorts calls otherwise; nobody watching and forwarding off → no timer
  * and no job.  A stream that joins gets `start` and the whole table from
@@ -28,13 +29,13 @@ typedef struct net_port {
   net_sock s;
   int32_t pid, command_pid;
   char *tag;
+  char fwd[NET_ADDR_MAX + 8]; /* forwarded_to as listed ("" when not forwarded) */
 } net_port;
 
 typedef struct net_ev {
   struct net_ev *next;
   int kind; /* PB__PORT_EVENT__EVENT_* */
   net_port p;
-  char fwd[NET_ADDR_MAX + 8];
 } net_ev;
 
 typedef struct net_watch {
@@ -82,13 +83,13 @@ static int net_is_loopback(const net_sock *s) {
   return s->family == AF_INET ? s->raw[0] == 127 : memcmp(s->raw, &in6addr_loopback, 16) == 0;
 }
 
-static void net_fill(Pb__ListeningPort *lp, const net_port *p, const char *fwd) {
+static void net_fill(Pb__ListeningPort *lp, const net_port *p) {
   lp->address = (char *)p->s.addr;
   lp->port = p->s.port;
   lp->pid = p->pid;
   lp->tag = p->tag ? p->tag : "";
   lp->command_pid = p->command_pid;
-  lp->forwarded_to = (char *)(fwd ? fwd : "");
+  lp->forwarded_to = (char *)p->fwd;
 }
 
 /* ---- WatchPorts ---- */
@@ -150,7 +151,7 @@ static void net_watch_flush(net_watch *w) {
     if (e->kind == PB__PORT_EVENT__EVENT_START) ev.start = &st;
     else if (e->kind == PB__PORT_EVENT__EVENT_KEEPALIVE) ev.keepalive = &ka;
     else {
-      net_fill(&lp, &e->p, e->fwd[0] ? e->fwd : NULL);
+      net_fill(&lp, &e->p);
       if (e->kind == PB__PORT_EVENT__EVENT_OPENED) ev.opened = &lp;
       else ev.closed = &lp;
     }
@@ -174,9 +175,6 @@ static int net_watch_push(net_watch *w, int kind, const net_port *p) {
   if (e && p) {
     e->p = *p;
     e->p.tag = p->tag ? strdup(p->tag) : NULL;
-    const char *f = kind == PB__PORT_EVENT__EVENT_OPENED ? net_fwd_to(p->s.port) : NULL;
-    if (f && net_is_loopback(&p->s))
-      snprintf(e->fwd, sizeof e->fwd, "%s", f);
   }
   if (!e || (p && p->tag && !e->p.tag)) {
     if (e) free(e);
@@ -228,8 +226,7 @@ static void net_list_answer(rpc_call *c) {
   }
   for (size_t i = 0; i < N.nports; i++) {
     pb__listening_port__init(&lps[i]);
-    const net_port *p = &N.ports[i];
-    net_fill(&lps[i], p, net_is_loopback(&p->s) ? net_fwd_to(p->s.port) : NULL);
+    net_fill(&lps[i], &N.ports[i]);
     pp[i] = &lps[i];
   }
   resp.n_ports = N.nports;
@@ -377,12 +374,28 @@ static void net_scan_done(void *data, int canceled) {
     }
     if (want) net_fwd_sync(want, nw);
     free(want);
+    for (size_t k = 0; k < n; k++) { /* where each port is forwarded now */
+      const char *f = net_is_loopback(&v[k].s) ? net_fwd_to(v[k].s.port) : NULL;
+      snprintf(v[k].fwd, sizeof v[k].fwd, "%s", f ? f : "");
+    }
+    /* what left is `closed`, what came `opened`; a port still listening
+     * whose forwarding changed (a forwarder bound on a retry, stopped, or
+     * forwarding turned on, off or moved) is `closed` as it was listed,
+     * then `opened` as it is now */
     size_t i = 0, j = 0;
     while (i < N.nports || j < n) {
       int c = i == N.nports ? 1 : j == n ? -1 : net_port_cmp(&N.ports[i], &v[j]);
       if (c < 0) net_emit(PB__PORT_EVENT__EVENT_CLOSED, &N.ports[i++]);
       else if (c > 0) net_emit(PB__PORT_EVENT__EVENT_OPENED, &v[j++]);
-      else i++, j++;
+      else {
+        if (strcmp(N.ports[i].fwd, v[j].fwd) != 0) {
+          net_port was = v[j]; /* the same socket (its tag moved to v[j] in net_build) */
+          memcpy(was.fwd, N.ports[i].fwd, sizeof was.fwd);
+          net_emit(PB__PORT_EVENT__EVENT_CLOSED, &was);
+          net_emit(PB__PORT_EVENT__EVENT_OPENED, &v[j]);
+        }
+        i++, j++;
+      }
     }
     for (i = 0; i < N.nports; i++) free(N.ports[i].tag);
     free(N.ports);

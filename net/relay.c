@@ -94,6 +94,7 @@ int net_fwd_config(const char *addr) {
   if (inet_pton(AF_INET, addr, &s4->sin_addr) == 1) s4->sin_family = AF_INET;
   else if (inet_pton(AF_INET6, addr, &s6->sin6_addr) == 1) s6->sin6_family = AF_INET6;
   else return -1;
+  if (fwd_addr && memcmp(&sa, &fwd_sa, sizeof sa) == 0) return 0; /* the same address again: forwarders stay */
   char *d = strdup(addr);
   if (!d) return -1;
   free(fwd_addr);
@@ -282,6 +283,12 @@ static void relay_start(fwd *f, int a) {
   c->down = (relay_dir){.c = c, .pr = -1, .pw = -1};
   c->b = socket(f->target.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
+  /* the leg to the loopback listener never meets a network: reno (built
+   * in, always allowed) rather than a pacing default such as bbr, whose
+   * pacing made each relayed upload GiB cost the agent twice the CPU
+   * (tests/bench/README.md, ports.sh); the client's leg keeps the
+   * system's choice: it is the real network */
+  if (c->b >= 0) setsockopt(c->b, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
   if (c->b < 0 || relay_pipe(&c->up) != 0 || relay_pipe(&c->down) != 0 ||
       (connect(c->b, (struct sockaddr *)&f->target,
                f->target.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) != 0 &&

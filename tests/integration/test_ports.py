@@ -77,17 +77,15 @@ class Watch(RawStream):
     def wait(self, pred, seconds=5):
         """Read until pred(message); (time, message), the rest kept."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while True:
             for i, m in enumerate(self.pending):
                 if pred(m):
-                    self.pending = self.pending[i + 1:]
+                    self.pending = self.pending[i + 1:]  # what came behind it is kept
                     return time.monotonic(), m
             self.pending = []
-            if self.end is not None or self.eof:
+            if self.end is not None or self.eof or time.monotonic() >= deadline:
                 break
-            for m in self.poll(0.01):
-                if pred(m):
-                    return time.monotonic(), m
+            self.pending = self.poll(0.01)
         raise AssertionError(f"no such event within {seconds}s (end={self.end})")
 
 
@@ -434,6 +432,11 @@ def test_forward_long_lived_bidirectional(fwd):
             assert got == msg
             if i % 10 == 0:
                 time.sleep(0.6)  # across a few scans: the relay is not disturbed by them
+        # the relay's leg to the loopback listener uses reno, whatever the
+        # system's default (tests/bench/README.md, ports.sh)
+        ss = subprocess.run(["ip", "netns", "exec", fwd.ns, "ss", "-Htin", "state", "established",
+                             "dst", f"127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
+        assert " reno " in ss and ss.count("\n") <= 2, ss
         s.close()
     finally:
         lis.close()
@@ -508,6 +511,53 @@ def test_forward_not_when_covered_by_wildcard(fwd):
     finally:
         a.close()
         b.close()
+
+
+def test_forward_bound_on_retry_is_an_event(fwd):
+    """The outward address's port is taken (bound, not listening: no scan
+    sees it) when the loopback listener comes: `opened` without
+    forwardedTo.  The blocker goes, the forwarder binds on a retry: the
+    stream says so (`closed` as it was listed, then `opened` forwarded),
+    and curl through the outward address reaches the server."""
+    c = Client(fwd.url, fwd.token)
+    with in_ns(fwd.ns):
+        w = open_watch(fwd)
+        blocker = socket.socket()  # no SO_REUSEADDR: the forwarder's bind fails
+        blocker.bind((OUT, 0))
+        port = blocker.getsockname()[1]
+        pid = start_bg(c, {"cmd": "python3", "args": ["-m", "http.server", "--bind", "127.0.0.1", str(port)],
+                           "tag": "fwd-retry"})
+    try:
+        _, m = w.wait(lambda m: m.get("opened", {}).get("port") == port, 20)
+        assert m["opened"] == {"address": "127.0.0.1", "port": port, "pid": pid, "tag": "fwd-retry",
+                               "commandPid": pid}  # not forwarded: the bind failed
+        evs = [m for _, m in w.events(1.2)]  # a few retries: no event while nothing changes
+        assert [m for m in evs if any(v.get("port") == port for v in m.values())] == []
+        assert "forwardedTo" not in mine(ns_list(fwd), {port})[0]
+        blocker.close()
+        t0 = time.monotonic()
+        t1, m = w.wait(lambda m: any(v.get("port") == port for v in m.values()), 3)
+        assert m == {"closed": {"address": "127.0.0.1", "port": port, "pid": pid, "tag": "fwd-retry",
+                                "commandPid": pid}}, m
+        _, m = w.wait(lambda m: True, 1)  # right behind it
+        assert m == {"opened": {"address": "127.0.0.1", "port": port, "pid": pid, "tag": "fwd-retry",
+                                "commandPid": pid, "forwardedTo": f"{OUT}:{port}"}}, m
+        assert t1 - t0 < 1.2
+        r = subprocess.run(["ip", "netns", "exec", fwd.ns, "curl", "-sS", "--interface", OUT, "-o", "/dev/null",
+                            "-w", "%{http_code}", f"http://{OUT}:{port}/"], capture_output=True, text=True, timeout=30)
+        assert r.stdout == "200", r
+        # the server goes: one `closed`, as it was listed (forwarded)
+        with in_ns(fwd.ns):
+            c.unary(SIGNAL, {"process": {"tag": "fwd-retry"}, "signal": 9})
+        _, m = w.wait(lambda m: any(v.get("port") == port for v in m.values()), 3)
+        assert m == {"closed": {"address": "127.0.0.1", "port": port, "pid": pid, "tag": "fwd-retry",
+                                "commandPid": pid, "forwardedTo": f"{OUT}:{port}"}}, m
+        assert [m for _, m in w.events(1.2) if any(v.get("port") == port for v in m.values())] == []
+    finally:
+        blocker.close()
+        with in_ns(fwd.ns):
+            c.unary(SIGNAL, {"process": {"tag": "fwd-retry"}, "signal": 9})
+        w.close()
 
 
 def test_forward_never_4064_4065(fwd):
@@ -662,7 +712,48 @@ def test_init_message_forward_local_ports(tmp_path):
         s.sendall(b"via the guest IP")
         assert s.recv(100) == b"via the guest IP"
         s.close()
-        # a later message with forwardLocalPorts false turns it off
+        # the same message again (the token unchanged): the forwarder stays,
+        # and a stream opened before sees nothing
+        with in_ns(ns):
+            w = open_watch(srv)
+        try:
+            _, m = w.wait(lambda m: m.get("opened", {}).get("port") == port, 3)
+            assert m["opened"]["forwardedTo"] == f"{GUEST}:{port}"
+            with in_ns(ns):
+                held = socket.create_connection((GUEST, port), timeout=5)  # relayed across the re-apply
+            assert '"ready"' in initpeer.exchange(sock, msg("t1"))
+            assert [m for _, m in w.events(1.2) if any(v.get("port") == port for v in m.values())] == []
+            held.sendall(b"across the re-apply")
+            assert held.recv(100) == b"across the re-apply"
+            held.close()
+
+            def change():
+                _, a = w.wait(lambda m: any(v.get("port") == port for v in m.values()), 2)
+                _, b = w.wait(lambda m: True, 1)
+                assert list(a) == ["closed"] and list(b) == ["opened"], (a, b)
+                assert {k: v for k, v in a["closed"].items() if k != "forwardedTo"} == \
+                    {k: v for k, v in b["opened"].items() if k != "forwardedTo"}
+                return a["closed"].get("forwardedTo"), b["opened"].get("forwardedTo")
+            # forwardLocalPorts false turns it off (the same token: the stream
+            # goes on): `closed` forwarded, `opened` not
+            assert '"ready"' in initpeer.exchange(sock, msg("t1", forwardLocalPorts=False))
+            assert change() == (f"{GUEST}:{port}", None)
+            [p] = mine(ns_list(srv), {port})
+            assert "forwardedTo" not in p
+            with in_ns(ns):
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection((GUEST, port), timeout=5)
+            # and true turns it on again
+            assert '"ready"' in initpeer.exchange(sock, msg("t1", forwardLocalPorts=True))
+            assert change() == (None, f"{GUEST}:{port}")
+            with in_ns(ns):
+                s = socket.create_connection((GUEST, port), timeout=5)
+            s.sendall(b"on again")
+            assert s.recv(100) == b"on again"
+            s.close()
+        finally:
+            w.close()
+        # a later message with another token and forwardLocalPorts false turns it off
         assert '"ready"' in initpeer.exchange(sock, msg("t2", forwardLocalPorts=False))
         srv.token = "t2"
         time.sleep(1)
