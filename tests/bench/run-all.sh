@@ -7,4 +7,5 @@ for b in files.sh process.sh floor.sh contend.sh users.sh boot.sh; do
   [ -x "$b" ] || continue
   echo "== $b"; ./"$b" || status=1
 done
+echo "== upgrade.py"; ./upgrade.py || status=1
 exit $status
