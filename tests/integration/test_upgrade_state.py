@@ -309,3 +309,32 @@ def test_twenty_upgrades_leave_nothing_behind(server):
     assert maps.count("conch-handover") == 0, maps
     st, lst, _ = Client(s.url, s.token).unary(LIST, {})
     assert [p["tag"] for p in lst["processes"]] == ["keeper"]
+
+
+# ---------------------------------------------------------------- the guide
+def test_the_guides_rollout_commands_work_as_written(server, tmp_path):
+    """docs/guide/upgrade.md's upload and Upgrade blocks, run by bash as
+    written (with api.md's shell definitions) in a directory holding the
+    binary under test as `conch-init`."""
+    import re
+    from conftest import ROOT
+    guide = open(os.path.join(ROOT, "docs", "guide", "upgrade.md")).read()
+    blocks = [textwrap_dedent(b) for b in re.findall(r"```sh\n(.*?)```", guide, re.S)][:2]
+    assert len(blocks) == 2 and "PostFileStream" in blocks[0] and "Upgrade" in blocks[1], blocks
+    api = open(os.path.join(ROOT, "docs", "api.md")).read()
+    defs = re.search(r"```sh\n(U=http.*?)```", api, re.S).group(1)
+    defs = defs.replace("U=http://127.0.0.1:4064 TOKEN=my-token", f"U={server.url} TOKEN={server.token}")
+    shutil.copy(BIN, tmp_path / "conch-init")
+    p = subprocess.run(["bash", "-c", "set -e\n" + defs + "\n" + blocks[0] + "\n" + blocks[1]], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert json.loads(lines[-1])["toVersion"], p.stdout
+    assert wait_for(lambda: metrics(server)["upgrades"] == 1), open(server.log_path).read()[-2000:]
+    os.unlink("/tmp/conch-init.new")
+    shutil.rmtree("/tmp/up", ignore_errors=True)
+
+
+def textwrap_dedent(b):
+    import textwrap
+    return textwrap.dedent(b)
