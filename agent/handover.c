@@ -38,7 +38,7 @@
 /* answers queued on connections get this long to reach the kernel (the
  * Upgrade's own first; a stream whose reader is slow must not hold the
  * exec for the whole drain) */
-#define HANDOVER_FLUSH_MS 200
+#define HANDOVER_FLUSH_MS 50
 #define HANDOVER_TICK_MS 1
 #define HANDOVER_STATE_MAX (1u << 30) /* what a reader accepts */
 #define HANDOVER_PARTS_MAX 8

@@ -168,11 +168,11 @@ int proc_handover_save(Conch__Handover__State *st) {
       continue;
     }
     if (p->released && !p->lingering) continue; /* going: nothing of it to carry */
+    st->procs[k] = &recs[k];
     if (ho_save_one(p, &recs[k], now_mono, now_uv) != 0) {
       st->n_procs = k + 1; /* freed by proc_handover_save_free */
       return -1;
     }
-    st->procs[k] = &recs[k];
     k++;
   }
   st->n_procs = k;
@@ -321,6 +321,7 @@ static int ho_restore_one(const hproc *m, uint64_t now_mono, ho_pending *hp) {
 }
 
 int proc_handover_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
+  if (!proc_tab && st->n_procs == 0) return 0;
   if (!proc_tab) {
     snprintf(err, errn, "the process service is not running");
     return -1;
@@ -341,6 +342,7 @@ int proc_handover_restore(const Conch__Handover__State *st, uint64_t now_mono, c
 }
 
 void proc_handover_resume(void) {
+  if (!ho_recs) return;
   /* oldest first, as List orders the table */
   for (size_t i = ho_nrecs; i-- > 0;) {
     ho_pending *hp = &ho_recs[i];
