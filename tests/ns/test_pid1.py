@@ -224,7 +224,7 @@ def test_default_user_from_init_message(sb):
     assert run_in_sandbox(sb, "id -u") == "0\n"
 
 
-def stream(sb, path, req, token, timeout=30):
+def stream(sb, path, req, token, timeout=30, headers=None):
     """A Connect streaming JSON call from the peer namespace, read to its end
     (or curl's -m): [(flags, message)]."""
     import base64
@@ -234,8 +234,10 @@ def stream(sb, path, req, token, timeout=30):
     with open(env_path, "wb") as f:
         f.write(struct.pack(">BI", 0, len(payload)) + payload)
     out_path = os.path.join(sb.work, "stream-resp.bin")
+    extra = [a for k, v in (headers or {}).items() for a in ("-H", f"{k}: {v}")]
     sb.peer("curl", "-s", "-m", str(timeout), "-o", out_path, "-H", "Content-Type: application/connect+json",
-            "-H", f"conch-init-token: {token}", "--data-binary", "@" + env_path, sb.url(path), timeout=timeout + 5)
+            "-H", f"conch-init-token: {token}", *extra, "--data-binary", "@" + env_path, sb.url(path),
+            timeout=timeout + 5)
     data = open(out_path, "rb").read()
     out, off = [], 0
     while off + 5 <= len(data):
@@ -249,21 +251,61 @@ def stream(sb, path, req, token, timeout=30):
 
 def test_upgrade_in_place_as_pid1(sb):
     """boot.md §13: Upgrade to a copy of the binary; PID 1 stays PID 1, skips
-    the boot, keeps a background job (its output read with replay, every
-    line once), the API listener and the init listener (an init message
-    after it is answered by the new program)."""
+    the boot, keeps the API listener and the init listener (an init message
+    after it is answered by the new program) and every kind of process
+    record in its real cgroups: a background job read with replay (every
+    line once), a PTY (its size), stdin_open with input pending, an exited
+    record (exit 7), a lingering one (exit 3, its leftover then killed
+    through the cgroup), a deadline falling after the upgrade, a foreground
+    command adopted (Connect by pid)."""
+    import base64
+    import threading
+    def bg(req, timeout_ms=None):
+        req = dict(req, background=True)
+        ev = stream(sb, "/pb.ProcessService/StartProcess", req, sb.token, timeout=1,
+                    headers={"Connect-Timeout-Ms": str(timeout_ms)} if timeout_ms else None)
+        assert ev and "start" in ev[0][1], ev
+        return ev[0][1]["start"]["pid"]
+    def connect(sel, replay=None, timeout=30):
+        req = {"process": sel}
+        if replay is not None:
+            req["replay"] = replay
+        return stream(sb, "/pb.ProcessService/Connect", req, sb.token, timeout=timeout)
+    def data(ev, kind="stdout"):
+        return b"".join(base64.b64decode(e["data"][kind]) for f, e in ev if f == 0 and kind in e.get("data", {}))
+    def end(ev):
+        ends = [e["end"] for f, e in ev if f == 0 and "end" in e]
+        return ends[0].get("exitCode", 0) if ends else None
     n = 300
-    ev = stream(sb, "/pb.ProcessService/StartProcess",
-                {"cmd": "/bin/sh", "args": ["-c", f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; "
-                                                  f"sleep 0.01; done"], "background": True, "tag": "across"},
-                sb.token, timeout=1)
-    assert ev and "start" in ev[0][1], ev
+    bg({"cmd": "/bin/sh", "args": ["-c", f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; sleep 0.01; done"],
+        "tag": "across"})
+    bg({"cmd": "/bin/sh", "args": ["-c", "echo ready; exec cat"], "tag": "pty", "pty": {"cols": 101, "rows": 31}})
+    bg({"cmd": "/bin/sh", "args": ["-c", "sleep 2; exec cat"], "tag": "stdin", "stdinOpen": True})
+    code, body = sb.unary("/pb.ProcessService/SendInput",
+                          {"process": {"tag": "stdin"}, "input": {"stdin": base64.b64encode(b"pending\n").decode()}},
+                          sb.token)
+    assert code == 200, body
+    bg({"cmd": "/bin/sh", "args": ["-c", "exit 7"], "tag": "seven"})
+    bg({"cmd": "/bin/sh", "args": ["-c", "sleep 61 & echo $! > /tmp/linger.pid; exit 3"], "tag": "linger"})
+    t_deadline = time.monotonic()
+    bg({"cmd": "/bin/sh", "args": ["-c", "sleep 60"], "tag": "deadline"}, timeout_ms=3000)
+    fg = {}
+    t = threading.Thread(target=lambda: fg.update(ev=stream(
+        sb, "/pb.ProcessService/StartProcess",
+        {"cmd": "/bin/sh", "args": ["-c", "for i in $(seq 1 40); do echo fg$i; sleep 0.05; done; exit 5"]},
+        sb.token, timeout=30)))
+    t.start()
+    time.sleep(0.5)
     sbx.copy_with_libs(BIN, sb.in_root(""), "/root/conch-init.next")
     host_pid1 = sb.pid1
     code, body = sb.unary("/pb.AgentService/Upgrade", {"path": "/root/conch-init.next"}, sb.token)
     assert code == 200, body
     b = json.loads(body)
     assert b["fromVersion"] == b["toVersion"] and b["fromVersion"], b
+    t.join(30)
+    fg_ev = fg["ev"]
+    assert "start" in fg_ev[0][1] and end(fg_ev) is None, fg_ev[-2:]  # cut without an end
+    fg_pid = fg_ev[0][1]["start"]["pid"]
     assert wait_for(lambda: "serving as PID 1 after an upgrade in place" in sb.console(), 30), sb.console()[-3000:]
     assert wait_for(lambda: sb.health().endswith("200"), 30)
     r = sb.peer("curl", "-s", "-m", "10", "-H", f"conch-init-token: {sb.token}", sb.url("/metrics"))
@@ -273,19 +315,37 @@ def test_upgrade_in_place_as_pid1(sb):
     assert [l for l in open(f"/proc/{host_pid1}/status") if l.startswith("NSpid:")][0].split()[-1] == "1"
     assert os.readlink(f"/proc/{host_pid1}/exe").startswith("/memfd:")
     assert sb.console().count("boot complete") == 1  # no second boot
-    # the job went on; every line exactly once
-    def ended():
-        ev = stream(sb, "/pb.ProcessService/Connect", {"process": {"tag": "across"}, "replay": {}}, sb.token)
-        return ev if any("end" in e for f, e in ev if f == 0) else None
-    ev = wait_for(ended, 30, 0.5)
-    assert ev, "the job did not end"
-    import base64
-    out = b"".join(base64.b64decode(e["data"]["stdout"]) for f, e in ev if f == 0 and "data" in e)
-    assert out.decode().split() == [f"line{i}" for i in range(1, n + 1)]
+    # the background job: every line exactly once
+    ev = wait_for(lambda: (lambda e: e if end(e) is not None else None)(connect({"tag": "across"}, {})), 30, 0.5)
+    assert ev and end(ev) == 0 and data(ev).decode().split() == [f"line{i}" for i in range(1, n + 1)]
+    # the PTY, typed into after it
+    code, body = sb.unary("/pb.ProcessService/SendInput",
+                          {"process": {"tag": "pty"}, "input": {"pty": base64.b64encode(b"typed\n").decode()}}, sb.token)
+    assert code == 200, body
+    ev = wait_for(lambda: (lambda e: e if b"typed" in data(e, "pty") else None)(connect({"tag": "pty"}, {}, timeout=2)), 10)
+    assert ev and data(ev, "pty").startswith(b"ready"), ev
+    # the input that was pending
+    ev = wait_for(lambda: (lambda e: e if b"pending" in data(e) else None)(connect({"tag": "stdin"}, {}, timeout=2)), 10)
+    assert ev and data(ev) == b"pending\n", ev
+    # the exited record and the lingering one
+    assert end(connect({"tag": "seven"})) == 7
+    assert end(connect({"tag": "linger"})) == 3
+    assert run_in_sandbox(sb, "cat /proc/$(cat /tmp/linger.pid)/comm") == "sleep\n"
+    code, body = sb.unary("/pb.ProcessService/SendSignal", {"process": {"tag": "linger"}, "signal": 9}, sb.token)
+    assert code == 200, body
+    assert wait_for(lambda: run_in_sandbox(sb, "cat /proc/$(cat /tmp/linger.pid)/comm 2>/dev/null; echo .") == ".\n", 10)
+    # the deadline fires at its time, after the upgrade
+    ev = connect({"tag": "deadline"}, timeout=30)
+    assert end(ev) == -1 and time.monotonic() - t_deadline >= 2.5, ev
+    # the foreground command was adopted: found by pid, its end
+    ev = connect({"pid": fg_pid}, {}, timeout=30)
+    assert end(ev) == 5 and data(ev).decode().split()[-1] == "fg40", ev[-2:]
     # the init listener is the same socket; the new program answers it
     resp, secs = sb.init_until_ready(sb.request(token=sb.token, sandbox_id="ns-sb-2", env={"FOO": "baz"}))
     assert resp == '{"version":1,"status":"ready","retryable":false}', resp
     assert run_in_sandbox(sb, 'echo "$FOO"') == "baz\n"
+    code, body = sb.unary("/pb.ProcessService/SendSignal", {"process": {"tag": "pty"}, "signal": 9}, sb.token)
+    code, body = sb.unary("/pb.ProcessService/SendSignal", {"process": {"tag": "stdin"}, "signal": 9}, sb.token)
 
 
 def test_zz_terminal_failure_is_sticky(sb):
