@@ -64,7 +64,6 @@ static struct {
   int tick_init;
   uint64_t began;         /* uv_now at handover_begin */
   int listen_fd;          /* the API socket while no handle serves it */
-  unsigned long long upgrades;
   int argc;
   char **argv;
   const handover_part *parts[HANDOVER_PARTS_MAX];
@@ -87,7 +86,7 @@ static void hs_step(handover_state from, handover_state to) {
 
 int handover_can_read(unsigned n) { return n >= HANDOVER_FORMAT_MIN && n <= HANDOVER_FORMAT; }
 int handover_busy(void) { return H.state != HS_IDLE; }
-unsigned long long handover_upgrades(void) { return H.upgrades; }
+unsigned long long handover_upgrades(void) { return conch.upgrades; }
 
 void handover_set_argv(int argc, char **argv) {
   H.argc = argc;
@@ -232,7 +231,7 @@ static void hs_exec(void) {
   if (fault && strcmp(fault, "handover_format") == 0) st.format = HANDOVER_FORMAT + 1000;
 #endif
   st.version = CONCH_VERSION;
-  st.upgrades = H.upgrades + 1;
+  st.upgrades = conch.upgrades + 1;
   st.saved_mono_ms = hs_mono_ms();
   st.prev_program_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
   if (st.prev_program_fd < 0) LOG_WARN("upgrade: cannot keep this program for a rollback: %s", strerror(errno));
@@ -436,7 +435,7 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
     hs_rollback(err);
     return -1;
   }
-  H.upgrades = H.loaded->upgrades - (rollback && H.loaded->upgrades ? 1 : 0); /* a rollback is no upgrade */
+  conch.upgrades = H.loaded->upgrades - (rollback && H.loaded->upgrades ? 1 : 0); /* a rollback is no upgrade */
   hs_restore_daemon(H.loaded->daemon);
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->restore_early && H.parts[i]->restore_early(conch.loop, H.loaded) != 0) {
@@ -481,10 +480,10 @@ commit:
     if (H.parts[i]->resume) H.parts[i]->resume();
   if (H.rollback)
     LOG_WARN("upgrade rolled back: conch-init %s goes on with its state pid=%d upgrades=%llu", CONCH_VERSION,
-             (int)getpid(), H.upgrades);
+             (int)getpid(), conch.upgrades);
   else
     LOG_INFO("upgraded in place: conch-init %s -> %s pid=%d upgrades=%llu", st->version, CONCH_VERSION,
-             (int)getpid(), H.upgrades);
+             (int)getpid(), conch.upgrades);
   conch__handover__state__free_unpacked(st, NULL);
   H.loaded = NULL;
   hs_step(HS_RESTORING, HS_IDLE);

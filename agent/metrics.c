@@ -14,7 +14,6 @@
 
 #include "agent/auth.h"
 #include "agent/daemon.h"
-#include "agent/handover.h"
 #include "agent/pool.h"
 #include "proc/cgroup.h"
 
@@ -159,7 +158,7 @@ static void metrics_done(pool_job *j, int canceled) {
            "\"agentRss\":%llu,\"workloadMemoryMax\":%llu,\"workloadPidsMax\":%llu,\"oomKills\":%llu,"
            "\"version\":\"%s\",\"upgrades\":%llu}",
            m->ts, m->cpus, pct, m->mem_total, m->mem_used, m->disk_total, m->disk_used, m->procs,
-           conch.nconns, m->rss, m->wl_mem, m->wl_pids, m->oom_kills, CONCH_VERSION, handover_upgrades());
+           conch.nconns, m->rss, m->wl_mem, m->wl_pids, m->oom_kills, CONCH_VERSION, conch.upgrades);
   hx_simple(x, 200, "application/json", body, NULL, 0);
   free(m);
 }
