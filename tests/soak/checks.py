@@ -76,7 +76,9 @@ def _by(events, key):
 def check_output_exactly_once(run):
     """Every byte of every background writer's output reaches its
     reconnecting reader exactly once, in order, at the offset it was
-    written at; the end event carries the writer's exit code."""
+    written at; the end event carries the writer's exit code; a replay
+    (a reconnect, a second reader, after an upgrade too) starts at the
+    offset asked (the agent keeps all of a writer's output: ≤ 180 KiB)."""
     o = Outcome()
     o.unit = "bytes"
     for tag, evs in _by(run.events, "tag").items():
@@ -89,6 +91,8 @@ def check_output_exactly_once(run):
         have = {"stdout": 0, "stderr": 0}      # contiguous bytes from 0
         peek = None
         ended = False
+        first = {}  # the replay's offsets, per channel, until its first data event
+        pfirst = {}  # the same for the second reader
         for e in evs:
             k = e["kind"]
             if k == "bg_conn":
@@ -96,8 +100,16 @@ def check_output_exactly_once(run):
                 if r and r != have:
                     o.bad(e, f"the reader asked a replay from {r} but had {have} (harness)", tag=tag)
                 pos = {"stdout": r.get("stdout", 0), "stderr": r.get("stderr", 0)}
+                first = dict(r)
             elif k in ("bg_data", "bg_peek_data"):
                 ch, off, n = e["ch"], e["off"], e["n"]
+                f = pfirst if k == "bg_peek_data" else first
+                if ch in f:
+                    if off > f[ch] and not run.lossy:
+                        # not a drop (2 MiB unsent are far): bytes the agent should have kept
+                        o.bad(e, f"{ch}: a replay from offset {f[ch]} began at {off}: bytes [{f[ch]}, {off}) "
+                                 f"were not kept", tag=tag)
+                    del f[ch]
                 want = exp[ch][off:off + n]
                 if off + n > len(exp[ch]) or model.digest(want) != e["dig"]:
                     o.bad(e, f"{ch} bytes [{off}, {off + n}) are not what the writer wrote there "
@@ -112,6 +124,7 @@ def check_output_exactly_once(run):
                     have[ch] = off + n
             elif k == "bg_peek":
                 peek = dict(e["replay"])
+                pfirst = dict(e["replay"])
             elif k == "bg_end":
                 ended = True
                 if e["exit_code"] != code or not e["exited"]:

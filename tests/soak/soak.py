@@ -266,6 +266,9 @@ class Run:
         self.cut_short = False
         self.upgrades = []   # every `upgrade` record so far (checks.collect_upgrades)
         self.upgrade = {}    # {"every": seconds or 0, "version": the binary's}
+        # CONCH_MEM_BUDGET set: the daemon-wide budget may drop any stream's
+        # events, a replay's first ones too (invariant 1 then allows a jump there)
+        self.lossy = bool(os.environ.get("CONCH_MEM_BUDGET"))
 
 
 def jsonable(v):
