@@ -714,7 +714,8 @@ def print_failure(a, run, tallies, hist_path, report_path):
         print(f"  ({t.count - 1} more violations of this invariant)", file=out)
     print(f"  report {report_path}" + (f", history {hist_path}" if hist_path else "")
           + f", server log {run.server.get('log')}", file=out)
-    print(f"  replay: tests/soak/soak.py --seed {a.seed} --seconds {a.seconds:g} --clients {a.clients}", file=out)
+    print(f"  replay: tests/soak/soak.py --seed {a.seed} --seconds {a.seconds:g} --clients {a.clients}"
+          + (f" --upgrade-every {a.upgrade_every:g}" if a.upgrade_every else ""), file=out)
 
 
 if __name__ == "__main__":
