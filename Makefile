@@ -279,23 +279,28 @@ fuzz-smoke: fuzz-build
 
 # The soak (tests/soak, docs/guide/tests.md "Soak"): clients at once with
 # faults against the ASan binary, then the invariants checked on what they
-# saw.  make soak [SOAK_SECONDS=600] [SOAK_SEED=n] [SOAK_CLIENTS=8];
-# make check runs soak-check: the harness's own test (three broken agents
-# built from build/dev, each caught by its invariant) and a 60 s soak.
+# saw.  make soak [SOAK_SECONDS=600] [SOAK_SEED=n] [SOAK_CLIENTS=8]
+# [SOAK_UPGRADE_EVERY=10: upgrade the agent in place that often];
+# make check runs soak-check: the harness's own test (four broken agents
+# built from build/dev, each caught by its invariant), a 60 s soak and a
+# 45 s one with an upgrade in place every 10 s.
 SOAK_SECONDS ?= 600
 SOAK_CHECK_SECONDS ?= 60
+SOAK_CHECK_UPGRADE_SECONDS ?= 45
 SOAK_DEPS := python3 python3-h2 python3-protobuf python3-pytest protobuf-compiler patch
 SOAK_DEPS_STAMP := build/.soakdeps-ok
 SOAK_ARGS = $(if $(SOAK_SEED),--seed $(SOAK_SEED)) $(if $(SOAK_CLIENTS),--clients $(SOAK_CLIENTS))
+SOAK_UPGRADE_ARGS = $(if $(SOAK_UPGRADE_EVERY),--upgrade-every $(SOAK_UPGRADE_EVERY))
 .PHONY: soak soak-check
 $(SOAK_DEPS_STAMP): | $(DEPS_STAMP)
 	@$(call apt-missing,soak dependencies,$(SOAK_DEPS))
 	@touch $@
 soak: asan $(SOAK_DEPS_STAMP)
-	nice -n 10 /usr/bin/python3 tests/soak/soak.py --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
+	nice -n 10 /usr/bin/python3 tests/soak/soak.py --seconds $(SOAK_SECONDS) $(SOAK_ARGS) $(SOAK_UPGRADE_ARGS)
 soak-check: asan dev $(SOAK_DEPS_STAMP)
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/soak/test_harness.py
-	/usr/bin/python3 tests/soak/soak.py --seconds $(SOAK_CHECK_SECONDS) $(SOAK_ARGS)
+	/usr/bin/python3 tests/soak/soak.py --seconds $(SOAK_CHECK_SECONDS) --upgrade-every 0 $(SOAK_ARGS)
+	/usr/bin/python3 tests/soak/soak.py --seconds $(SOAK_CHECK_UPGRADE_SECONDS) --upgrade-every 10 $(SOAK_ARGS)
 
 # The microVM suite (tests/vm): Debian's stock kernel under qemu, booting
 # the image of vm-image.  Runs alone: TCG wants both cores.

@@ -8,8 +8,20 @@ Every operation records `op` (kind) once; every injected fault records
 `fault` (what) once.  Records carry the subject a checker groups them by:
 `tag` (background writer), `fg` (foreground command), `marker` (a cut
 command), `vid`/`path` (uploads, downloads).
+
+With upgrades (`--upgrade-every`), an Upgrader thread replaces the agent in
+place every N seconds; the clients see their connections cut (a cut
+connection like any other) and go on: a reader resumes with replay, a
+foreground command cut by an upgrade is followed by pid (it was adopted),
+a command meant to be killed that an upgrade adopted instead is killed by
+its client; the records say when each connection was opened (`t_open`)
+and when its break was noticed, so that the checkers accept a break only
+inside an upgrade window (Upgrades).
 """
 import hashlib
+import http.client
+import json
+import os
 import socket
 import threading
 import time
@@ -86,16 +98,61 @@ class Holder:
         self.done = True
 
 
+class Upgrades:
+    """The upgrade windows so far (History time): [begin, end], end None
+    while one is under way.  The clients ask it how to go on after a
+    break (follow an adopted command, retry); the checkers judge from the
+    upgrader's records in the history, not from this."""
+
+    MARGIN = 0.5
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.windows = []
+
+    def begin(self, t):
+        with self.cond:
+            self.windows.append([t, None])
+
+    def end(self, t):
+        with self.cond:
+            self.windows[-1][1] = t
+            self.cond.notify_all()
+
+    def touched(self, t_from, t_to):
+        """Whether an upgrade window met [t_from, t_to] (with the margin)."""
+        with self.cond:
+            return any(b - self.MARGIN <= t_to and (e is None or e + self.MARGIN >= t_from)
+                       for b, e in self.windows)
+
+    def wait_quiet(self, timeout=60.0):
+        """Until no upgrade is under way."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while self.windows and self.windows[-1][1] is None and time.monotonic() < end:
+                self.cond.wait(0.2)
+
+
 class Ctx:
     """What every client shares: the server, the history, the file paths."""
 
-    def __init__(self, port, token, history, root, paths, static_path, stop, marker_base, protocols):
+    def __init__(self, port, token, history, root, paths, static_path, stop, marker_base, protocols,
+                 upgrades=None, server_pid=None):
         self.holder = Holder()
         self.port, self.token, self.h = port, token, history
         self.root, self.paths, self.static_path = root, paths, static_path
         self.stop = stop
         self.marker_base = marker_base
         self.protocols = protocols  # "all", or "h1" (HTTP/1.1 Connect only)
+        self.upgrades = upgrades    # Upgrades, or None: no upgrade in this run
+        self.server_pid = server_pid
+
+    def now(self):
+        return round(time.monotonic() - self.h.t0, 4)
+
+    def upgraded(self, t_from):
+        """An upgrade met the time since t_from (History time)."""
+        return self.upgrades is not None and self.upgrades.touched(t_from, self.now())
 
 
 # operation kind → weight
@@ -137,7 +194,27 @@ class Client:
             t, fl, co = "h1", "connect", self.rng.choice(["json", "proto"])
         else:
             t, fl, co = wire.pick_transport(self.rng)
-        return wire.Call(self.ctx.port, self.ctx.token, method, t, fl, co, **kw)
+        for attempt in range(4):
+            t_open = self.ctx.now()
+            try:
+                c = wire.Call(self.ctx.port, self.ctx.token, method, t, fl, co, **kw)
+                c.t_open = t_open
+                return c
+            except OSError as e:
+                # the connection went at once (an HTTP/2 preface into a
+                # connection the exec closed): a cut; retried after an upgrade
+                self.rec("call_broken", method=method, t_open=t_open, error=f"{type(e).__name__}: {e}")
+                if attempt == 3 or not self.ctx.upgraded(t_open):
+                    raise
+                self.ctx.upgrades.wait_quiet()
+
+    def after_upgrade(self, t_open):
+        """True when an upgrade met this connection (opened at t_open):
+        then wait until the new program serves."""
+        if not self.ctx.upgraded(t_open):
+            return False
+        self.ctx.upgrades.wait_quiet()
+        return True
 
     def next_id(self):
         self.n += 1
@@ -183,7 +260,13 @@ class Client:
         conn = 0
         c = self.call("StartProcess")
         self.rec("bg_conn", tag=tag, conn=conn, how="start", via=c.label, replay=None)
-        c.request([pb.StartProcessRequest(cmd="sh", args=["-c", model.bg_script(p)], background=True, tag=tag)])
+        started = False  # a start event seen (the record exists)
+        cut_at_start = False  # the StartProcess stream broke in an upgrade before its start event
+        try:
+            c.request([pb.StartProcessRequest(cmd="sh", args=["-c", model.bg_script(p)], background=True, tag=tag)])
+        except (WireError, OSError) as e:
+            self.rec("bg_broken", tag=tag, conn=conn, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
+            cut_at_start = self.after_upgrade(c.t_open)
         got_end = False
         deadline = time.monotonic() + p["lines"] / p["batch"] * p["pause"] + 90
         while True:
@@ -200,6 +283,13 @@ class Client:
                     if k == "end":
                         self.rec("bg_stream_end", tag=tag, conn=conn, code=m.code, message=m.message)
                         stream_done = True
+                        if m.code == "not_found" and cut_at_start and not started:
+                            # its StartProcess was cut by an upgrade before any
+                            # answer: the request may never have been read (or its
+                            # start was under way when the drain ended: not carried)
+                            self.rec("bg_unstarted", tag=tag, conns=conn + 1)
+                            c.close()
+                            return
                         if m.code in ("not_found", "out_of_range", "invalid_argument", "unauthenticated"):
                             self.rec("bg_giveup", tag=tag, have=dict(have), conns=conn + 1)
                             c.close()
@@ -218,6 +308,7 @@ class Client:
                             break
                         have[ch] = max(have[ch], off + len(d))
                     elif which == "start":
+                        started = True
                         self.rec("bg_start", tag=tag, conn=conn, pid=m.start.pid)
                     elif which == "end":
                         got_end = True
@@ -235,8 +326,10 @@ class Client:
                         self.cut(c, what)
                         break
             except (WireError, OSError) as e:
-                self.rec("bg_broken", tag=tag, conn=conn, error=f"{type(e).__name__}: {e}")
+                self.rec("bg_broken", tag=tag, conn=conn, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
                 c.close()
+                if self.after_upgrade(c.t_open) and conn == 0 and not started:
+                    cut_at_start = True
             if got_end and stream_done:
                 self.rec("bg_done", tag=tag, have=dict(have), conns=conn + 1)
                 return
@@ -259,7 +352,7 @@ class Client:
             try:
                 c.request([pb.ConnectProcessRequest(process=pb.ProcessSelector(tag=tag), replay=replay)])
             except (WireError, OSError) as e:
-                self.rec("bg_broken", tag=tag, conn=conn, error=f"{type(e).__name__}: {e}")
+                self.rec("bg_broken", tag=tag, conn=conn, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
                 c.close()
                 time.sleep(0.05)
 
@@ -286,22 +379,26 @@ class Client:
                              pos=pos[ch], head=d[:16])
                     pos[ch] = max(pos[ch], m.data.offset + len(d))
         except (WireError, OSError) as e:
-            self.rec("bg_peek_broken", tag=tag, error=f"{type(e).__name__}: {e}")
+            self.rec("bg_peek_broken", tag=tag, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
         self.cut(c, rng.choice(["rst", "fin", "cancel"]))
 
     # ------------------------------------------------------------ foreground commands (invariant 4)
     def op_fg_command(self):
         rng = self.rng
         fid = f"{self.cid}.{self.next_id()}"
-        p = model.fg_params(rng)
+        p = model.fg_params(rng, slow=self.ctx.upgrades is not None)
         cmd, args, stdin = model.fg_request(p)
         c = self.call("StartProcess", rcvbuf=rng.choice([None, None, 8192]))
         self.rec("fg_begin", fg=fid, params=p, via=c.label)
         stall_at = rng.randint(1, 30) if rng.random() < 0.3 else None
         stall_s = round(rng.uniform(0.2, 2.5), 2)
         events = 0
+        pid = None
+        ended = False
         try:
-            c.request([pb.StartProcessRequest(cmd=cmd, args=args, stdin=stdin)], chunked=rng.random() < 0.3)
+            # SOAK_FG names the command in List (a cut before its start event)
+            c.request([pb.StartProcessRequest(cmd=cmd, args=args, stdin=stdin, env={"SOAK_FG": fid})],
+                      chunked=rng.random() < 0.3)
             while True:
                 k, m = c.next()
                 if k == "end":
@@ -313,18 +410,75 @@ class Client:
                     d = getattr(m.data, ch)
                     self.rec("fg_data", fg=fid, ch=ch, off=m.data.offset, n=len(d), dig=model.digest(d), head=d[:16])
                 elif which == "end":
+                    ended = True
                     self.rec("fg_end", fg=fid, exit_code=m.end.exit_code, exited=m.end.exited,
                              status=m.end.status, error=m.end.error)
                 elif which == "start":
-                    self.rec("fg_start", fg=fid, pid=m.start.pid)
+                    pid = m.start.pid
+                    self.rec("fg_start", fg=fid, pid=pid)
                 events += 1
                 if stall_at == events:
                     self.fault("reader_stall", fg=fid, seconds=stall_s)
                     self.stall(stall_s)
         except (WireError, OSError) as e:
-            self.rec("fg_broken", fg=fid, error=f"{type(e).__name__}: {e}")
+            self.rec("fg_broken", fg=fid, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
+            c.close()
+            if not ended and self.after_upgrade(c.t_open):
+                self.follow_adopted(fid, pid)
         finally:
             c.close()
+
+    def follow_adopted(self, fid, pid):
+        """The stream of foreground command fid was cut by an upgrade: the
+        new program adopted it (a background record without a tag, found
+        by pid, its output retained from the upgrade on).  Connect to it
+        with replay from 0 and read to its end, resuming after a further
+        cut; records fg_adopt_* (checks.py judges them)."""
+        if pid is None:  # cut before its start event: List names it by its SOAK_FG
+            try:
+                st, body = wire.unary(self.ctx.port, self.ctx.token, "/pb.ProcessService/List", {})
+                found = [x.get("pid") for x in (body or {}).get("processes", [])
+                         if x.get("config", {}).get("env", {}).get("SOAK_FG") == fid]
+            except (OSError, http.client.HTTPException, AttributeError) as e:
+                st, found = f"{type(e).__name__}: {e}", []
+            if len(found) != 1:
+                self.rec("fg_adopt_none", fg=fid, list_status=st, found=found)
+                return
+            pid = found[0]
+        have = {"stdout": 0, "stderr": 0}
+        for conn in range(10):
+            c = self.call("Connect")
+            self.rec("fg_adopt_conn", fg=fid, pid=pid, conn=conn, via=c.label, replay=dict(have))
+            try:
+                c.request([pb.ConnectProcessRequest(process=pb.ProcessSelector(pid=pid),
+                                                    replay=pb.ReplayFrom(**have))])
+                while True:
+                    k, m = c.next()
+                    if k == "end":
+                        alive = None
+                        if m.code == "not_found":
+                            alive = _child_alive(pid, self.ctx.server_pid)
+                        self.rec("fg_adopt_stream_end", fg=fid, pid=pid, code=m.code, message=m.message,
+                                 alive=alive)
+                        return
+                    which = m.WhichOneof("event")
+                    if which == "data":
+                        ch = m.data.WhichOneof("output")
+                        d = getattr(m.data, ch)
+                        self.rec("fg_adopt_data", fg=fid, ch=ch, off=m.data.offset, n=len(d),
+                                 dig=model.digest(d), head=d[:16])
+                        have[ch] = max(have[ch], m.data.offset + len(d))
+                    elif which == "end":
+                        self.rec("fg_adopt_end", fg=fid, exit_code=m.end.exit_code, exited=m.end.exited,
+                                 status=m.end.status, error=m.end.error)
+                    elif which == "start":
+                        self.rec("fg_adopt_start", fg=fid, pid=m.start.pid)
+            except (WireError, OSError) as e:
+                self.rec("fg_adopt_broken", fg=fid, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
+                if not self.after_upgrade(c.t_open):
+                    return
+            finally:
+                c.close()
 
     # ------------------------------------------------------------ commands cut after their start (invariant 8)
     def op_cmd_cut(self):
@@ -351,11 +505,35 @@ class Client:
                     self.rec("cut_start", marker=marker, pid=m.start.pid)
                 events += 1
         except (WireError, OSError) as e:
-            self.rec("cut_broken", marker=marker, error=f"{type(e).__name__}: {e}")
+            self.rec("cut_broken", marker=marker, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
         if rng.random() < 0.3:
             self.stall(rng.uniform(0.1, 1.5))  # a reader gone quiet before it goes away
         self.fault("command_cut_" + how, marker=marker, after_events=events)
         self.cut(c, how)
+        if self.after_upgrade(c.t_open):
+            self.kill_adopted(marker)
+
+    def kill_adopted(self, marker):
+        """An upgrade met a command meant to be killed when its client goes
+        away: a stream the exec closed is no client going away, the new
+        program adopted the command (and so did it when the cut came just
+        before the drain).  Its client kills it (cut_adopted); checks.py
+        accepts that only when an upgrade window met the command's stream."""
+        try:
+            st, body = wire.unary(self.ctx.port, self.ctx.token, "/pb.ProcessService/List", {})
+            procs = (body or {}).get("processes", []) if st == 200 else []
+        except (OSError, http.client.HTTPException, AttributeError) as e:
+            self.rec("cut_adopted_list", marker=marker, error=f"{type(e).__name__}: {e}")
+            return
+        for x in procs:
+            if marker in x.get("config", {}).get("args", []) and x.get("running"):
+                try:
+                    st, body = wire.unary(self.ctx.port, self.ctx.token, "/pb.ProcessService/SendSignal",
+                                          {"process": {"pid": x["pid"]}, "signal": 9})
+                except (OSError, http.client.HTTPException) as e:
+                    st, body = None, f"{type(e).__name__}: {e}"
+                self.rec("cut_adopted", marker=marker, pid=x["pid"], tag=x.get("tag", ""), kill_status=st,
+                         kill_answer=body if st != 200 else None)
 
     def op_cmd_timeout(self):
         """A tree with setsid escapees under Connect-Timeout-Ms: the stream
@@ -367,8 +545,10 @@ class Client:
         script = (f'for i in $(seq {n}); do setsid sh -c "sleep 300; :" {marker} & done; '
                   'echo started; sleep 300; :')
         t = "h1" if self.ctx.protocols == "h1" else self.rng.choice(["h1", "h2"])
+        t_open = self.ctx.now()
         c = wire.Call(self.ctx.port, self.ctx.token, "StartProcess", t, "connect", rng.choice(["json", "proto"]),
                       headers={"Connect-Timeout-Ms": str(ms)})
+        c.t_open = t_open
         self.rec("cut_begin", marker=marker, cmd="sh", via=c.label, timeout_ms=ms, escapees=n)
         self.fault("deadline_tree", marker=marker, timeout_ms=ms, escapees=n)
         try:
@@ -381,7 +561,7 @@ class Client:
                 if m.WhichOneof("event") == "end":
                     self.rec("timeout_end_event", marker=marker, exit_code=m.end.exit_code, error=m.end.error)
         except (WireError, OSError) as e:
-            self.rec("cut_broken", marker=marker, error=f"{type(e).__name__}: {e}")
+            self.rec("cut_broken", marker=marker, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
         finally:
             c.close()
 
@@ -444,7 +624,7 @@ class Client:
                     break
                 answer = m
         except (WireError, OSError) as e:
-            self.rec("up_broken", vid=vid, path=path, error=f"{type(e).__name__}: {e}")
+            self.rec("up_broken", vid=vid, path=path, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
         finally:
             c.close()
 
@@ -502,7 +682,7 @@ class Client:
                     self.fault("reader_stall", path=path, seconds=s, op="download")
                     self.stall(s)
         except (WireError, OSError) as e:
-            self.rec("down_broken", path=path, error=f"{type(e).__name__}: {e}")
+            self.rec("down_broken", path=path, t_open=c.t_open, error=f"{type(e).__name__}: {e}")
         finally:
             c.close()
 
@@ -519,7 +699,7 @@ class Client:
         try:
             c.request([pb.GetFileRequest(filepath=path)])
         except (WireError, OSError) as e:
-            self.rec("down_idle_broken", error=f"{type(e).__name__}: {e}")
+            self.rec("down_idle_broken", t_open=c.t_open, error=f"{type(e).__name__}: {e}")
             c.close()
             return
         self.fault("download_never_read", path=path, hold=hold, then=how)
@@ -573,22 +753,156 @@ class Client:
         rng = self.rng
         what = rng.choice(["List", "Stat", "Remove", "ListFiles"])
         port, tok = self.ctx.port, self.ctx.token
+        path = rng.choice(self.ctx.paths) if what in ("Stat", "Remove") else None
+        for attempt in range(3):
+            t_open = self.ctx.now()
+            try:
+                if what == "List":
+                    st, body = wire.unary(port, tok, "/pb.ProcessService/List", {})
+                elif what == "Stat":
+                    st, body = wire.unary(port, tok, "/pb.FileService/Stat", {"path": path})
+                elif what == "Remove":
+                    self.rec("rm_begin", path=path)
+                    st, body = wire.unary(port, tok, "/pb.FileService/Remove", {"path": path})
+                else:
+                    st, body = wire.unary(port, tok, "/pb.FileService/ListFiles", {"path": self.ctx.root, "depth": 3})
+                code = None if st == 200 else (body.get("code") if isinstance(body, dict) else f"http {st}")
+                self.rec("unary", what=what, status=st, code=code,
+                         message=body.get("message") if isinstance(body, dict) and code else None)
+                return
+            except (OSError, http.client.HTTPException) as e:
+                # a call cut by an upgrade is retried once the new program serves
+                self.rec("unary_broken", what=what, t_open=t_open, error=f"{type(e).__name__}: {e}")
+                if not self.after_upgrade(t_open):
+                    return
+
+
+# ------------------------------------------------------------------ the upgrader
+def proc_start_time(pid):
+    """The start time of pid (clock ticks since boot; /proc/<pid>/stat field
+    22): the same process, not one made anew under the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+        return int(st[st.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def http_get(port, token, path, timeout=10.0):
+    """(status, parsed JSON or raw bytes) of a GET on a new connection."""
+    c = http.client.HTTPConnection(wire.HOST, port, timeout=timeout)
+    try:
+        c.request("GET", path, headers={"conch-init-token": token})
+        r = c.getresponse()
+        raw = r.read()
         try:
-            if what == "List":
-                st, body = wire.unary(port, tok, "/pb.ProcessService/List", {})
-            elif what == "Stat":
-                st, body = wire.unary(port, tok, "/pb.FileService/Stat", {"path": rng.choice(self.ctx.paths)})
-            elif what == "Remove":
-                path = rng.choice(self.ctx.paths)
-                self.rec("rm_begin", path=path)
-                st, body = wire.unary(port, tok, "/pb.FileService/Remove", {"path": path})
-            else:
-                st, body = wire.unary(port, tok, "/pb.FileService/ListFiles", {"path": self.ctx.root, "depth": 3})
-            code = None if st == 200 else (body.get("code") if isinstance(body, dict) else f"http {st}")
-            self.rec("unary", what=what, status=st, code=code,
-                     message=body.get("message") if isinstance(body, dict) and code else None)
-        except OSError as e:
-            self.rec("unary_broken", what=what, error=f"{type(e).__name__}: {e}")
+            return r.status, json.loads(raw or b"null")
+        except ValueError:
+            return r.status, raw
+    finally:
+        c.close()
+
+
+class Upgrader:
+    """Upgrades the agent in place every `every` seconds to `binary` (the
+    binary under test, by path and SHA-256), and records each upgrade in
+    the history (client "u"): upgrade_begin, then `upgrade` with the times
+    of the call, of its answer and of the moment the new program serves
+    (/health answers 200 and /metrics counts this upgrade), the answer,
+    /metrics, and the server's pid, start time and executable then.  The
+    window [call, serving] goes to ctx.upgrades.  `lock` is held through
+    an upgrade: an epoch's history is taken between two."""
+
+    READY_WAIT_S = 30.0  # how long it waits for the new program (the bound is checks.py's)
+
+    def __init__(self, ctx, binary, every):
+        self.ctx, self.bin, self.every = ctx, binary, every
+        with open(binary, "rb") as f:
+            self.sha = hashlib.sha256(f.read()).hexdigest()
+        self.lock = threading.Lock()
+        self.n = 0
+        self.answered = 0  # successful answers: what /metrics "upgrades" must say
+        self.stop = threading.Event()
+        self.thread = None
+        self.start_time = proc_start_time(ctx.server_pid)
+
+    def one(self):
+        ctx, h = self.ctx, self.ctx.h
+        with self.lock:
+            n = self.n
+            self.n += 1
+            t_call = ctx.now()
+            ctx.upgrades.begin(t_call)
+            h.rec("u", "upgrade_begin", n=n)
+            try:
+                st, body = wire.unary(ctx.port, ctx.token, "/pb.AgentService/Upgrade",
+                                      {"path": self.bin, "sha256": self.sha}, timeout=60)
+            except (OSError, http.client.HTTPException) as e:
+                st, body = None, f"{type(e).__name__}: {e}"
+            t_answer = ctx.now()
+            if st == 200:
+                self.answered += 1
+            t_ready = metrics = None
+            tries = 0
+            deadline = time.monotonic() + self.READY_WAIT_S
+            while time.monotonic() < deadline:
+                tries += 1
+                try:
+                    hs, _ = http_get(ctx.port, ctx.token, "/health")
+                    if hs == 200:
+                        ms, m = http_get(ctx.port, ctx.token, "/metrics")
+                        if ms == 200 and isinstance(m, dict):
+                            metrics = {"upgrades": m.get("upgrades"), "version": m.get("version")}
+                            if st != 200 or m.get("upgrades") == self.answered:
+                                t_ready = ctx.now()
+                                break
+                except (OSError, http.client.HTTPException):
+                    pass
+                time.sleep(0.02)
+            t_end = ctx.now()
+            ctx.upgrades.end(t_ready if t_ready is not None else t_end)
+            pid = ctx.server_pid
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+            except OSError as e:
+                exe = f"{type(e).__name__}: {e}"
+            h.rec("u", "upgrade", n=n, t_call=t_call, t_answer=t_answer, t_ready=t_ready, t_end=t_end,
+                  status=st, answer=body, metrics=metrics, expect_upgrades=self.answered, polls=tries,
+                  pid=pid, start_time=proc_start_time(pid), start_time_before=self.start_time, exe=exe)
+
+    def _run(self, t_start, t_end):
+        k = 1
+        while True:
+            at = t_start + k * self.every
+            if at > t_end - 1:
+                return
+            if self.stop.wait(max(0.0, at - time.monotonic())):
+                return
+            self.one()
+            k += 1
+
+    def start(self, t_start, t_end):
+        """Upgrade at t_start + k·every (time.monotonic()) until t_end."""
+        self.thread = threading.Thread(target=self._run, args=(t_start, t_end), daemon=True, name="soak-upgrader")
+        self.thread.start()
+
+    def join(self):
+        self.stop.set()
+        if self.thread:
+            self.thread.join(timeout=120)
+
+
+def _child_alive(pid, parent):
+    """Whether pid is a live (not zombie) child of parent (the server): a
+    command running without a record of it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+        rest = st[st.rindex(")") + 2:].split()
+        return rest[0] != "Z" and int(rest[1]) == parent
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 class _Sock:

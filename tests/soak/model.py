@@ -51,7 +51,14 @@ def bg_params(rng, tag, max_bytes=180 * 1024):
 
 
 # ------------------------------------------------------------------ foreground commands
-def fg_params(rng):
+def fg_params(rng, slow=False):
+    """slow (runs with upgrades): sometimes a command that lasts a few
+    seconds (a background writer's script run in the foreground), so that
+    upgrades meet foreground commands still running."""
+    if slow and rng.random() < 0.35:
+        p = bg_params(rng, f"fg{rng.getrandbits(32):08x}")
+        p["kind"] = "slow"
+        return p
     kind = rng.choice(["yes", "yes", "cat"])
     if kind == "yes":
         word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(rng.randint(1, 40)))
@@ -70,6 +77,8 @@ def fg_request(p):
     """(cmd, args, stdin bytes) of a foreground command."""
     if p["kind"] == "yes":
         return "sh", ["-c", f'yes {p["word"]} | head -c {p["n"]}; printf {p["err"]} >&2; exit {p["code"]}'], b""
+    if p["kind"] == "slow":
+        return "sh", ["-c", bg_script(p)], b""
     return "cat", [], fg_stdin(p)
 
 
@@ -79,6 +88,8 @@ def fg_expected(p):
         line = (p["word"] + "\n").encode()
         out = (line * (p["n"] // len(line) + 1))[:p["n"]]
         return {"stdout": out, "stderr": p["err"].encode()}, p["code"]
+    if p["kind"] == "slow":
+        return bg_expected(p), p["code"]
     return {"stdout": fg_stdin(p), "stderr": b""}, 0
 
 

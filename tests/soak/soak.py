@@ -7,10 +7,13 @@ followed by readers that drop and resume with `replay`, foreground
 commands, commands cut after their start, uploads (whole and cut at a
 random byte), downloads (whole, cut, never read), idle half-requests,
 unary calls; every client's choices come from a random.Random seeded with
-the master seed and its index — then lets the server settle, takes its
-final state and checks the invariants of checks.py against the history.
+the master seed and its index — optionally upgrading the agent in place
+every N seconds meanwhile (--upgrade-every) — then lets the server settle,
+takes its final state and checks the invariants of checks.py against the
+history.
 
     tests/soak/soak.py --seed 7 --seconds 60            # or SOAK_SEED, SOAK_SECONDS
+    tests/soak/soak.py --seconds 50 --upgrade-every 10  # or SOAK_UPGRADE_EVERY
     make soak SOAK_SECONDS=3600 SOAK_SEED=7             # docs/guide/tests.md
 
 Exit status 0 when every invariant holds, 1 when one broke (the seed, the
@@ -50,6 +53,8 @@ def _protobuf_classes():
     except ImportError:
         os.makedirs(gen, exist_ok=True)
         subprocess.run(["protoc", f"--python_out={gen}", "-Iproto", "proto/agent.proto"], cwd=ROOT, check=True)
+        import importlib
+        importlib.invalidate_caches()  # the directory was looked at before the file was made
 
 
 _protobuf_classes()
@@ -62,10 +67,10 @@ RETAIN_MS = 10000  # CONCH_PROC_RETAIN_MS: ended background records go after 10 
 
 PROBE = r"""
 import http.client, json, sys, time
-port, t0, until = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+port, t0, until, m0 = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 while time.time() < until:
     t = time.monotonic()
-    rec = {"t": round(time.time() - t0, 3)}
+    rec = {"t": round(time.time() - t0, 3), "m": round(t - m0, 4)}  # m: History time (CLOCK_MONOTONIC)
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("GET", "/health")
@@ -259,6 +264,11 @@ class Run:
         self.server = {}
         self.tolerance = {}
         self.cut_short = False
+        self.upgrades = []   # every `upgrade` record so far (checks.collect_upgrades)
+        self.upgrade = {}    # {"every": seconds or 0, "version": the binary's}
+        # CONCH_MEM_BUDGET set: the daemon-wide budget may drop any stream's
+        # events, a replay's first ones too (invariant 1 then allows a jump there)
+        self.lossy = bool(os.environ.get("CONCH_MEM_BUDGET"))
 
 
 def jsonable(v):
@@ -354,8 +364,12 @@ def main(argv=None):
     ap.add_argument("--settle-seconds", type=float, default=float(os.environ.get("SOAK_SETTLE_SECONDS", "45")))
     ap.add_argument("--epoch-seconds", type=float, default=float(os.environ.get("SOAK_EPOCH_SECONDS", "120")),
                     help="check and drop the history this often (bounds the harness's memory in long runs)")
+    ap.add_argument("--upgrade-every", type=float, default=float(os.environ.get("SOAK_UPGRADE_EVERY") or 0),
+                    help="upgrade the agent in place to the binary under test every this many seconds "
+                         "(default $SOAK_UPGRADE_EVERY, else 0: never)")
     ap.add_argument("--quiet", action="store_true", help="print only a failure")
     a = ap.parse_args(argv)
+    a.bin = os.path.abspath(a.bin)
 
     outdir = a.outdir
     os.makedirs(outdir, exist_ok=True)
@@ -366,6 +380,9 @@ def main(argv=None):
 
     run = Run()
     run.tolerance = {"fds": a.fd_tolerance, "threads": a.thread_tolerance, "rss_kib": int(rss_tol * 1024)}
+    version = subprocess.run([a.bin, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    run.upgrade = {"every": a.upgrade_every, "version": version.split(" ")[-1] if version.startswith("conch-init ")
+                   else None}
     master = random.Random(a.seed)
     token = secrets.token_hex(16)
     port = free_port()
@@ -388,7 +405,8 @@ def main(argv=None):
     env["ASAN_OPTIONS"] = asan_opts + (":" + env["ASAN_OPTIONS"] if env.get("ASAN_OPTIONS") else "")
     env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
     env["CONCH_PROC_RETAIN_MS"] = str(RETAIN_MS)
-    say(f"soak: seed {a.seed}, {a.seconds:.0f} s, {a.clients} clients, {a.bin} on 127.0.0.1:{port}, files in {root}")
+    say(f"soak: seed {a.seed}, {a.seconds:.0f} s, {a.clients} clients, {a.bin} on 127.0.0.1:{port}, files in {root}"
+        + (f", an upgrade every {a.upgrade_every:g} s" if a.upgrade_every else ""))
     srv = subprocess.Popen([a.bin, "serve", "--listen", f"127.0.0.1:{port}", "--token", token],
                            stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/health"
@@ -412,7 +430,9 @@ def main(argv=None):
 
     hist = actors.History()
     stop = threading.Event()
-    ctx = actors.Ctx(port, token, hist, root, paths, static_path, stop, marker_base, a.protocols)
+    ctx = actors.Ctx(port, token, hist, root, paths, static_path, stop, marker_base, a.protocols,
+                     upgrades=actors.Upgrades() if a.upgrade_every else None, server_pid=pid)
+    upgrader = actors.Upgrader(ctx, a.bin, a.upgrade_every) if a.upgrade_every else None
     died = []
 
     def server_died():
@@ -422,6 +442,10 @@ def main(argv=None):
 
     # ---- warm-up: every operation once, then the baseline
     say("soak: warm-up")
+    if upgrader:
+        # first an upgrade: the baseline is a program started by a handover
+        # (libuv's own descriptors, made anew in each program)
+        upgrader.one()
     w = actors.Client(ctx, "w", random.Random(f"{a.seed}/warmup"))
     for kind in ["unary", "upload", "download", "fg_command", "bg_follow", "cmd_cut", "upload_cut",
                  "download_cut", "download_idle", "half_request"]:
@@ -446,8 +470,8 @@ def main(argv=None):
     tallies = [Tally(i, n, f) for i, n, f in checks.INVARIANTS]
     ops, faults = collections.Counter(), collections.Counter()
     t0_wall = time.time()
-    probe = subprocess.Popen([sys.executable, "-c", PROBE, str(port), str(t0_wall), str(time.time() + a.seconds)],
-                             stdout=subprocess.PIPE, text=True)
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, str(port), str(t0_wall), str(time.time() + a.seconds),
+                              str(hist.t0)], stdout=subprocess.PIPE, text=True)
     probe_lines = []
     pt = threading.Thread(target=lambda: probe_lines.extend(probe.stdout), daemon=True)
     pt.start()
@@ -459,12 +483,15 @@ def main(argv=None):
     last_events = []
     warm = hist.take()  # the warm-up's records: judged too, not counted
     checks.collect_versions(warm, run.versions)
+    checks.collect_upgrades(warm, run.upgrades)
     run.phase, run.events, run.final = "history", warm, {}
     for t in tallies:
         t.add(t.fn(run), warm)
     if a.history and os.path.exists(a.history):
         os.remove(a.history)
     epochs = 0
+    if upgrader:
+        upgrader.start(t_start, t_end)
     while True:
         ctx.stop = threading.Event()
         threads = [threading.Thread(target=c.loop, daemon=True, name=f"soak-client-{c.cid}") for c in clients]
@@ -491,11 +518,17 @@ def main(argv=None):
         if any(t.is_alive() for t in threads):
             run.cut_short = True
             say("soak: some clients did not finish their operation")
-        events = hist.take()
+        if upgrader:
+            with upgrader.lock:  # not in the middle of an upgrade: its window whole in one epoch
+                events = hist.take()
+        else:
+            events = hist.take()
         epochs += 1
         ops.update(e["op"] for e in events if e["kind"] == "op")
         faults.update(e["what"] for e in events if e["kind"] == "fault")
+        faults.update("upgrade" for e in events if e["kind"] == "upgrade")
         checks.collect_versions(events, run.versions)
+        checks.collect_upgrades(events, run.upgrades)
         run.phase, run.events, run.final = "history", events, {}
         for t in tallies:
             t.add(t.fn(run), events)
@@ -510,6 +543,16 @@ def main(argv=None):
         say(f"soak: epoch {epochs} checked ({len(events)} records), going on")
 
     ctx.holder.stop()
+    if upgrader:
+        upgrader.join()
+        late = hist.take()  # an upgrade that ended after the last epoch's records were taken
+        if late:
+            faults.update("upgrade" for e in late if e["kind"] == "upgrade")
+            checks.collect_upgrades(late, run.upgrades)
+            run.phase, run.events, run.final = "history", late, {}
+            for t in tallies:
+                t.add(t.fn(run), late)
+            last_events = last_events + late
 
     # ---- settle, then the final state
     say("soak: settling")
@@ -531,6 +574,10 @@ def main(argv=None):
         final["cgroups"] = held_cgroups(pid)
         final["settle_s"] = round(time.monotonic() - t_settle, 1)
         final["serving"] = still_serving(port, token, static_path)
+        try:
+            final["metrics"] = actors.http_get(port, token, "/metrics")[1]
+        except OSError as e:
+            final["metrics"] = f"{type(e).__name__}: {e}"
 
     # ---- stop the server
     exit_code = None
@@ -549,6 +596,9 @@ def main(argv=None):
         text = f.read()
     run.server = {"died": died[0] if died else None, "exit": exit_code, "sanitizer": sanitizer_report(text),
                   "log": log_path}
+    if final:
+        final["upgrade_log"] = {w: text.count(w) for w in ("upgraded in place", "upgrade rolled back",
+                                                           "upgrade abandoned")}
     run.probes = [json.loads(x) for x in probe_lines if x.strip()]
 
     # ---- the final checks
@@ -605,7 +655,28 @@ def build_report(a, run, tallies, ops, faults, samples, port, ok, epochs):
                         "what": (t.fn.__doc__ or "").replace("\n    ", " ").strip()}
                        for t in tallies],
         "cut_short": run.cut_short,
+        "upgrades": upgrade_summary(run, by),
     }
+
+
+def upgrade_summary(run, by):
+    """What the upgrades did, and what the checkers excused because of them."""
+    ups = run.upgrades
+    ready = [u["t_ready"] - u["t_answer"] for u in ups if u["t_ready"] is not None and u["status"] == 200]
+    return {"every": run.upgrade.get("every"), "version": run.upgrade.get("version"),
+            "answered": sum(1 for u in ups if u["status"] == 200), "calls": len(ups),
+            "metrics_at_end": run.final.get("metrics", {}).get("upgrades")
+            if isinstance(run.final.get("metrics"), dict) else None,
+            "worst_ready_ms": round(max(ready) * 1000, 1) if ready else None,
+            "windows": [[u["t_call"], u["t_ready"]] for u in ups][:200],
+            "excused": {"streams_and_calls_cut": by["server_sound"].notes.get("cut_by_upgrade", 0),
+                        "foreground_cut": by["command_output_exact"].notes.get("cut_by_upgrade", 0),
+                        "foreground_adopted": by["command_output_exact"].notes.get("adopted", 0),
+                        "adopted_ended_before": by["command_output_exact"].notes.get("ended_before_upgrade", 0),
+                        "adopted_not_found": by["command_output_exact"].notes.get("adopted_not_found", 0),
+                        "cut_commands_adopted_killed": by["cut_commands_killed"].notes.get("adopted_then_killed", 0),
+                        "writers_unstarted": by["output_exactly_once"].notes.get("unstarted_in_upgrade", 0),
+                        "health_probes": by["health_answered"].notes.get("in_upgrade", 0)}}
 
 
 def print_summary(a, r, say):
@@ -614,6 +685,11 @@ def print_summary(a, r, say):
     say(f"  faults {json.dumps(c['faults'])}")
     say(f"  bytes checked {json.dumps(c['bytes_checked'])}, {c['background_writers']} background writers "
         f"({c['background_gaps']} gaps resumed)")
+    u = r["upgrades"]
+    if u["every"] or u["calls"]:
+        say(f"  upgrades: {u['answered']} answered of {u['calls']} (every {u['every']:g} s, version {u['version']}), "
+            f"/metrics at the end {u['metrics_at_end']}, worst answer-to-serving {u['worst_ready_ms']} ms; "
+            f"excused by them {json.dumps(u['excused'])}")
     h = r["health"]
     say(f"  /health: {h['probes']} probes, worst {h['worst_ms']} ms at t={h['worst_at_s']} s, {h['failed']} failed")
     res = r["resources"]
@@ -638,7 +714,8 @@ def print_failure(a, run, tallies, hist_path, report_path):
         print(f"  ({t.count - 1} more violations of this invariant)", file=out)
     print(f"  report {report_path}" + (f", history {hist_path}" if hist_path else "")
           + f", server log {run.server.get('log')}", file=out)
-    print(f"  replay: tests/soak/soak.py --seed {a.seed} --seconds {a.seconds:g} --clients {a.clients}", file=out)
+    print(f"  replay: tests/soak/soak.py --seed {a.seed} --seconds {a.seconds:g} --clients {a.clients}"
+          + (f" --upgrade-every {a.upgrade_every:g}" if a.upgrade_every else ""), file=out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The soak harness must fail on purpose: three deliberately broken agents,
+"""The soak harness must fail on purpose: four deliberately broken agents,
 each built from a copy of the tree with one patch of tests/soak/broken/
-applied, each caught by the invariant it breaks — and only by that one.
-A control run (the unpatched build, same seed and length) passes.
+applied, each caught by the invariant it breaks — and only by that one
+(the fourth breaks the upgrade in place: its run upgrades every 5 s).
+A control run (the unpatched build, same seed and length) passes.  And the
+upgrade windows excuse a cut only when an upgrade met its connection.
 
     make dev && /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/soak/test_harness.py
 
@@ -35,10 +37,12 @@ def _src_dirs():
 SOURCES = ["Makefile"] + _src_dirs()
 
 CASES = [
-    # (patch, the invariant that must catch it)
-    ("a-replay-offset.patch", "output_exactly_once"),
-    ("b-early-rename.patch", "no_half_written_file"),
-    ("c-fd-leak.patch", "resources_return"),
+    # (patch, the invariant that must catch it, more soak arguments)
+    ("a-replay-offset.patch", "output_exactly_once", []),
+    ("b-early-rename.patch", "no_half_written_file", []),
+    ("c-fd-leak.patch", "resources_return", []),
+    # the new program gets no kept output: a reader resuming after an upgrade misses bytes
+    ("d-upgrade-drops-kept-output.patch", "output_exactly_once", ["--upgrade-every", "5"]),
 ]
 
 
@@ -60,14 +64,14 @@ def build_variant(patch, where):
     return os.path.join(where, "build", "dev", "conch-init")
 
 
-def soak(binary, name):
+def soak(binary, name, extra=("--upgrade-every", "0")):
     outdir = os.path.join(OUT, name)
     os.makedirs(outdir, exist_ok=True)
     report = os.path.join(outdir, "report.json")
     if os.path.exists(report):
         os.remove(report)
     p = subprocess.run([sys.executable, SOAK, "--seed", str(SEED), "--seconds", SECONDS, "--bin", binary,
-                        "--outdir", outdir, "--report", report, "--settle-seconds", "25"],
+                        "--outdir", outdir, "--report", report, "--settle-seconds", "25", *extra],
                        capture_output=True, text=True, timeout=900)
     assert os.path.exists(report), f"no report (exit {p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
     with open(report) as f:
@@ -92,12 +96,52 @@ def test_control_passes(dev_binary):
     assert sum(v for k, v in c["faults"].items() if k.startswith("download_cut")) > 0
 
 
-@pytest.mark.parametrize("patch,invariant", CASES, ids=[c[0].split(".")[0] for c in CASES])
-def test_broken_variant_is_caught(dev_binary, patch, invariant, tmp_path):
+@pytest.mark.parametrize("patch,invariant,extra", CASES, ids=[c[0].split("-")[0] for c in CASES])
+def test_broken_variant_is_caught(dev_binary, patch, invariant, extra, tmp_path):
     binary = build_variant(patch, str(tmp_path / "tree"))
-    rc, rep, out = soak(binary, patch.split(".")[0])
+    rc, rep, out = soak(binary, patch.split(".")[0], extra or ("--upgrade-every", "0"))
     failed = [i["name"] for i in rep["invariants"] if not i["ok"]]
     assert rc == 1, f"{patch}: the soak passed (exit {rc}):\n{out[-6000:]}"
     assert failed == [invariant], f"{patch}: caught by {failed}, expected [{invariant}]:\n{out[-6000:]}"
     # what a failure prints: the seed and the first broken invariant, with history
     assert f"FAILED, seed {SEED}: invariant" in out and invariant in out, out[-4000:]
+
+
+def test_upgrade_windows_excuse_only_their_cuts():
+    """checks.py: a break is excused when an upgrade window (the Upgrade
+    call to the new program serving, ± UPGRADE_MARGIN_S) met the broken
+    connection — opened before the window's end, seen broken after its
+    begin — and only then; an adopted cut command likewise."""
+    sys.path.insert(0, HERE)
+    import checks
+
+    class R:
+        phase, final, cut_short, server, lossy = "history", {}, False, {}, False
+        upgrades = [{"kind": "upgrade", "t_call": 10.0, "t_answer": 10.3, "t_ready": 10.6, "t_end": 10.6}]
+
+    def broken(seq, t_open, t, kind="down_broken"):
+        return {"seq": seq, "t": t, "client": 0, "kind": kind, "t_open": t_open, "path": "/x", "error": "cut"}
+
+    run = R()
+    run.events = [broken(0, 9.0, 10.4),     # open across the window: excused
+                  broken(1, 9.0, 12.5),     # a stalled reader noticing late: excused
+                  broken(2, 1.0, 5.0),      # long before: a failure
+                  broken(3, 11.5, 12.0),    # opened after the new program served: a failure
+                  broken(4, 9.0, 9.2)]      # broke before the Upgrade call (beyond the margin): a failure
+    o = checks.check_server_sound(run)
+    assert sorted(v[0] for v in o.violations) == [2, 3, 4], o.violations
+    assert o.notes["cut_by_upgrade"] == 2
+    # no upgrade at all: every break is a failure
+    run.upgrades = []
+    assert len(checks.check_server_sound(run).violations) == 5
+    # a cut command found running after its cut: excused only inside a window
+    run.upgrades = R.upgrades
+    ev = [{"seq": 0, "t": 9.5, "client": 0, "kind": "cut_begin", "marker": "m1"},
+          {"seq": 1, "t": 10.1, "client": 0, "kind": "fault", "what": "command_cut_rst", "marker": "m1"},
+          {"seq": 2, "t": 11.0, "client": 0, "kind": "cut_adopted", "marker": "m1", "pid": 7, "kill_status": 200},
+          {"seq": 3, "t": 3.0, "client": 1, "kind": "cut_begin", "marker": "m2"},
+          {"seq": 4, "t": 4.0, "client": 1, "kind": "fault", "what": "command_cut_fin", "marker": "m2"},
+          {"seq": 5, "t": 11.0, "client": 1, "kind": "cut_adopted", "marker": "m2", "pid": 8, "kill_status": 200}]
+    run.events = ev
+    o = checks.check_cut_commands_killed(run)
+    assert [v[0] for v in o.violations] == [5], o.violations
