@@ -49,6 +49,17 @@ static int server_parse(const char *addr, struct sockaddr_storage *ss) {
   return uv_ip4_addr(hl ? host : "0.0.0.0", (int)port, (struct sockaddr_in *)ss);
 }
 
+/* s listens: it is the API server from now on (its port for ":0"). */
+static void server_serving(struct server *s) {
+  struct sockaddr_storage bound;
+  int bl = sizeof bound;
+  uv_tcp_getsockname(&s->tcp, (struct sockaddr *)&bound, &bl);
+  s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                              : ((struct sockaddr_in *)&bound)->sin_port);
+  conch.server = s;
+  conch.api_serving = 1;
+}
+
 int server_listen(const char *addr) {
   struct sockaddr_storage ss;
   memset(&ss, 0, sizeof ss);
@@ -66,13 +77,7 @@ int server_listen(const char *addr) {
     uv_close((uv_handle_t *)&s->tcp, (uv_close_cb)free);
     return r;
   }
-  struct sockaddr_storage bound;
-  int bl = sizeof bound;
-  uv_tcp_getsockname(&s->tcp, (struct sockaddr *)&bound, &bl);
-  s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                              : ((struct sockaddr_in *)&bound)->sin_port);
-  conch.server = s;
-  conch.api_serving = 1;
+  server_serving(s);
   LOG_INFO("serving agent API addr=%s port=%d", addr, s->port);
   return 0;
 }
@@ -102,12 +107,6 @@ int server_adopt(int fd) {
     uv_close((uv_handle_t *)&s->tcp, (uv_close_cb)free); /* closes fd */
     return r;
   }
-  struct sockaddr_storage bound;
-  int bl = sizeof bound;
-  uv_tcp_getsockname(&s->tcp, (struct sockaddr *)&bound, &bl);
-  s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                              : ((struct sockaddr_in *)&bound)->sin_port);
-  conch.server = s;
-  conch.api_serving = 1;
+  server_serving(s);
   return 0;
 }
