@@ -39,7 +39,8 @@ static uint64_t ho_mono_ms(void) {
 int proc_handover_busy(void) {
   if (proc_cg_busy()) return 1;
   if (!proc_tab) return 0;
-  for (struct proc *p = proc_tab->all; p; p = p->anext)
+  struct proc *p;
+  list_each(p, &proc_tab->all, alink)
     if ((p->state == PROC_PREP && !p->released) || p->work_pending || p->acct_pending) return 1;
   return 0;
 }
@@ -153,7 +154,8 @@ int proc_handover_save(Conch__Handover__State *st) {
   proc_cg_save(st->cgroups);
   if (!proc_tab) return 0;
   size_t n = 0;
-  for (struct proc *p = proc_tab->all; p; p = p->anext) n++;
+  struct proc *p;
+  list_each(p, &proc_tab->all, alink) n++;
   hproc *recs = calloc(n + 1, sizeof *recs);
   st->procs = calloc(n + 1, sizeof *st->procs);
   if (!recs || !st->procs) {
@@ -162,7 +164,7 @@ int proc_handover_save(Conch__Handover__State *st) {
   }
   uint64_t now_mono = ho_mono_ms(), now_uv = uv_now(proc_tab->loop);
   size_t k = 0;
-  for (struct proc *p = proc_tab->all; p; p = p->anext) {
+  list_each(p, &proc_tab->all, alink) {
     if (p->state == PROC_PREP) {
       if (!p->released) LOG_WARN("upgrade: a command still starting is not carried (cmd=%s)", p->cmd ? p->cmd : "");
       continue;
