@@ -235,6 +235,13 @@ static int ho_restore_one(const hproc *m, uint64_t now_mono, ho_pending *hp) {
   if (m->n_out > 2 || m->n_env_keys != m->n_env_vals || m->pid <= 0) return -1;
   struct proc *p = proc_new(t);
   if (!p) return -1;
+  /* The state lists the records newest first, as t->all did; proc_new put
+   * this one in front: behind those restored before it instead, so that
+   * t->all keeps the old order and the next upgrade saves them newest first
+   * again (proc_handover_resume adds them to the table oldest first: the
+   * start order List shows). */
+  list_remove(&p->alink);
+  list_insert_tail(&t->all, &p->alink);
   hp->p = p;
   p->released = 0;
   p->pid = m->pid;
