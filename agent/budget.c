@@ -8,26 +8,23 @@
 
 #define BUDGET_POLL_MS 10
 
-static budget_waiter *head, *tail;
+static list_node fifo; /* oldest first */
 static uv_timer_t timer;
 static int timer_init;
 
 size_t budget_out_limit(void) { return conch.budget / 2; }
 
 void budget_unwait(budget_waiter *w) {
-  if (!w->waiting) return;
-  w->waiting = 0;
-  if (w->prev) w->prev->next = w->next; else head = w->next;
-  if (w->next) w->next->prev = w->prev; else tail = w->prev;
-  w->next = w->prev = NULL;
-  if (!head && timer_init) uv_timer_stop(&timer);
+  if (!budget_waiting(w)) return;
+  list_remove(&w->link);
+  if (list_empty(&fifo) && timer_init) uv_timer_stop(&timer);
 }
 
 static void on_timer(uv_timer_t *t) {
   (void)t;
   size_t q = conch.held;
-  while (head && q + head->need <= budget_out_limit()) {
-    budget_waiter *w = head;
+  budget_waiter *w;
+  while ((w = list_first_entry(&fifo, budget_waiter, link)) && q + w->need <= budget_out_limit()) {
     q += w->need;
     budget_unwait(w);
     w->wake(w); /* may free w */
@@ -36,17 +33,13 @@ static void on_timer(uv_timer_t *t) {
 
 void budget_wait(budget_waiter *w, size_t n) {
   w->need = n;
-  if (w->waiting) return; /* keeps its place */
+  if (budget_waiting(w)) return; /* keeps its place */
   if (!timer_init) {
     uv_timer_init(conch.loop, &timer);
     uv_unref((uv_handle_t *)&timer);
     timer_init = 1;
   }
-  w->waiting = 1;
-  w->prev = tail;
-  w->next = NULL;
-  if (tail) tail->next = w; else head = w;
-  tail = w;
+  list_insert_tail(&fifo, &w->link);
   if (!uv_is_active((uv_handle_t *)&timer)) uv_timer_start(&timer, on_timer, BUDGET_POLL_MS, BUDGET_POLL_MS);
 }
 

@@ -13,11 +13,12 @@
 
 #include <stddef.h>
 
+#include "agent/list.h"
+
 typedef struct budget_waiter budget_waiter;
 struct budget_waiter {
-  budget_waiter *next, *prev;
+  list_node link; /* in the FIFO (zero: not waiting) */
   size_t need;
-  int waiting;
   /* its turn: about `need` bytes fit now (it is out of the FIFO) */
   void (*wake)(budget_waiter *w);
 };
@@ -31,5 +32,8 @@ void budget_wait(budget_waiter *w, size_t n);
 
 /* Leave the FIFO (a no-op when not in it). */
 void budget_unwait(budget_waiter *w);
+
+/* 1 while w is in the FIFO. */
+static inline int budget_waiting(const budget_waiter *w) { return list_linked(&w->link); }
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "agent/bufref.h"
 #include "agent/daemon.h"
+#include "agent/list.h"
 #include "agent/log.h"
 #include "agent/tokhold.h"
 
@@ -36,10 +37,10 @@ typedef struct conn {
   int counted; /* in conch.nconns */
   unsigned nbulk; /* exchanges sending bulk data (hx_bulk) */
   tokhold tok;    /* authenticated (hx_authed): with which token generation */
-  struct conn *next, *prev; /* conn_all: the open connections (conn_freeze) */
+  list_node link; /* in conn_all: the open connections (conn_freeze), newest first */
 } conn;
 
-static conn *conn_all;
+static list_node conn_all;
 static int conn_frozen; /* conn_freeze: no connection reads */
 
 #define CONN_BATCH_BUFS 64
@@ -117,10 +118,7 @@ static void conn_free_cb(uv_handle_t *h) {
 static void conn_close(conn *c) {
   if (c->s.closing) return;
   c->s.closing = 1;
-  if (c->counted) {
-    if (c->prev) c->prev->next = c->next; else conn_all = c->next;
-    if (c->next) c->next->prev = c->prev;
-  }
+  list_remove(&c->link);
   tokhold_drop(&c->tok);
   if (c->s.proto && c->s.proto->on_close) c->s.proto->on_close(&c->s);
   c->s.proto = NULL;
@@ -383,14 +381,16 @@ static void conn_read_pause(conn *c, int paused) {
 }
 
 int conn_pending_output(void) {
-  for (conn *c = conn_all; c; c = c->next)
+  conn *c;
+  list_each(c, &conn_all, link)
     if (!c->s.closing && (c->batch || c->s.outq > 0)) return 1;
   return 0;
 }
 
 void conn_freeze(int on) {
   conn_frozen = on;
-  for (conn *c = conn_all; c; c = c->next) {
+  conn *c;
+  list_each(c, &conn_all, link) {
     if (on) uv_read_stop((uv_stream_t *)&c->tcp);
     else if (!c->read_paused && !c->turn_paused) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
   }
@@ -493,9 +493,7 @@ void conn_accept(uv_stream_t *server, const hserve *serve) {
   }
   c->counted = 1;
   conch.nconns++;
-  c->next = conn_all;
-  if (conn_all) conn_all->prev = c;
-  conn_all = c;
+  list_insert_head(&conn_all, &c->link);
   uv_tcp_nodelay(&c->tcp, 1);
   struct sockaddr_storage ss;
   int sl = sizeof ss;

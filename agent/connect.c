@@ -379,7 +379,7 @@ static void call_budget_wake(budget_waiter *w) {
 
 int rpc_out_room(rpc_call *c, size_t n, void (*cb)(rpc_call *c)) {
   if (call_over(c) || !c->x) return 1; /* the send will say */
-  if (c->bw.waiting || conch.held + n > budget_out_limit()) { /* behind those already waiting */
+  if (budget_waiting(&c->bw) || conch.held + n > budget_out_limit()) { /* behind those already waiting */
     c->room_cb = cb;
     budget_wait(&c->bw, n);
     return 0;

@@ -295,7 +295,7 @@ static ProtobufCMessage *call_decode_split(rpc_call *c, size_t end) {
 
 /* Envelope parsing for streaming protocols: deliver what is complete. */
 void connect__pump(rpc_call *c) {
-  if (c->uw.queued) return; /* the user is being resolved: nothing is delivered yet */
+  if (users_waiting(&c->uw)) return; /* the user is being resolved: nothing is delivered yet */
   size_t off = 0;
   while (!call_over(c) && !c->in_paused && !c->decode && c->in_len - off >= 5) {
     const uint8_t *h = c->in + off;
@@ -435,7 +435,7 @@ void connect__on_body(hx *x, const uint8_t *d, size_t n) {
  * A unary body takes the room its Content-Length sized. */
 uint8_t *connect__on_body_into(hx *x, size_t *len) {
   rpc_call *c = x->hdata;
-  if (call_over(c) || c->in_paused || c->decode || c->uw.queued || !c->in) return NULL;
+  if (call_over(c) || c->in_paused || c->decode || users_waiting(&c->uw) || !c->in) return NULL;
   if (c->big.got < c->big.len) {
     *len = c->big.len - c->big.got;
     return c->big.data + c->big.got;
@@ -464,7 +464,7 @@ void connect__on_body_end(hx *x) {
     connect__pump(c);
     return;
   }
-  if (!c->uw.queued) connect__unary_body_end(c); /* else once the user is resolved */
+  if (!users_waiting(&c->uw)) connect__unary_body_end(c); /* else once the user is resolved */
 }
 
 /* A Connect unary body is all in: decode it, start the service. */

@@ -7,6 +7,7 @@
 
 #include "agent/daemon.h"
 #include "agent/h2check.h"
+#include "agent/list.h"
 #include "agent/log.h"
 #include "proto/text.h"
 
@@ -22,17 +23,16 @@ typedef struct h2buf {
 typedef struct h2s {
   hx x; /* first: hx.tp points back here */
   struct h2c *sess;
-  struct h2s *prev, *next;
+  list_node link; /* in sess->streams, newest first */
   int32_t id;
   size_t hbytes;
   int dispatched, body_ended, body_end_sent, submitted, deferred, out_ended;
   int body_paused, drain_armed, want_drain, upgraded;
   int malformed; /* reset with PROTOCOL_ERROR: nothing more of it is read */
   int hdone;     /* its request header block is complete */
-  int admit_wait; /* complete, waiting in the admission FIFO (h2_admit) */
   int computing; /* counted in sc->computing */
   int waiting;   /* hx_waiting: never counted again */
-  struct h2s *anext; /* next in the admission FIFO */
+  list_node alink; /* complete, waiting in the admission FIFO (h2_admit) */
   h2check chk;   /* RFC 9113 request rules (nghttp2's own are off) */
   h2buf *qhead, *qtail;
   size_t outq;
@@ -46,14 +46,13 @@ typedef struct h2s {
   int inl_used;
   size_t reserved;    /* hx_room granted this much, not yet written */
   size_t room_n;      /* waiting for room for this much (in sc's FIFO) */
-  int room_wait;
-  struct h2s *wnext;  /* next in the room FIFO */
+  list_node wlink;    /* in the room FIFO */
 } h2s;
 
 typedef struct h2c {
   hsink *c;
   nghttp2_session *ng;
-  h2s *streams;
+  list_node streams; /* newest first */
   size_t nstreams;
   int dead;
   /* Upgraded from HTTP/1.1: nothing is sent after the 101 until the
@@ -77,12 +76,12 @@ typedef struct h2c {
   /* body bytes the streams queued and nghttp2 has not taken yet, plus
    * what hx_room reserved: with c->outq, the connection's output */
   size_t held;
-  h2s *whead, *wtail; /* streams waiting for room, first come first served */
+  list_node room_fifo; /* streams waiting for room, first come first served */
   /* Admission (h2_admit): requests whose answer is being made (dispatched,
    * request complete, no response yet), and bytes of ended responses held
    * behind the peer's flow-control windows. */
   size_t computing, done_held;
-  h2s *ahead, *atail; /* complete requests waiting to be dispatched */
+  list_node admit_fifo; /* complete requests waiting to be dispatched */
   int read_paused;    /* reading stopped: too much output for the socket */
   /* the token its requests authenticated with was replaced (h2_on_revoked):
    * 1 new streams refused, GOAWAY once none is left; 2 GOAWAY submitted */
@@ -148,9 +147,7 @@ static h2s *h2_stream_new(h2c *sc, int32_t id) {
   st->x.sink = sc->c;
   st->x.content_length = -1;
   h2check_init(&st->chk);
-  st->next = sc->streams;
-  if (sc->streams) sc->streams->prev = st;
-  sc->streams = st;
+  list_insert_head(&sc->streams, &st->link);
   sc->nstreams++;
   sc->undispatched++;
   sc->seen_stream = 1;
@@ -174,8 +171,9 @@ static void h2_timer_apply(h2c *sc) {
     want = H2T_HEADER;
   } else {
     want = H2T_IDLE;
-    for (h2s *st = sc->streams; st; st = st->next)
-      if (!st->x.ended && !st->admit_wait) {
+    h2s *st;
+    list_each(st, &sc->streams, link)
+      if (!st->x.ended && !list_linked(&st->alink)) {
         want = H2T_NONE;
         break;
       }
@@ -198,29 +196,11 @@ static void h2_stream_free(h2s *st) {
   if (!st->hdone) sc->undispatched--;
   if (st->computing) sc->computing--;
   if (st->out_ended) sc->done_held -= st->outq;
-  if (st->admit_wait) { /* out of the admission FIFO */
-    h2s **pp = &sc->ahead, *prev = NULL;
-    while (*pp != st) {
-      prev = *pp;
-      pp = &(*pp)->anext;
-    }
-    *pp = st->anext;
-    if (sc->atail == st) sc->atail = prev;
-  }
+  list_remove(&st->alink); /* out of the admission FIFO */
   sc->held -= st->outq + st->reserved;
   conch.held -= st->outq; /* the daemon-wide budget (daemon.h) */
-  if (st->room_wait) { /* out of the room FIFO */
-    h2s **pp = &sc->whead, *prev = NULL;
-    while (*pp != st) {
-      prev = *pp;
-      pp = &(*pp)->wnext;
-    }
-    *pp = st->wnext;
-    if (sc->wtail == st) sc->wtail = prev;
-  }
-  if (st->prev) st->prev->next = st->next;
-  else sc->streams = st->next;
-  if (st->next) st->next->prev = st->prev;
+  list_remove(&st->wlink); /* out of the room FIFO */
+  list_remove(&st->link);
   sc->nstreams--;
   for (h2buf *b = st->qhead, *n; b; b = n) {
     n = b->next;
@@ -315,7 +295,7 @@ static void h2_uncompute(h2s *st) {
   if (!st->computing) return;
   st->computing = 0;
   st->sess->computing--;
-  if (st->sess->ahead) sink_defer(st->sess->c, h2_deferred);
+  if (!list_empty(&st->sess->admit_fifo)) sink_defer(st->sess->c, h2_deferred);
 }
 
 /* A request's header block is complete: dispatch it now, or queue it
@@ -324,25 +304,19 @@ static void h2_headers_done(h2s *st) {
   h2c *sc = st->sess;
   st->hdone = 1;
   sc->undispatched--;
-  if (!sc->ahead && h2_can_admit(sc)) {
+  if (list_empty(&sc->admit_fifo) && h2_can_admit(sc)) {
     h2_dispatch(st);
     return;
   }
-  st->admit_wait = 1;
-  st->anext = NULL;
-  if (sc->atail) sc->atail->anext = st;
-  else sc->ahead = st;
-  sc->atail = st;
+  list_insert_tail(&sc->admit_fifo, &st->alink);
 }
 
 /* Dispatch waiting requests while there is room; their held body and end
  * are delivered by h2_deferred's loop after this. */
 static void h2_admit(h2c *sc) {
-  while (sc->ahead && h2_can_admit(sc) && !sc->c->closing) {
-    h2s *st = sc->ahead;
-    sc->ahead = st->anext;
-    if (!sc->ahead) sc->atail = NULL;
-    st->admit_wait = 0;
+  h2s *st;
+  while ((st = list_first_entry(&sc->admit_fifo, h2s, alink)) && h2_can_admit(sc) && !sc->c->closing) {
+    list_remove(&st->alink);
     h2_dispatch(st);
     if (sc->c->closing) return;
     /* counted now: its held body and end are delivered after this loop */
@@ -551,7 +525,7 @@ static int h2_send_data(nghttp2_session *ng, nghttp2_frame *f, const uint8_t *fr
   conch.held -= length; /* now counted in the conn's outq */
   if (st->out_ended) {
     sc->done_held -= length;
-    if (sc->ahead && sc->done_held < H2_DONE_HELD_MAX) sink_defer(sc->c, h2_deferred);
+    if (!list_empty(&sc->admit_fifo) && sc->done_held < H2_DONE_HELD_MAX) sink_defer(sc->c, h2_deferred);
   }
   if (b->off == b->len) { /* the last slice: the write frees the buffer */
     st->qhead = b->next;
@@ -598,18 +572,12 @@ static size_t h2_conn_queued(h2c *sc) { return sc->c->outq + sc->olen + sc->held
  * as if it had taken its room, so as many are woken as fit. */
 static void h2_room_wake(h2c *sc) {
   size_t q = h2_conn_queued(sc);
-  h2s **pp = &sc->whead, *prev = NULL;
-  while (*pp) {
-    h2s *st = *pp;
+  h2s *st, *nx;
+  list_each_safe(st, nx, &sc->room_fifo, wlink) {
     if (h2_room_ok(st, q, st->room_n)) {
-      *pp = st->wnext;
-      if (sc->wtail == st) sc->wtail = prev;
-      st->room_wait = 0;
+      list_remove(&st->wlink);
       st->want_drain = 1;
       q += st->room_n;
-    } else {
-      prev = st;
-      pp = &st->wnext;
     }
   }
 }
@@ -620,7 +588,7 @@ static void h2_room_wake(h2c *sc) {
  * which nghttp2 wants neither to read nor to write, and h2_flush_out
  * closes once the bytes left.  1 when it was submitted now. */
 static int h2_goaway_when_done(h2c *sc) {
-  if (sc->revoked != 1 || sc->streams) return 0;
+  if (sc->revoked != 1 || !list_empty(&sc->streams)) return 0;
   sc->revoked = 2;
   nghttp2_submit_goaway(sc->ng, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(sc->ng),
                         NGHTTP2_NO_ERROR, NULL, 0);
@@ -659,10 +627,10 @@ static void h2_flush_out(h2c *sc) {
     sc->read_paused = pause;
     sink_read_pause(c, pause);
   }
-  if (sc->whead) h2_room_wake(sc);
+  if (!list_empty(&sc->room_fifo)) h2_room_wake(sc);
   /* drain notifications, outside nghttp2's callbacks */
-  for (h2s *st = sc->streams, *n; st; st = n) {
-    n = st->next;
+  h2s *st, *n;
+  list_each_safe(st, n, &sc->streams, link) {
     if (st->want_drain) {
       st->want_drain = 0;
       if (!st->x.ended && st->x.h && st->x.h->on_drain) st->x.h->on_drain(&st->x);
@@ -688,10 +656,10 @@ static void h2_flush(h2c *sc) {
 static void h2_deferred(hsink *c) {
   h2c *sc = c->p;
   if (!sc) return;
-  if (sc->ahead) h2_admit(sc);
+  if (!list_empty(&sc->admit_fifo)) h2_admit(sc);
   if (c->closing) return;
-  for (h2s *st = sc->streams, *n; st; st = n) {
-    n = st->next;
+  h2s *st, *n;
+  list_each_safe(st, n, &sc->streams, link) {
     if (!st->dispatched) continue; /* its header block is open, or it waits for admission */
     if (!st->body_paused && st->pend_len) {
       uint8_t *p = st->pend;
@@ -863,19 +831,13 @@ static int h2_room(hx *x, size_t n) {
   h2c *sc = st->sess;
   sc->held -= st->reserved;
   st->reserved = 0;
-  if (!st->room_wait && h2_room_ok(st, h2_conn_queued(sc), n)) {
+  if (!list_linked(&st->wlink) && h2_room_ok(st, h2_conn_queued(sc), n)) {
     st->reserved = n;
     sc->held += n;
     return 1;
   }
   st->room_n = n;
-  if (!st->room_wait) { /* to the end of the FIFO */
-    st->room_wait = 1;
-    st->wnext = NULL;
-    if (sc->wtail) sc->wtail->wnext = st;
-    else sc->whead = st;
-    sc->wtail = st;
-  }
+  if (!list_linked(&st->wlink)) list_insert_tail(&sc->room_fifo, &st->wlink); /* to the end of the FIFO */
   sink_defer(sc->c, h2_deferred); /* a WINDOW_UPDATE may already be in */
   return 0;
 }
@@ -918,8 +880,9 @@ static void h2_on_timeout(hsink *c) {
     return;
   }
   if (!sc->undispatched) {
-    for (h2s *st = sc->streams; st; st = st->next) {
-      if (!st->x.ended && !st->admit_wait) return; /* an exchange is running */
+    h2s *st;
+    list_each(st, &sc->streams, link) {
+      if (!st->x.ended && !list_linked(&st->alink)) return; /* an exchange is running */
       if (!nghttp2_session_get_stream_local_close(sc->ng, st->id)) {
         sc->tmode = H2T_IDLE;
         sink_timer(c, conch.http_idle_ms); /* its response is still going out: no write timeout */
@@ -943,8 +906,8 @@ static void h2_on_close(hsink *c) {
   h2c *sc = c->p;
   if (!sc) return;
   sc->dead = 1;
-  while (sc->streams) {
-    h2s *st = sc->streams;
+  h2s *st;
+  while ((st = list_first_entry(&sc->streams, h2s, link))) {
     h2_abort_stream(st);
     h2_stream_free(st);
   }

@@ -52,7 +52,7 @@ enum { JOB_STAGED = 1, JOB_QUEUED, JOB_RUNNING, JOB_FINISHED };
 typedef struct pool {
   /* staged by pool_submit during this loop turn (loop thread only); the
    * prepare handle hands them to the FIFO just before the loop polls */
-  pool_job *shead, *stail;
+  list_node staged;
   uv_prepare_t prep;
   /* active from a submission until the prepare handle has taken it: a job
    * staged after that handle ran in this turn (from another prepare
@@ -61,11 +61,11 @@ typedef struct pool {
    * poll timer's 1 ms; an active idle handle makes that poll not block */
   uv_idle_t idle;
   uv_mutex_t lock;
-  pool_job *qhead, *qtail; /* FIFO, doubly linked (cancel unlinks) */
+  list_node queue; /* the FIFO (cancel unlinks) */
   unsigned nqueued;
-  struct runner *rlist; /* runners that will still take jobs (spawned, not
-                         * yet past their decision to return) */
-  pool_job *dhead, *dtail; /* finished or canceled, for the loop */
+  list_node rlist; /* runners that will still take jobs (spawned, not
+                    * yet past their decision to return) */
+  list_node done; /* finished or canceled, for the loop */
   /* Finished jobs wake the loop through an eventfd of our own, written at
    * most once until the loop has looked (`signaled`).  Not a uv_async_t:
    * libuv 1.44's uv_async_send writes its eventfd and then marks the
@@ -86,7 +86,7 @@ typedef struct pool {
 typedef struct runner {
   uv_work_t req;
   pool *p;
-  struct runner *prev, *next; /* p->rlist, under the lock */
+  list_node link;             /* p->rlist, under the lock */
   uint64_t job_start;         /* under the lock */
   int in_job;
 } runner;
@@ -154,11 +154,8 @@ static void pool_signal(pool *p) {
 
 /* Append to the finished list; caller holds the lock. */
 static void finished_push(pool *p, pool_job *j) {
-  j->next = NULL;
   j->state = JOB_FINISHED;
-  if (p->dtail) p->dtail->next = j;
-  else p->dhead = j;
-  p->dtail = j;
+  list_insert_tail(&p->done, &j->link);
 }
 
 /* Runners free to take queued jobs soon: all listed ones except those inside
@@ -167,28 +164,21 @@ static void finished_push(pool *p, pool_job *j) {
 static unsigned pool_free_runners(pool *p) {
   uint64_t now = uv_hrtime();
   unsigned n = 0;
-  for (runner *r = p->rlist; r; r = r->next)
+  runner *r;
+  list_each(r, &p->rlist, link)
     if (!r->in_job || now - r->job_start < POOL_STUCK_NS) n++;
   return n;
 }
 
 /* Take the FIFO's head; caller holds the lock. */
 static pool_job *fifo_take(pool *p) {
-  pool_job *j = p->qhead;
+  pool_job *j = list_first_entry(&p->queue, pool_job, link);
   if (j) {
-    p->qhead = j->next;
-    if (p->qhead) p->qhead->prev = NULL;
-    else p->qtail = NULL;
+    list_remove(&j->link);
     p->nqueued--;
     j->state = JOB_RUNNING;
   }
   return j;
-}
-
-static void rlist_unlink(pool *p, runner *r) {
-  if (r->prev) r->prev->next = r->next;
-  else p->rlist = r->next;
-  if (r->next) r->next->prev = r->prev;
 }
 
 static void runner_work(uv_work_t *req) {
@@ -203,10 +193,10 @@ static void runner_work(uv_work_t *req) {
     if (prev) finished_push(p, prev);
     int turn_over = taken >= POOL_RUNNER_JOBS || now - start >= POOL_RUNNER_NS;
     pool_job *j = turn_over ? NULL : fifo_take(p);
-    int empty = p->qhead == NULL;
+    int empty = list_empty(&p->queue);
     r->in_job = j != NULL;
     r->job_start = now;
-    if (!j) rlist_unlink(p, r); /* returning: no longer counts as free */
+    if (!j) list_remove(&r->link); /* returning: no longer counts as free */
     uv_mutex_unlock(&p->lock);
     if (prev) {
       if (unsignaled++ == 0) oldest = now;
@@ -256,13 +246,10 @@ static void runner_spawn(pool *p) {
   if (r) {
     r->p = p;
     r->req.data = r;
-    r->prev = NULL;
     r->in_job = 0;
     r->job_start = 0;
     uv_mutex_lock(&p->lock); /* listed before it can start (and unlist itself) */
-    r->next = p->rlist;
-    if (r->next) r->next->prev = r;
-    p->rlist = r;
+    list_insert_head(&p->rlist, &r->link);
     uv_mutex_unlock(&p->lock);
     if (uv_queue_work(conch.loop, &r->req, runner_work, runner_after) == 0) {
       p->runners++;
@@ -270,7 +257,7 @@ static void runner_spawn(pool *p) {
       return;
     }
     uv_mutex_lock(&p->lock);
-    rlist_unlink(p, r);
+    list_remove(&r->link);
     uv_mutex_unlock(&p->lock);
     free(r);
   }
@@ -278,12 +265,12 @@ static void runner_spawn(pool *p) {
    * strand it. */
   if (p->runners) return;
   uv_mutex_lock(&p->lock);
-  for (pool_job *j = p->qhead, *n; j; j = n) {
-    n = j->next;
+  pool_job *j;
+  while ((j = list_first_entry(&p->queue, pool_job, link))) {
+    list_remove(&j->link);
     j->canceled = 1;
     finished_push(p, j);
   }
-  p->qhead = p->qtail = NULL;
   p->nqueued = 0;
   uv_mutex_unlock(&p->lock);
   pool_signal(p);
@@ -291,16 +278,16 @@ static void runner_spawn(pool *p) {
 
 /* Run the done callbacks of the finished jobs (loop thread). */
 static void pool_collect(pool *p) {
+  list_node done = {0};
   uv_mutex_lock(&p->lock);
-  pool_job *j = p->dhead;
-  p->dhead = p->dtail = NULL;
+  list_splice_tail(&done, &p->done);
   uv_mutex_unlock(&p->lock);
-  if (j) p->wakeups++;
-  while (j) {
-    pool_job *n = j->next; /* done may free j */
+  if (!list_empty(&done)) p->wakeups++;
+  pool_job *j;
+  while ((j = list_first_entry(&done, pool_job, link))) {
+    list_remove(&j->link); /* done may free j, or submit it again */
     p->out--;
     j->done(j, j->canceled);
-    j = n;
   }
   if (!p->out) uv_timer_stop(&p->poll);
 }
@@ -334,12 +321,8 @@ void pool_submit(pool_job *j, void (*work)(pool_job *), void (*done)(pool_job *,
   j->done = done;
   j->canceled = 0;
   j->state = JOB_STAGED;
-  j->next = NULL;
   p->out++;
-  j->prev = p->stail;
-  if (p->stail) p->stail->next = j;
-  else p->shead = j;
-  p->stail = j;
+  list_insert_tail(&p->staged, &j->link);
   if (!uv_is_active((uv_handle_t *)&p->prep)) uv_prepare_start(&p->prep, pool_on_prepare);
   /* A prepare handle started from inside the prepare phase (a write that
    * completed in conn's flush let a download ask for its next chunk) runs
@@ -363,19 +346,16 @@ static void pool_on_prepare(uv_prepare_t *h) {
   pool *p = h->data;
   uv_prepare_stop(h);
   uv_idle_stop(&p->idle); /* everything staged so far is taken here */
-  if (!p->shead) return;
+  if (list_empty(&p->staged)) return;
   uv_mutex_lock(&p->lock);
-  for (pool_job *j = p->shead; j; j = j->next) {
+  pool_job *j;
+  list_each(j, &p->staged, link) {
     j->state = JOB_QUEUED;
     p->nqueued++;
   }
-  p->shead->prev = p->qtail;
-  if (p->qtail) p->qtail->next = p->shead;
-  else p->qhead = p->shead;
-  p->qtail = p->stail;
+  list_splice_tail(&p->queue, &p->staged);
   unsigned queued = p->nqueued, free_runners = pool_free_runners(p);
   uv_mutex_unlock(&p->lock);
-  p->shead = p->stail = NULL;
   pool_grow(p, queued, free_runners); /* (pool_submit started the poll timer) */
 }
 
@@ -383,10 +363,7 @@ int pool_cancel(pool_job *j) {
   pool *p = pool_get();
   int r = -1;
   if (j->state == JOB_STAGED) { /* still ours alone */
-    if (j->prev) j->prev->next = j->next;
-    else p->shead = j->next;
-    if (j->next) j->next->prev = j->prev;
-    else p->stail = j->prev;
+    list_remove(&j->link);
     uv_mutex_lock(&p->lock);
     j->canceled = 1;
     finished_push(p, j);
@@ -396,10 +373,7 @@ int pool_cancel(pool_job *j) {
   }
   uv_mutex_lock(&p->lock);
   if (j->state == JOB_QUEUED) {
-    if (j->prev) j->prev->next = j->next;
-    else p->qhead = j->next;
-    if (j->next) j->next->prev = j->prev;
-    else p->qtail = j->prev;
+    list_remove(&j->link);
     p->nqueued--;
     j->canceled = 1;
     finished_push(p, j);
@@ -413,7 +387,8 @@ int pool_cancel(pool_job *j) {
 unsigned pool_pending(void) {
   pool *p = pool_get();
   unsigned n = 0;
-  for (pool_job *j = p->shead; j; j = j->next) n++;
+  pool_job *j;
+  list_each(j, &p->staged, link) n++;
   uv_mutex_lock(&p->lock);
   n += p->nqueued;
   uv_mutex_unlock(&p->lock);

@@ -21,12 +21,14 @@
 #ifndef CONCH_POOL_H
 #define CONCH_POOL_H
 
+#include "agent/list.h"
+
 typedef struct pool_job pool_job;
 
 struct pool_job {
   void (*work)(pool_job *j);                /* pool thread */
   void (*done)(pool_job *j, int canceled);  /* loop thread; may free j */
-  pool_job *prev, *next;                    /* private to the pool */
+  list_node link;                           /* private to the pool */
   int state;                                /* private to the pool */
   int canceled;                             /* private to the pool */
 };

@@ -1,6 +1,6 @@
 /* rpc — the service-facing side of one RPC call.
  *
- * Services (fs/, proc/) see only this header of agent/ (and log.h, senv.h):
+ * Services (fs/, proc/) see only this header of agent/ (and log.h, senv.h, list.h):
  * a call is a typed request (or a stream of them) in, protobuf messages and
  * one final status out; thread-pool work goes through rpc_work_submit, and
  * what else a service needs (its loop, its state) it gets from its own

@@ -19,11 +19,12 @@
 
 #include <stddef.h>
 
+#include "agent/list.h"
+
 typedef struct tokhold tokhold;
 struct tokhold {
-  tokhold *next, *prev;
+  list_node link;         /* in the list (zero: not held) */
   unsigned long long gen; /* conch.token_gen it authenticated with */
-  int held;               /* in the list */
   /* the token it authenticated with was replaced (it is out of the list) */
   void (*revoke)(tokhold *h);
 };

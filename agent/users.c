@@ -350,25 +350,13 @@ static struct {
   int job;                 /* a read is in the pool */
   unsigned started;        /* reads started: a waiter is answered by one that started after it queued */
   uint64_t verified_at;    /* uv_now when the files were last compared */
-  users_wait *head, *tail; /* waiting for it */
+  list_node queue;         /* waiting for it, oldest first */
   uv_fs_event_t ev;
 } U;
 
-static void queue_add(users_wait *w) {
-  w->queued = 1;
-  w->next = NULL;
-  w->prev = U.tail;
-  if (U.tail) U.tail->next = w; else U.head = w;
-  U.tail = w;
-}
+static void queue_add(users_wait *w) { list_insert_tail(&U.queue, &w->link); }
 
-void users_cancel(users_wait *w) {
-  if (!w->queued) return;
-  w->queued = 0;
-  if (w->prev) w->prev->next = w->next; else U.head = w->next;
-  if (w->next) w->next->prev = w->prev; else U.tail = w->prev;
-  w->next = w->prev = NULL;
-}
+void users_cancel(users_wait *w) { list_remove(&w->link); }
 
 static void on_etc_event(uv_fs_event_t *h, const char *name, int events, int status) {
   (void)h;
@@ -432,9 +420,8 @@ static int read_start(void);
 /* Answer every waiter queued before job `no` started; the others wait for
  * the next read (started here). */
 static void answer_waiters(unsigned no) {
-  users_wait *w = U.head;
-  while (w) {
-    users_wait *next = w->next;
+  users_wait *w, *next;
+  list_each_safe(w, next, &U.queue, link) {
     if (w->after < no) {
       users_cancel(w);
       const rpc_ident *id = NULL;
@@ -442,13 +429,11 @@ static void answer_waiters(unsigned no) {
       users_status st = U.tab ? resolve_in(U.tab, w->spec, &id, &miss) : USERS_ERROR;
       w->done(w, st, st == USERS_OK ? id : NULL);
     }
-    w = next;
   }
-  if (U.head && read_start() != 0)
-    while (U.head) {
-      users_wait *x = U.head;
-      users_cancel(x);
-      x->done(x, USERS_ERROR, NULL);
+  if (!list_empty(&U.queue) && read_start() != 0)
+    while ((w = list_first_entry(&U.queue, users_wait, link))) {
+      users_cancel(w);
+      w->done(w, USERS_ERROR, NULL);
     }
 }
 

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "agent/list.h"
 #include "agent/rpc.h"
 
 /* Supplementary groups kept at most (the kernel's NGROUPS_MAX). */
@@ -50,8 +51,7 @@ typedef enum users_status { USERS_OK, USERS_PENDING, USERS_INVALID, USERS_UNKNOW
 
 typedef struct users_wait users_wait;
 struct users_wait {
-  users_wait *next, *prev;
-  int queued;
+  list_node link; /* in the queue (zero: not queued) */
   unsigned after; /* reads started when it queued: only a later one answers it */
   char spec[USERS_MAX_SPEC + 1];
   /* From the loop, once the files were read: st USERS_OK (id: a hold, the
@@ -68,6 +68,9 @@ users_status users_resolve(const char *text, const rpc_ident **out, users_wait *
 
 /* Take w out of the queue (a no-op when it is not there). */
 void users_cancel(users_wait *w);
+
+/* 1 while w is in the queue (USERS_PENDING, its done not yet run). */
+static inline int users_waiting(const users_wait *w) { return list_linked(&w->link); }
 
 /* The same, reading the files now, in the calling thread (the init
  * message's defaultUser, from the pool): USERS_OK (a hold, or root's static

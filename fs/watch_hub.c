@@ -125,7 +125,8 @@ void wd_hub_drop(fs_watch *w, int wd) {
 /* One event read from the hub: to every stream it concerns.  Loop. */
 static void hub_dispatch(wd_hub *h, const struct inotify_event *ev) {
   if (ev->mask & IN_Q_OVERFLOW) { /* the shared kernel queue lost events: all streams */
-    for (fs_watch *w = h->streams; w; w = w->hnext) h->ops->push(w, ev);
+    fs_watch *w;
+    list_each(w, &h->streams, hlink) h->ops->push(w, ev);
     return;
   }
   uv_mutex_lock(&h->mu);
@@ -143,8 +144,8 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
   if (status < 0) {
     uv_poll_stop(&h->poll);
     h->polling = 0;
-    for (fs_watch *w = h->streams, *nx; w; w = nx) {
-      nx = w->hnext; /* (w may be freed: out of memory for its clean-up job) */
+    fs_watch *w, *nx; /* (w may be freed: out of memory for its clean-up job) */
+    list_each_safe(w, nx, &h->streams, hlink) {
       if (w->call && !w->closing) h->ops->finish(w, RPC_INTERNAL, "watch directory: inotify read failed");
     }
     return;
@@ -152,7 +153,8 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
   static char buf[WD_READ_BUF] __attribute__((aligned(__alignof__(struct inotify_event))));
   /* one read fits in half of every stream's queue */
   size_t rdsize = WD_READ_BUF;
-  for (fs_watch *w = h->streams; w; w = w->hnext) {
+  fs_watch *w, *nx;
+  list_each(w, &h->streams, hlink) {
     size_t r = h->ops->read_size(w);
     if (r < rdsize) rdsize = r;
   }
@@ -175,8 +177,7 @@ static void hub_on_poll(uv_poll_t *ph, int status, int events) {
       off += (ssize_t)(sizeof *ev + ev->len);
     }
   }
-  for (fs_watch *w = h->streams, *nx; w; w = nx) {
-    nx = w->hnext; /* (as above) */
+  list_each_safe(w, nx, &h->streams, hlink) { /* (w may be freed, as above) */
     if (w->call && !w->closing) h->ops->pump(w);
   }
 }
@@ -226,9 +227,7 @@ wd_hub *wd_hub_join(fs_watch *w, const wd_hub_ops *ops) {
   }
   h->refs++;
   w->hub = h;
-  w->hnext = h->streams;
-  if (h->streams) h->streams->hprev = w;
-  h->streams = w;
+  list_insert_head(&h->streams, &w->hlink);
   return h;
 }
 
@@ -258,9 +257,7 @@ void wd_hub_leave(fs_watch *w) {
   wd_hub *h = w->hub;
   if (!h) return;
   wd_hub_unpause(w);
-  if (w->hprev) w->hprev->hnext = w->hnext;
-  else h->streams = w->hnext;
-  if (w->hnext) w->hnext->hprev = w->hprev;
+  list_remove(&w->hlink);
   w->hub = NULL;
   if (--h->refs) return;
   if (hub_cur == h) hub_cur = NULL;

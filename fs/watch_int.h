@@ -30,6 +30,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "agent/list.h"
 #include "agent/rpc.h"
 #include "fs/status.h"
 #include "fs/walk.h"
@@ -84,7 +85,9 @@ typedef struct wd_item {
 
 /* A watched directory of one stream. */
 typedef struct wnode {
-  struct wnode *parent, *kids, *next_sib, *prev_sib;
+  struct wnode *parent;
+  list_node kids; /* its subdirectories in the tree (sib), newest first */
+  list_node sib;  /* in parent->kids */
   struct wnode *hw, *hn; /* hash chains: by wd, by (parent, name) */
   int wd;
   uint32_t hname;
@@ -117,7 +120,7 @@ typedef struct wd_hub {
   hub_ent **tab;
   size_t cap, used;
   /* loop-owned */
-  fs_watch *streams; /* every stream using the hub */
+  list_node streams; /* every stream using the hub (fs_watch.hlink), newest first */
   int refs;          /* = streams in the list */
   int npaused;       /* streams whose full queue asks the reads to pause */
   int polling;
@@ -132,7 +135,7 @@ struct fs_watch {
   atomic_int cancel;
   fs_status st;
   wd_hub *hub;
-  fs_watch *hprev, *hnext; /* the hub's list (loop) */
+  list_node hlink;         /* in hub->streams (loop) */
   int root_wd;             /* under hub->mu */
   /* job-owned (setup and item jobs) */
   int rootfd;        /* within a job only: an open fd would hold off DELETE_SELF */

@@ -59,22 +59,10 @@ static void wd_insert(fs_watch *w, wnode *n) {
 }
 
 static void kid_link(wnode *n) {
-  wnode *p = n->parent;
-  n->prev_sib = NULL;
-  n->next_sib = NULL;
-  if (!p) return;
-  n->next_sib = p->kids;
-  if (p->kids) p->kids->prev_sib = n;
-  p->kids = n;
+  if (n->parent) list_insert_head(&n->parent->kids, &n->sib);
 }
 
-static void kid_unlink(wnode *n) {
-  if (!n->parent) return;
-  if (n->prev_sib) n->prev_sib->next_sib = n->next_sib;
-  else n->parent->kids = n->next_sib;
-  if (n->next_sib) n->next_sib->prev_sib = n->prev_sib;
-  n->prev_sib = n->next_sib = NULL;
-}
+static void kid_unlink(wnode *n) { list_remove(&n->sib); }
 
 /* The tree changed: the cached open directory may name another one now. */
 static void cdir_forget(fs_watch *w) {
@@ -88,13 +76,11 @@ void wd_node_drop(fs_watch *w, wnode *n) {
   kid_unlink(n);
   wnode *x = n;
   for (;;) {
-    while (x->kids) x = x->kids;
+    wnode *k;
+    while ((k = list_first_entry(&x->kids, wnode, sib))) x = k;
     wnode *p = x->parent;
     int last = x == n;
-    if (!last) {
-      p->kids = x->next_sib;
-      if (p->kids) p->kids->prev_sib = NULL;
-    }
+    if (!last) kid_unlink(x);
     wd_hub_drop(w, x->wd);
     wnode **q = &w->by_wd[wd_hash(x->wd, w->tab_cap)];
     while (*q != x) q = &(*q)->hw;
@@ -110,7 +96,8 @@ void wd_node_drop(fs_watch *w, wnode *n) {
     free(x);
     w->nnodes--;
     if (last) break;
-    x = p->kids ? p->kids : p;
+    k = list_first_entry(&p->kids, wnode, sib);
+    x = k ? k : p;
   }
   if (n == w->rootn) w->rootn = NULL;
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent/list.h"
 #include "agent/log.h"
 #include "net/net.h"
 #include "net/service.h"
@@ -39,7 +40,7 @@ typedef struct net_ev {
 } net_ev;
 
 typedef struct net_watch {
-  struct net_watch *next, *prev;
+  list_node link; /* in N.watches, newest first */
   rpc_call *call;
   int joined;  /* has had start and the table */
   int drain_armed;
@@ -61,7 +62,7 @@ static struct {
   int busy;        /* the scan job is out */
   net_port *ports; /* the table, sorted by port, address, inode */
   size_t nports;
-  net_watch *watches;
+  list_node watches;
   net_list *in_job, *queued; /* ListPorts answered by the running job / the next one */
   net_owner_fn lookup;
   uint64_t keepalive_ms;
@@ -100,9 +101,7 @@ static void net_watch_free(net_watch *w) {
     free(e->p.tag);
     free(e);
   }
-  if (w->prev) w->prev->next = w->next;
-  else N.watches = w->next;
-  if (w->next) w->next->prev = w->prev;
+  list_remove(&w->link);
   free(w);
 }
 
@@ -197,9 +196,7 @@ static void net_watch_on_request(rpc_call *c, const ProtobufCMessage *req) {
   }
   w->call = c;
   w->last_send = uv_now(net_loop);
-  w->next = N.watches;
-  if (N.watches) N.watches->prev = w;
-  N.watches = w;
+  list_insert_head(&N.watches, &w->link);
   rpc_set_user(c, w);
   net_sched();
 }
@@ -267,7 +264,7 @@ static void net_on_timer(uv_timer_t *t) { net_sched(); }
  * someone watches or forwards. */
 static void net_sched(void) {
   if (!net_loop) return; /* the service is not registered (unit tests of init/) */
-  int live = N.watches || net_fwd_addr();
+  int live = !list_empty(&N.watches) || net_fwd_addr();
   if (live && !N.timer_on) {
     uv_timer_start(&N.timer, net_on_timer, NET_SCAN_MS, NET_SCAN_MS);
     N.timer_on = 1;
@@ -284,8 +281,8 @@ static void net_sched(void) {
   }
   /* keepalives: from the timer, so no stream needs a timer of its own */
   uint64_t now = uv_now(net_loop);
-  for (net_watch *w = N.watches, *n; w; w = n) {
-    n = w->next;
+  net_watch *w, *n;
+  list_each_safe(w, n, &N.watches, link) {
     if (N.keepalive_ms && w->joined && !w->head && now - w->last_send >= N.keepalive_ms) {
       if (net_watch_push(w, PB__PORT_EVENT__EVENT_KEEPALIVE, NULL) == 0) net_watch_flush(w);
     }
@@ -338,8 +335,8 @@ static net_port *net_build(size_t *np) {
 }
 
 static void net_emit(int kind, const net_port *p) {
-  for (net_watch *w = N.watches, *n; w; w = n) {
-    n = w->next;
+  net_watch *w, *n;
+  list_each_safe(w, n, &N.watches, link) {
     if (w->joined && net_watch_push(w, kind, p) == 0) net_watch_flush(w);
   }
 }
@@ -402,8 +399,8 @@ static void net_scan_done(void *data, int canceled) {
     N.ports = v;
     N.nports = n;
   }
-  for (net_watch *w = N.watches, *nx; w; w = nx) {
-    nx = w->next;
+  net_watch *w, *wn;
+  list_each_safe(w, wn, &N.watches, link) {
     if (w->joined) continue;
     w->joined = 1;
     if (net_watch_push(w, PB__PORT_EVENT__EVENT_START, NULL)) continue;
@@ -423,7 +420,7 @@ static void net_scan_done(void *data, int canceled) {
   }
   N.in_job = NULL;
   N.in_done = 0;
-  if (N.queued || (!N.watches && !net_fwd_addr())) net_sched(); /* the next batch, or drop the table */
+  if (N.queued || (list_empty(&N.watches) && !net_fwd_addr())) net_sched(); /* the next batch, or drop the table */
 }
 
 int net_forward_set(const char *addr) {

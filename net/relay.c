@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "agent/list.h"
 #include "agent/log.h"
 #include "net/net.h"
 #include "net/service.h"
@@ -45,8 +46,7 @@ typedef struct relay_dir {
   size_t held;   /* bytes in the pipe (counted in the budget) */
   int eof;       /* src said EOF */
   int shut;      /* dst shut down */
-  int starved;   /* waits for the budget */
-  struct relay_dir *snext;
+  list_node slink; /* waits for the budget: in `starved` (or in the retry's batch) */
 } relay_dir;
 
 struct relay_conn {
@@ -74,7 +74,7 @@ static char *fwd_addr;
 static struct sockaddr_storage fwd_sa;
 static fwd *fwds;
 static size_t nconns;
-static relay_dir *starved;
+static list_node starved; /* newest first */
 static uv_timer_t retry_timer;
 static int retry_init;
 
@@ -122,14 +122,7 @@ const char *net_fwd_to(uint16_t port) {
 
 /* ---- one relayed connection ---- */
 
-static void relay_unstarve(relay_dir *d) {
-  for (relay_dir **p = &starved; *p; p = &(*p)->snext)
-    if (*p == d) {
-      *p = d->snext;
-      break;
-    }
-  d->starved = 0;
-}
+static int relay_starved(const relay_dir *d) { return list_linked(&d->slink); }
 
 static void relay_on_closed(uv_handle_t *h) {
   relay_conn *c = h->data;
@@ -144,8 +137,8 @@ static void relay_on_closed(uv_handle_t *h) {
 static void relay_close(relay_conn *c) {
   if (c->closing) return;
   c->closing = 1;
-  if (c->up.starved) relay_unstarve(&c->up);
-  if (c->down.starved) relay_unstarve(&c->down);
+  list_remove(&c->up.slink); /* (also out of a retry's batch: not stepped again) */
+  list_remove(&c->down.slink);
   rpc_budget_give(c->up.held + c->down.held);
   c->up.held = c->down.held = 0;
   uv_close((uv_handle_t *)&c->pa, relay_on_closed);
@@ -168,12 +161,10 @@ static int relay_pump(relay_dir *d) {
         return -1;
       }
     }
-    if (!d->eof && !d->starved && d->held < NET_PIPE_CAP) {
+    if (!d->eof && !relay_starved(d) && d->held < NET_PIPE_CAP) {
       size_t room = NET_PIPE_CAP - d->held;
       if (rpc_budget_take(room) != 0) { /* the budget is spent: try again soon */
-        d->starved = 1;
-        d->snext = starved;
-        starved = d;
+        list_insert_head(&starved, &d->slink);
         uv_timer_start(&retry_timer, relay_on_retry, NET_RETRY_MS, 0);
         break;
       }
@@ -203,8 +194,8 @@ static void relay_on_poll(uv_poll_t *h, int status, int events);
  * while the pipe towards it holds bytes. */
 static void relay_watch(relay_conn *c) {
   unsigned ea = 0, eb = 0;
-  if (!c->up.eof && !c->up.starved && c->up.held < NET_PIPE_CAP) ea |= UV_READABLE;
-  if (!c->down.eof && !c->down.starved && c->down.held < NET_PIPE_CAP) eb |= UV_READABLE;
+  if (!c->up.eof && !relay_starved(&c->up) && c->up.held < NET_PIPE_CAP) ea |= UV_READABLE;
+  if (!c->down.eof && !relay_starved(&c->down) && c->down.held < NET_PIPE_CAP) eb |= UV_READABLE;
   if (c->up.held) eb |= UV_WRITABLE;
   if (c->down.held) ea |= UV_WRITABLE;
   if (ea != c->ev_a) {
@@ -232,13 +223,12 @@ static void relay_step(relay_conn *c) {
 }
 
 static void relay_on_retry(uv_timer_t *t) {
-  relay_dir *list = starved;
-  starved = NULL;
-  while (list) {
-    relay_dir *d = list;
-    list = d->snext;
-    d->starved = 0;
-    relay_step(d->c);
+  list_node batch = {0}; /* those starved so far; a step may starve them anew */
+  list_splice_tail(&batch, &starved);
+  relay_dir *d;
+  while ((d = list_first_entry(&batch, relay_dir, slink))) {
+    list_remove(&d->slink);
+    relay_step(d->c); /* may close d->c: relay_close takes its other direction out of the batch */
   }
 }
 

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "agent/list.h"
 #include "agent/log.h"
 #include "agent/rpc.h"
 #include "proto/handover.pb-c.h"
@@ -20,7 +21,7 @@
 #define CG_PID1_MOUNT "/run/conch/cgroup"
 
 struct proc_cg {
-  struct proc_cg *next, *prev; /* every live one (shutdown) */
+  list_node link;              /* in all: every live one (shutdown), newest first */
   char name[32];               /* "p<seq>", below the base */
   int fd;                      /* the directory, -1 until created */
   int created, released, removed, finished;
@@ -45,7 +46,7 @@ struct proc_cgroups {
   char base_path[1100]; /* as /proc/PID/cgroup shows it */
   char name_buf[1140];  /* proc_cg_name's answer */
   uint64_t seq;
-  struct proc_cg *all;
+  list_node all;
   int envelope;         /* cpu, memory, pids enabled below the base */
   char why[256];        /* no envelope: why */
   uint64_t mem_max, pids_max; /* the workload's, as applied */
@@ -457,9 +458,7 @@ static struct proc_cg *cg_alloc(struct proc_cgroups *g) {
   if (!cg) return NULL;
   cg->fd = -1;
   snprintf(cg->name, sizeof cg->name, "p%llu", (unsigned long long)++g->seq);
-  cg->next = g->all;
-  if (g->all) g->all->prev = cg;
-  g->all = cg;
+  list_insert_head(&g->all, &cg->link);
   return cg;
 }
 
@@ -676,10 +675,7 @@ static void cg_on_close(uv_handle_t *h) {
 /* The directory is gone (or given up on): drop everything; a lingering
  * owner hears it. */
 static void cg_finish(struct proc_cg *cg) {
-  struct proc_cgroups *g = cg_state;
-  if (cg->prev) cg->prev->next = cg->next; else g->all = cg->next;
-  if (cg->next) cg->next->prev = cg->prev;
-  cg->next = cg->prev = NULL;
+  list_remove(&cg->link);
   cg->finished = 1;
   if (cg->timer_on) {
     cg->handles++;
@@ -819,7 +815,8 @@ void proc_cg_shutdown(void) {
   /* leftovers live on (as without cgroups), in the daemon's own cgroup:
    * nothing of ours stays behind in the hierarchy */
   int to = openat(g->parent_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-  for (struct proc_cg *cg = g->all; cg; cg = cg->next) {
+  struct proc_cg *cg;
+  list_each(cg, &g->all, link) {
     if (!cg->created || unlinkat(g->base_fd, cg->name, AT_REMOVEDIR) == 0 || errno != EBUSY) continue;
     int fd = openat(g->base_fd, cg->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (to >= 0 && fd >= 0) cg_each(fd, cg_move_one, &to);
@@ -896,9 +893,7 @@ struct proc_cg *proc_cg_adopt(const char *name, int fd, const proc_cg_limits *li
   cg->fd = fd;
   cg->created = 1;
   if (limits) cg->limits = *limits;
-  cg->next = g->all;
-  if (g->all) g->all->prev = cg;
-  g->all = cg;
+  list_insert_head(&g->all, &cg->link);
   return cg;
 }
 

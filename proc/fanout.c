@@ -29,9 +29,7 @@ struct proc_sub *proc_sub_add(struct proc_fanout *f, rpc_call *c, int lossless) 
   s->lossless = lossless;
   uv_timer_init(f->loop, &s->ka);
   s->ka.data = s;
-  s->next = f->subs;
-  if (f->subs) f->subs->prev = s;
-  f->subs = s;
+  list_insert_head(&f->subs, &s->link);
   f->nsubs++;
   rpc_set_user(c, s);
   return s;
@@ -44,8 +42,7 @@ void proc_sub_remove(struct proc_sub *s) {
   int lossless = s->lossless;
   if (s->drain_armed) rpc_on_drain(s->call, NULL);
   rpc_set_user(s->call, NULL);
-  if (s->prev) s->prev->next = s->next; else f->subs = s->next;
-  if (s->next) s->next->prev = s->prev;
+  list_remove(&s->link);
   f->nsubs--;
   f->dropped_total += s->dropped;
   uv_close((uv_handle_t *)&s->ka, proc_sub_free);
@@ -55,7 +52,8 @@ void proc_sub_remove(struct proc_sub *s) {
 
 uint64_t proc_fanout_dropped(const struct proc_fanout *f) {
   uint64_t n = f->dropped_total;
-  for (const struct proc_sub *s = f->subs; s; s = s->next) n += s->dropped;
+  const struct proc_sub *s;
+  list_each(s, &f->subs, link) n += s->dropped;
   return n;
 }
 
@@ -145,9 +143,8 @@ void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n
   Pb__ProcessDataEvent d;
   Pb__ProcessEvent ev;
   proc_data_event(&ev, &d, kind, (const uint8_t *)buf, n, offset);
-  struct proc_sub *s = f->subs, *next;
-  for (; s; s = next) {
-    next = s->next;
+  struct proc_sub *s, *next;
+  list_each_safe(s, next, &f->subs, link) {
     if (s->lossless) {
       if (proc_sub_send(s, &ev) != 0) continue;
       proc_sub_hold(s);
@@ -161,7 +158,8 @@ void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n
 }
 
 int proc_fanout_direct(const struct proc_fanout *f) {
-  return f->nsubs == 1 && f->subs->lossless && !rpc_is_json(f->subs->call);
+  const struct proc_sub *s = list_first_entry(&f->subs, struct proc_sub, link);
+  return f->nsubs == 1 && s->lossless && !rpc_is_json(s->call);
 }
 
 /* ProcessEvent{data{offset, <kind>: n bytes}} up to the bytes (which
@@ -185,7 +183,7 @@ static size_t proc_data_frame(uint8_t *buf, size_t end, int kind, size_t n, uint
 /* Frame the event in place, in the headroom in front of the bytes at
  * buf + PROC_HEADROOM, and hand buf over: no copy of the output. */
 void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size_t n, uint64_t offset) {
-  struct proc_sub *s = f->subs;
+  struct proc_sub *s = list_first_entry(&f->subs, struct proc_sub, link);
   size_t off = proc_data_frame(buf, PROC_HEADROOM, kind, n, offset);
   s->last_send = uv_now(f->loop);
   if (rpc_send_bytes(s->call, buf, buf + off, PROC_HEADROOM + n - off) != 0) return;
@@ -263,9 +261,8 @@ static void proc_sub_send_end(struct proc_sub *s, int pid, const proc_end_info *
 }
 
 void proc_fanout_end(struct proc_fanout *f, int pid, const proc_end_info *e) {
-  struct proc_sub *s = f->subs, *next;
-  for (; s; s = next) {
-    next = s->next;
+  struct proc_sub *s, *next;
+  list_each_safe(s, next, &f->subs, link) {
     proc_sub_send_end(s, pid, e);
   }
 }
@@ -277,9 +274,8 @@ void proc_sub_fail(struct proc_sub *s, rpc_code code, const char *msg) {
 }
 
 void proc_fanout_fail(struct proc_fanout *f, rpc_code code, const char *msg) {
-  struct proc_sub *s = f->subs, *next;
-  for (; s; s = next) {
-    next = s->next;
+  struct proc_sub *s, *next;
+  list_each_safe(s, next, &f->subs, link) {
     proc_sub_fail(s, code, msg);
   }
 }

@@ -31,6 +31,7 @@
 #include <uv.h>
 
 #include "agent/bufref.h"
+#include "agent/list.h"
 #include "agent/rpc.h"
 
 #define PROC_READ_MAX (32u * 1024)
@@ -49,7 +50,7 @@ struct proc_fanout;
 struct proc_sub {
   rpc_call *call;
   struct proc_fanout *f;
-  struct proc_sub *next, *prev; /* in f->subs */
+  list_node link; /* in f->subs, newest first */
   uv_timer_t ka;
   uint64_t last_send; /* uv_now of the last message */
   uint64_t dropped;
@@ -65,7 +66,7 @@ struct proc_sub {
 struct proc_fanout {
   uv_loop_t *loop;
   uint64_t keepalive_ms;
-  struct proc_sub *subs;
+  list_node subs; /* struct proc_sub, newest first */
   size_t nsubs;
   uint64_t dropped_total; /* of subscribers gone */
   void (*flow)(struct proc_fanout *f, int paused);

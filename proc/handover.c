@@ -39,7 +39,8 @@ static uint64_t ho_mono_ms(void) {
 int proc_handover_busy(void) {
   if (proc_cg_busy()) return 1;
   if (!proc_tab) return 0;
-  for (struct proc *p = proc_tab->all; p; p = p->anext)
+  struct proc *p;
+  list_each(p, &proc_tab->all, alink)
     if ((p->state == PROC_PREP && !p->released) || p->work_pending || p->acct_pending) return 1;
   return 0;
 }
@@ -153,7 +154,8 @@ int proc_handover_save(Conch__Handover__State *st) {
   proc_cg_save(st->cgroups);
   if (!proc_tab) return 0;
   size_t n = 0;
-  for (struct proc *p = proc_tab->all; p; p = p->anext) n++;
+  struct proc *p;
+  list_each(p, &proc_tab->all, alink) n++;
   hproc *recs = calloc(n + 1, sizeof *recs);
   st->procs = calloc(n + 1, sizeof *st->procs);
   if (!recs || !st->procs) {
@@ -162,7 +164,7 @@ int proc_handover_save(Conch__Handover__State *st) {
   }
   uint64_t now_mono = ho_mono_ms(), now_uv = uv_now(proc_tab->loop);
   size_t k = 0;
-  for (struct proc *p = proc_tab->all; p; p = p->anext) {
+  list_each(p, &proc_tab->all, alink) {
     if (p->state == PROC_PREP) {
       if (!p->released) LOG_WARN("upgrade: a command still starting is not carried (cmd=%s)", p->cmd ? p->cmd : "");
       continue;
@@ -233,6 +235,13 @@ static int ho_restore_one(const hproc *m, uint64_t now_mono, ho_pending *hp) {
   if (m->n_out > 2 || m->n_env_keys != m->n_env_vals || m->pid <= 0) return -1;
   struct proc *p = proc_new(t);
   if (!p) return -1;
+  /* The state lists the records newest first, as t->all did; proc_new put
+   * this one in front: behind those restored before it instead, so that
+   * t->all keeps the old order and the next upgrade saves them newest first
+   * again (proc_handover_resume adds them to the table oldest first: the
+   * start order List shows). */
+  list_remove(&p->alink);
+  list_insert_tail(&t->all, &p->alink);
   hp->p = p;
   p->released = 0;
   p->pid = m->pid;

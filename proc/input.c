@@ -65,7 +65,7 @@ struct proc_input {
   int input_end;  /* unary: at once; stream: the client half-closed */
   size_t inflight; /* its chunks in p's FIFO */
   struct proc_in_chunk *parked; /* did not fit; waiting in p's wait list */
-  struct proc_input *wnext;
+  list_node wlink;              /* in p->in_wait while parked */
 };
 
 #define PROC_STDIN_CLOSED "process stdin is closed"
@@ -121,15 +121,7 @@ static void proc_input_detach(struct proc_input *in) {
       if (ch->owner == in) ch->owner = NULL;
     in->inflight = 0;
     if (in->parked) {
-      struct proc_input **pp = &p->in_wait_head, *prev = NULL;
-      while (*pp && *pp != in) {
-        prev = *pp;
-        pp = &(*pp)->wnext;
-      }
-      if (*pp) {
-        *pp = in->wnext;
-        if (p->in_wait_tail == in) p->in_wait_tail = prev;
-      }
+      list_remove(&in->wlink);
       p->in_parked_bytes -= in->parked->len;
       proc_chunk_free(in->parked);
       in->parked = NULL;
@@ -182,13 +174,11 @@ static void proc_in_append(struct proc *p, struct proc_in_chunk *ch) {
  * (many calls pushing at a child that does not read): the caller fails the
  * call and frees ch. */
 static int proc_in_submit(struct proc *p, struct proc_input *in, struct proc_in_chunk *ch) {
-  if (p->in_wait_head || !proc_in_fits(p, ch->len)) {
+  if (!list_empty(&p->in_wait) || !proc_in_fits(p, ch->len)) {
     if (p->in_parked_bytes >= PROC_INPUT_MAX) return -1;
     p->in_parked_bytes += ch->len;
     in->parked = ch;
-    in->wnext = NULL;
-    if (p->in_wait_tail) p->in_wait_tail->wnext = in; else p->in_wait_head = in;
-    p->in_wait_tail = in;
+    list_insert_tail(&p->in_wait, &in->wlink);
     return 1;
   }
   proc_in_append(p, ch);
@@ -197,9 +187,8 @@ static int proc_in_submit(struct proc *p, struct proc_input *in, struct proc_in_
 
 static void proc_in_admit(struct proc *p) {
   struct proc_input *w;
-  while ((w = p->in_wait_head) && proc_in_fits(p, w->parked->len)) {
-    p->in_wait_head = w->wnext;
-    if (!p->in_wait_head) p->in_wait_tail = NULL;
+  while ((w = list_first_entry(&p->in_wait, struct proc_input, wlink)) && proc_in_fits(p, w->parked->len)) {
+    list_remove(&w->wlink);
     struct proc_in_chunk *ch = w->parked;
     w->parked = NULL;
     p->in_parked_bytes -= ch->len;
@@ -242,15 +231,14 @@ static void proc_in_drop(struct proc *p) {
   p->in_tail = NULL;
   p->in_bytes = 0;
   struct proc_input *w;
-  while ((w = p->in_wait_head)) {
-    p->in_wait_head = w->wnext;
+  while ((w = list_first_entry(&p->in_wait, struct proc_input, wlink))) {
+    list_remove(&w->wlink);
     p->in_parked_bytes -= w->parked->len;
     proc_chunk_free(w->parked);
     w->parked = NULL;
     proc_input_fail(w, RPC_FAILED_PRECONDITION, PROC_STDIN_CLOSED);
     proc_input_free_if_done(w);
   }
-  p->in_wait_tail = NULL;
 }
 
 static void proc_in_on_writable(uv_poll_t *h, int status, int events) {
@@ -304,7 +292,7 @@ static void proc_in_flush(struct proc *p) {
     if (!p->in_head) break;
   }
   proc_in_wait_writable(p, 0);
-  if (p->in_closed && !p->in_wait_head && !p->has_pty) proc_in_close_fd(p); /* EOF for the child */
+  if (p->in_closed && list_empty(&p->in_wait) && !p->has_pty) proc_in_close_fd(p); /* EOF for the child */
 }
 
 int proc_input_open(struct proc *p, int fd) {
@@ -359,18 +347,19 @@ unsigned char *proc_input_pending(const struct proc *p, size_t *n) {
 }
 
 void proc_input_shutdown(struct proc *p) {
-  if (p->in_open || p->in_head || p->in_wait_head || !p->in_closed) proc_in_drop(p);
+  if (p->in_open || p->in_head || !list_empty(&p->in_wait) || !p->in_closed) proc_in_drop(p);
 }
 
 /* ---- lookups and checks ---- */
 /* Running processes only; a foreground one by pid (§9). */
 static struct proc *proc_in_find(const Pb__ProcessSelector *sel) {
   struct proc_table *t = proc_tab;
-  for (struct proc *p = t->tail; p; p = p->prev)
+  struct proc *p;
+  list_each_rev(p, &t->table, tlink)
     if (p->state == PROC_RUNNING && (sel->pid != 0 ? p->pid == sel->pid : strcmp(p->tag, sel->tag) == 0))
       return p;
   if (sel->pid != 0)
-    for (struct proc *p = t->fg_head; p; p = p->fnext)
+    list_each(p, &t->fg, flink)
       if (p->state == PROC_RUNNING && p->pid == sel->pid) return p;
   return NULL;
 }

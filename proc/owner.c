@@ -20,11 +20,11 @@ int proc_owner_lookup(const char *cgroup, int32_t pgid, const char **tag, int32_
   struct proc_table *t = proc_tab;
   if (!t) return 0;
   struct proc *p;
-  for (p = t->head; p; p = p->next)
+  list_each(p, &t->table, tlink)
     if ((p->state == PROC_RUNNING || p->lingering) && proc_owner_match(p, cgroup, pgid)) goto found;
-  for (p = t->fg_head; p; p = p->fnext)
+  list_each(p, &t->fg, flink)
     if (p->state == PROC_RUNNING && proc_owner_match(p, cgroup, pgid)) goto found;
-  for (p = t->linger_head; p; p = p->lnext)
+  list_each(p, &t->linger, llink)
     if (proc_owner_match(p, cgroup, pgid)) goto found;
   return 0;
 found:

@@ -58,6 +58,7 @@
 #include <time.h>
 #include <uv.h>
 
+#include "agent/list.h"
 #include "agent/rpc.h"
 #include "proc/cgroup.h"
 #include "proc/fanout.h"
@@ -107,9 +108,8 @@ struct proc_out {
 
 struct proc {
   struct proc_table *t;
-  struct proc *anext, *aprev; /* every record of the table (an upgrade saves them all) */
-  struct proc *next, *prev; /* table list (background only), start order */
-  int in_table;
+  list_node alink; /* in t->all: every record of the table (an upgrade saves them all) */
+  list_node tlink; /* in t->table (background only), start order */
   int retained; /* ended, kept for Connect/List until its retention ends */
   enum proc_state state;
   int background;
@@ -165,8 +165,10 @@ struct proc {
   const char *cg_what;  /* the step that failed */
   proc_end_info end;    /* filled at the reap (wait4), then from the cgroup */
   int acct_pending;     /* the cgroup's usage is being read: no end event yet */
-  int lingering;        /* leader reaped, processes left in the cgroup: still signalable */
-  struct proc *lnext, *lprev; /* table linger list */
+  int lingering;        /* leader reaped, processes left in the cgroup: still signalable
+                         * (in t->linger, but for a record restored by an upgrade
+                         * until proc_resume links it) */
+  list_node llink;      /* in t->linger */
   time_t finished_at;
   uv_timer_t timer;   /* RUNNING: timeout; ENDED: retention */
   uv_timer_t grace;   /* EXITED: quiet checks */
@@ -188,11 +190,10 @@ struct proc {
   int stdin_open;     /* the request's stdin_open */
   struct proc_in_chunk *in_head, *in_tail;
   size_t in_bytes;    /* queued, unwritten: at most PROC_INPUT_MAX */
-  struct proc_input *in_wait_head, *in_wait_tail; /* calls holding a chunk that did not fit */
+  list_node in_wait;  /* calls holding a chunk that did not fit (struct proc_input), oldest first */
   size_t in_parked_bytes; /* their chunks: parking stops at PROC_INPUT_MAX */
   size_t ninputs;     /* input calls referring to this record */
-  struct proc *fnext, *fprev; /* table foreground list (running foreground processes) */
-  int in_fg_list;
+  list_node flink; /* in t->fg: running foreground processes */
 
   struct proc_fanout fan; /* its subscribers */
   int paused;
@@ -204,10 +205,10 @@ struct proc {
 
 struct proc_table {
   uv_loop_t *loop;
-  struct proc *head, *tail; /* background records, start order */
-  struct proc *fg_head;     /* running foreground records (input RPCs find them by pid) */
-  struct proc *linger_head; /* records whose leader exited with processes left in its cgroup */
-  struct proc *all;         /* every record, any state (anext/aprev) */
+  list_node table;  /* background records, start order (tlink) */
+  list_node fg;     /* running foreground records, newest first: input RPCs find them by pid (flink) */
+  list_node linger; /* records whose leader exited with processes left in its cgroup, newest first (llink) */
+  list_node all;    /* every record, any state, newest first (alink) */
   size_t nrecords;          /* every live record */
   size_t nretained;         /* ended background records still in the table */
   size_t ring_mem;          /* what the output rings of all records take (ring.h) */

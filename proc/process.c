@@ -69,9 +69,7 @@ struct proc *proc_new(struct proc_table *t) {
   p->grace.data = p;
   p->handles = 2;
   t->nrecords++;
-  p->anext = t->all;
-  if (t->all) t->all->aprev = p;
-  t->all = p;
+  list_insert_head(&t->all, &p->alink);
   return p;
 }
 
@@ -95,7 +93,9 @@ static int proc_ring_cmp(const void *a, const void *b) {
 static void proc_ring_budget(struct proc_table *t) {
   size_t target = PROC_RING_BUDGET - PROC_RING_SLACK;
   size_t k = 0;
-  for (struct proc *q = t->head; q && t->ring_mem > target; q = q->next) {
+  struct proc *q;
+  list_each(q, &t->table, tlink) {
+    if (t->ring_mem <= target) break;
     if (q->state == PROC_ENDED) proc_rings_free(q);
     else k += (size_t)q->nout;
   }
@@ -103,11 +103,11 @@ static void proc_ring_budget(struct proc_table *t) {
   struct proc_ring **r = malloc((k + 1) * sizeof *r);
   if (!r) { /* cannot choose: give all of it back rather than pass the budget */
     LOG_WARN("out of memory: dropping all retained output");
-    for (struct proc *q = t->head; q; q = q->next) proc_rings_free(q);
+    list_each(q, &t->table, tlink) proc_rings_free(q);
     return;
   }
   size_t n = 0, total = 0;
-  for (struct proc *q = t->head; q; q = q->next)
+  list_each(q, &t->table, tlink)
     for (int i = 0; i < q->nout; i++)
       if (q->out[i].ring.mem) {
         r[n++] = &q->out[i].ring;
@@ -196,13 +196,12 @@ static void proc_free(struct proc *p) {
   proc_rings_free(p);
   proc_cg_release(p->cg); /* never started (PREP failure) */
   p->t->nrecords--;
-  if (p->aprev) p->aprev->anext = p->anext; else p->t->all = p->anext;
-  if (p->anext) p->anext->aprev = p->aprev;
+  list_remove(&p->alink);
   free(p);
 }
 
 void proc_check_free(struct proc *p) {
-  if (p->released && p->handles == 0 && !p->work_pending && p->fan.nsubs == 0 && !p->in_table &&
+  if (p->released && p->handles == 0 && !p->work_pending && p->fan.nsubs == 0 && !list_linked(&p->tlink) &&
       p->ninputs == 0 && p->pins == 0 && !p->acct_pending && !p->lingering)
     proc_free(p);
 }
@@ -221,25 +220,17 @@ static void proc_on_close(uv_handle_t *h) {
 }
 
 void proc_table_add(struct proc *p) {
-  struct proc_table *t = p->t;
-  if (p->in_table) return;
-  p->prev = t->tail;
-  if (t->tail) t->tail->next = p; else t->head = p;
-  t->tail = p;
-  p->in_table = 1;
+  if (!list_linked(&p->tlink)) list_insert_tail(&p->t->table, &p->tlink);
 }
 
 static void proc_table_unlink(struct proc *p) {
-  if (!p->in_table) return;
+  if (!list_linked(&p->tlink)) return;
   struct proc_table *t = p->t;
   if (p->retained) {
     p->retained = 0;
     t->nretained--;
   }
-  if (p->prev) p->prev->next = p->next; else t->head = p->next;
-  if (p->next) p->next->prev = p->prev; else t->tail = p->prev;
-  p->next = p->prev = NULL;
-  p->in_table = 0;
+  list_remove(&p->tlink);
 }
 
 void proc_release(struct proc *p) {
@@ -391,19 +382,13 @@ static void proc_on_retention_end(uv_timer_t *h) {
 
 /* ---- the linger list: leader reaped, processes left ---- */
 static void proc_linger_link(struct proc *p) {
-  struct proc_table *t = p->t;
   p->lingering = 1;
-  p->lprev = NULL;
-  p->lnext = t->linger_head;
-  if (t->linger_head) t->linger_head->lprev = p;
-  t->linger_head = p;
+  list_insert_head(&p->t->linger, &p->llink);
 }
 
 static void proc_linger_unlink(struct proc *p) {
   if (!p->lingering) return;
-  if (p->lprev) p->lprev->lnext = p->lnext; else p->t->linger_head = p->lnext;
-  if (p->lnext) p->lnext->lprev = p->lprev;
-  p->lnext = p->lprev = NULL;
+  list_remove(&p->llink);
   p->lingering = 0;
 }
 
@@ -489,10 +474,11 @@ static void proc_end(struct proc *p) {
            (int)p->pid, p->tag ? p->tag : "", p->background, (int)ei.exit_code, ei.error,
            (unsigned long long)dropped, p->end.oom_killed, p->end.left_running);
   proc_fanout_end(&p->fan, (int)p->pid, &p->end);
-  if (p->background && p->in_table && p->t->retain_ms > 0) {
+  if (p->background && list_linked(&p->tlink) && p->t->retain_ms > 0) {
     struct proc_table *t = p->t;
+    struct proc *q;
     if (t->nretained >= PROC_RETAIN_MAX) /* the oldest retained record goes early */
-      for (struct proc *q = t->head; q; q = q->next)
+      list_each(q, &t->table, tlink)
         if (q->retained) {
           proc_release(q);
           break;
@@ -699,22 +685,10 @@ void proc_starter_gone(struct proc *p, rpc_code why) {
 
 /* ---- foreground list ---- */
 void proc_fg_link(struct proc *p) {
-  struct proc_table *t = p->t;
-  if (p->in_fg_list) return;
-  p->fprev = NULL;
-  p->fnext = t->fg_head;
-  if (t->fg_head) t->fg_head->fprev = p;
-  t->fg_head = p;
-  p->in_fg_list = 1;
+  if (!list_linked(&p->flink)) list_insert_head(&p->t->fg, &p->flink);
 }
 
-void proc_fg_unlink(struct proc *p) {
-  if (!p->in_fg_list) return;
-  if (p->fprev) p->fprev->fnext = p->fnext; else p->t->fg_head = p->fnext;
-  if (p->fnext) p->fnext->fprev = p->fprev;
-  p->fnext = p->fprev = NULL;
-  p->in_fg_list = 0;
-}
+void proc_fg_unlink(struct proc *p) { list_remove(&p->flink); }
 
 /* ---- upgrade in place ---- */
 void proc_resume(struct proc *p, uint64_t deadline_left, uint64_t cg_deadline_left, uint64_t retain_left) {

@@ -47,7 +47,7 @@ struct reaper {
   size_t cap; /* power of two */
   size_t used;
   unsigned long orphans;
-  reaper_inflight *inflight; /* spawns under way in the thread pool */
+  list_node inflight; /* reaper_inflight: spawns under way in the thread pool, newest first */
 };
 
 static struct reaper reaper;
@@ -126,7 +126,8 @@ void reaper_unwatch(pid_t pid) {
 /* An in-flight slot holds pid: keep its status there.  Linear in the spawns
  * under way (each a PREP record), only for pids without an owner. */
 static int reaper_keep_inflight(pid_t pid, int st, const struct rusage *ru) {
-  for (reaper_inflight *s = reaper.inflight; s; s = s->next)
+  reaper_inflight *s;
+  list_each(s, &reaper.inflight, link)
     if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == pid && !s->reaped) {
       s->reaped = 1;
       s->status = st;
@@ -139,16 +140,11 @@ static int reaper_keep_inflight(pid_t pid, int st, const struct rusage *ru) {
 void reaper_inflight_add(reaper_inflight *s) {
   s->pid = 0;
   s->reaped = s->status = 0;
-  s->prev = NULL;
-  s->next = reaper.inflight;
-  if (s->next) s->next->prev = s;
-  reaper.inflight = s;
+  list_insert_head(&reaper.inflight, &s->link);
 }
 
 int reaper_inflight_claim(reaper_inflight *s, reaper_cb cb, void *arg, int *status) {
-  if (s->prev) s->prev->next = s->next; else reaper.inflight = s->next;
-  if (s->next) s->next->prev = s->prev;
-  s->next = s->prev = NULL;
+  list_remove(&s->link);
   pid_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
   if (s->reaped) {
     *status = s->status;

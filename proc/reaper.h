@@ -23,6 +23,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "agent/list.h"
+
 /* ru: the child's resource usage from wait4 (its reaped descendants included). */
 typedef void (*reaper_cb)(pid_t pid, int wstatus, const struct rusage *ru, void *arg);
 
@@ -53,7 +55,7 @@ typedef struct reaper_inflight {
   pid_t pid; /* written by the kernel from the cloning thread */
   int reaped, status;
   struct rusage ru; /* with status */
-  struct reaper_inflight *next, *prev;
+  list_node link;
 } reaper_inflight;
 void reaper_inflight_add(reaper_inflight *s);
 int reaper_inflight_claim(reaper_inflight *s, reaper_cb cb, void *arg, int *status);

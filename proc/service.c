@@ -33,14 +33,16 @@ static const char *proc_prefix(const struct proc *p) {
 
 /* ---- lookups ---- */
 static int proc_tag_busy(struct proc_table *t, const char *tag) {
-  for (struct proc *p = t->head; p; p = p->next)
+  struct proc *p;
+  list_each(p, &t->table, tlink)
     if ((p->state == PROC_PREP || p->state == PROC_RUNNING) && strcmp(p->tag, tag) == 0) return 1;
   return 0;
 }
 
 /* Newest match first: a reused pid or tag finds the latest process. */
 static struct proc *proc_find(struct proc_table *t, const Pb__ProcessSelector *sel, int running_only) {
-  for (struct proc *p = t->tail; p; p = p->prev) {
+  struct proc *p;
+  list_each_rev(p, &t->table, tlink) {
     if (p->state == PROC_PREP) continue;
     if (running_only && p->state != PROC_RUNNING) continue;
     if (sel->pid != 0 ? p->pid == sel->pid : strcmp(p->tag, sel->tag) == 0) return p;
@@ -215,7 +217,8 @@ static void proc_start_done(void *data, int canceled) {
   }
   LOG_INFO("process started pid=%d cmd=%s background=%d tag=%s pty=%d timeout_ms=%lld", (int)p->pid,
            p->cmd, p->background, p->tag, p->has_pty, (long long)p->timeout_ms);
-  if (p->fan.subs) proc_sub_send_start(p->fan.subs, (int)p->pid);
+  struct proc_sub *s = list_first_entry(&p->fan.subs, struct proc_sub, link);
+  if (s) proc_sub_send_start(s, (int)p->pid);
 }
 
 static char *proc_strdup_ok(const char *s, int *ok) {
@@ -542,7 +545,8 @@ static void proc_list_cancel(rpc_call *c, rpc_code why) {
 static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
   struct proc_table *t = proc_tab;
   size_t n = 0;
-  for (struct proc *p = t->head; p; p = p->next)
+  struct proc *p;
+  list_each(p, &t->table, tlink)
     if (p->state == PROC_RUNNING || p->lingering) n++;
   struct proc_list *l = calloc(1, sizeof *l);
   if (!l) {
@@ -569,7 +573,7 @@ static void proc_list_on_request(rpc_call *c, const ProtobufCMessage *m) {
     return;
   }
   size_t i = 0;
-  for (struct proc *p = t->head; p; p = p->next) {
+  list_each(p, &t->table, tlink) {
     if (p->state != PROC_RUNNING && !p->lingering) continue;
     Pb__ProcessConfig *cf = &l->cfgs[i];
     pb__process_config__init(cf);
@@ -641,9 +645,9 @@ static struct proc *proc_find_signalable(struct proc_table *t, const Pb__Process
   struct proc *p = proc_find(t, sel, 1);
   if (p) return p;
   if (sel->pid != 0)
-    for (p = t->fg_head; p; p = p->fnext)
+    list_each(p, &t->fg, flink)
       if (p->state == PROC_RUNNING && p->pid == sel->pid) return p;
-  for (p = t->linger_head; p; p = p->lnext) /* newest first */
+  list_each(p, &t->linger, llink) /* newest first */
     if (sel->pid != 0 ? p->pid == sel->pid : (p->background && strcmp(p->tag, sel->tag) == 0)) return p;
   return NULL;
 }
@@ -680,9 +684,10 @@ static void proc_signal_cancel(rpc_call *c, rpc_code why) {
 
 static void proc_signal_all(rpc_call *c, int sig) {
   struct proc_table *t = proc_tab;
-  for (struct proc *p = t->head; p; p = p->next)
+  struct proc *p;
+  list_each(p, &t->table, tlink)
     if (p->state == PROC_RUNNING && !p->cg) kill(-p->pid, sig);
-  for (struct proc *p = t->fg_head; p; p = p->fnext)
+  list_each(p, &t->fg, flink)
     if (p->state == PROC_RUNNING && !p->cg) kill(-p->pid, sig);
   struct proc_signal_all *a = proc_cg_enabled() ? calloc(1, sizeof *a) : NULL;
   if (a) {

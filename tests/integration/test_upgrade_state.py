@@ -1,7 +1,8 @@
 """Upgrading the agent in place, what it carries (docs/api.md "Upgrading the
 agent in place", docs/guide/upgrade.md): `conch-init serve` upgraded with
 AgentService/Upgrade to a copy of the same binary keeps its pid, its
-listening socket (never refusing), and every process record — background,
+listening socket (never refusing), and every process record (in start
+order, upgrade after upgrade) — background,
 PTY, stdin_open with pending input, lingering leftovers, exited records
 with their exit codes, a deadline that falls after the upgrade, foreground
 commands adopted — the retained output with its offsets, the init
@@ -302,6 +303,30 @@ def open_fds(pid):
             continue
         out.append("pipe" if t.startswith("pipe:") else t)
     return sorted(out)
+
+
+def test_the_table_keeps_its_start_order_across_upgrades(server):
+    """List (and the newest-first lookups, the oldest retained record going
+    first) rely on the table's start order: kept by one upgrade and by the
+    next ones, with records started in between."""
+    s = server
+    c = Client(s.url, s.token)
+
+    def tags():
+        st, lst, _ = c.unary(LIST, {})
+        assert st == 200, lst
+        return [p["tag"] for p in lst["processes"]]
+
+    for t in ("a", "b", "c"):
+        bg(s, "sleep 120", t)
+    assert tags() == ["a", "b", "c"]
+    upgrade(s)
+    assert tags() == ["a", "b", "c"]
+    bg(s, "sleep 120", "d")
+    upgrade(s)
+    assert tags() == ["a", "b", "c", "d"]
+    upgrade(s)
+    assert tags() == ["a", "b", "c", "d"]
 
 
 def test_twenty_upgrades_leave_nothing_behind(server):
