@@ -23,7 +23,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "agent/conn.h"
@@ -86,7 +85,6 @@ static void hs_step(handover_state from, handover_state to) {
 
 int handover_can_read(unsigned n) { return n >= HANDOVER_FORMAT_MIN && n <= HANDOVER_FORMAT; }
 int handover_busy(void) { return H.state != HS_IDLE; }
-unsigned long long handover_upgrades(void) { return conch.upgrades; }
 
 void handover_set_argv(int argc, char **argv) {
   H.argc = argc;
@@ -107,12 +105,6 @@ void handover_keep_fd(int fd) {
     H.capfds = nc;
   }
   H.fds[H.nfds++] = fd;
-}
-
-static uint64_t hs_mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static void hs_cloexec_all(int on) {
@@ -232,7 +224,6 @@ static void hs_exec(void) {
 #endif
   st.version = CONCH_VERSION;
   st.upgrades = conch.upgrades + 1;
-  st.saved_mono_ms = hs_mono_ms();
   st.prev_program_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
   if (st.prev_program_fd < 0) LOG_WARN("upgrade: cannot keep this program for a rollback: %s", strerror(errno));
   Conch__Handover__Daemon d;
@@ -449,7 +440,7 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
 int handover_finish(char *err, size_t errn) {
   hstate *st = H.loaded;
   if (!st) return -1;
-  uint64_t now = hs_mono_ms();
+  uint64_t now = uv_hrtime() / 1000000u; /* CLOCK_MONOTONIC: the clock the state's times are on */
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->restore && H.parts[i]->restore(st, now, err, errn) != 0) {
       char why[600];

@@ -41,9 +41,6 @@ int handover_begin(int prog_fd, const char *to_version);
 /* 1 while a handover is under way (new Upgrade calls are refused). */
 int handover_busy(void);
 
-/* Upgrades since boot (/metrics "upgrades"). */
-unsigned long long handover_upgrades(void);
-
 /* ---- wiring (agent/main.c) ---- */
 #include <uv.h>
 typedef struct Conch__Handover__State Conch__Handover__State;

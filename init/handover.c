@@ -42,30 +42,24 @@ static void ih_save_free(Conch__Handover__State *st) {
   st->net = NULL;
 }
 
-static int ih_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
-  if (initproto_handover_restore(st->init) != 0) {
-    snprintf(err, errn, "out of memory");
-    return -1;
-  }
-  return 0;
-}
-
 static void ih_keep_fds(const Conch__Handover__State *st) {
   if (!st->init) return;
   for (size_t i = 0; i < st->init->n_listeners; i++) handover_keep_fd(st->init->listeners[i]->fd);
 }
 
+/* the forward address, kept for the resume (the state is freed before it) */
 static char ih_forward[64];
 
-/* resume needs the forward address after the state is freed: kept here */
-static int ih_restore_net(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
-  int r = ih_restore(st, now_mono, err, errn);
-  if (r == 0 && st->net && st->net->forward_addr)
-    snprintf(ih_forward, sizeof ih_forward, "%s", st->net->forward_addr);
-  return r;
+static int ih_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
+  if (initproto_handover_restore(st->init) != 0) {
+    snprintf(err, errn, "out of memory");
+    return -1;
+  }
+  if (st->net && st->net->forward_addr) snprintf(ih_forward, sizeof ih_forward, "%s", st->net->forward_addr);
+  return 0;
 }
 
-static void ih_resume_net(void) {
+static void ih_resume(void) {
   initproto_handover_resume();
   if (ih_forward[0] && net_forward_set(ih_forward) != 0)
     LOG_WARN("upgrade: forwarding to %s not restored", ih_forward);
@@ -77,9 +71,9 @@ static const handover_part init_part = {
     .busy = ih_busy,
     .save = ih_save,
     .save_free = ih_save_free,
-    .restore = ih_restore_net,
+    .restore = ih_restore,
     .keep_fds = ih_keep_fds,
-    .resume = ih_resume_net,
+    .resume = ih_resume,
 };
 
 void init_handover_register(void) { handover_add_part(&init_part); }

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "agent/log.h"
@@ -29,12 +28,6 @@
 #include "proto/handover.pb-c.h"
 
 typedef Conch__Handover__Proc hproc;
-
-static uint64_t ho_mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 int proc_handover_busy(void) {
   if (proc_cg_busy()) return 1;
@@ -162,7 +155,7 @@ int proc_handover_save(Conch__Handover__State *st) {
     free(recs);
     return -1;
   }
-  uint64_t now_mono = ho_mono_ms(), now_uv = uv_now(proc_tab->loop);
+  uint64_t now_mono = uv_hrtime() / 1000000u, now_uv = uv_now(proc_tab->loop);
   size_t k = 0;
   list_each(p, &proc_tab->all, alink) {
     if (p->state == PROC_PREP) {

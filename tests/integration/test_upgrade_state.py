@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.request
@@ -357,7 +358,7 @@ def test_the_guides_rollout_commands_work_as_written(server, tmp_path):
     import re
     from conftest import ROOT
     guide = open(os.path.join(ROOT, "docs", "guide", "upgrade.md")).read()
-    blocks = [textwrap_dedent(b) for b in re.findall(r"```sh\n(.*?)```", guide, re.S)][:2]
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```sh\n(.*?)```", guide, re.S)][:2]
     assert len(blocks) == 2 and "PostFileStream" in blocks[0] and "Upgrade" in blocks[1], blocks
     api = open(os.path.join(ROOT, "docs", "api.md")).read()
     defs = re.search(r"```sh\n(U=http.*?)```", api, re.S).group(1)
@@ -371,8 +372,3 @@ def test_the_guides_rollout_commands_work_as_written(server, tmp_path):
     assert wait_for(lambda: metrics(server)["upgrades"] == 1), open(server.log_path).read()[-2000:]
     os.unlink("/tmp/conch-init.new")
     shutil.rmtree("/tmp/up", ignore_errors=True)
-
-
-def textwrap_dedent(b):
-    import textwrap
-    return textwrap.dedent(b)
