@@ -145,3 +145,48 @@ def test_upgrade_windows_excuse_only_their_cuts():
     run.events = ev
     o = checks.check_cut_commands_killed(run)
     assert [v[0] for v in o.violations] == [5], o.violations
+
+
+def test_writer_cut_before_its_start_is_judged_by_the_upgrade():
+    """checks.py, invariant 1: a writer whose StartProcess an upgrade cut
+    before its start event, and which a replay then does not find, is
+    excused (the request was never read) — its not_found end is not a
+    failure on its own. The same not_found with no upgrade, or after a
+    start event, is a failure."""
+    sys.path.insert(0, HERE)
+    import checks
+    import model
+
+    class R:
+        phase, final, cut_short, server, lossy = "history", {}, False, {}, False
+        upgrades = [{"kind": "upgrade", "t_call": 10.0, "t_answer": 10.3, "t_ready": 10.6, "t_end": 10.6}]
+
+    params = {"tag": "w", "lines": 10, "pad": "", "batch": 5, "pause": 0.025, "err_every": 50, "code": 3}
+    exp = model.bg_expected(params)
+
+    def history(started):
+        ev = [{"kind": "bg_begin", "t": 9.9, "params": params, "total": {k: len(v) for k, v in exp.items()}},
+              {"kind": "bg_conn", "t": 9.9, "conn": 0, "how": "start", "replay": None},
+              {"kind": "bg_broken", "t": 10.4, "conn": 0, "t_open": 9.9, "error": "reset"}]
+        if started:
+            ev.append({"kind": "bg_start", "t": 10.0, "conn": 0, "pid": 5})
+        ev += [{"kind": "bg_conn", "t": 10.7, "conn": 1, "how": "replay", "replay": {"stdout": 0, "stderr": 0}},
+               {"kind": "bg_stream_end", "t": 10.7, "conn": 1, "code": "not_found", "message": "not found"},
+               {"kind": "bg_unstarted", "t": 10.7, "conns": 2}]
+        for i, e in enumerate(ev):
+            e.update(seq=i, client=0, tag="w")
+        return ev
+
+    run = R()
+    run.events = history(started=False)
+    o = checks.check_output_exactly_once(run)
+    assert o.violations == [] and o.notes["unstarted_in_upgrade"] == 1, o.violations
+    run.events = history(started=True)
+    o = checks.check_output_exactly_once(run)
+    assert [v[2] for v in o.violations] == ["the writer started (its start event came) but Connect does not find it"], \
+        o.violations
+    run.upgrades = []
+    run.events = history(started=False)
+    o = checks.check_output_exactly_once(run)
+    assert [v[2] for v in o.violations] == ["the writer is not found, and no upgrade cut its StartProcess"], \
+        o.violations
