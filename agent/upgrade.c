@@ -37,6 +37,7 @@
 #include "fs/path.h"
 #include "fs/status.h"
 #include "proc/reaper.h"
+#include "proc/spawn.h"
 #include "proto/agent.pb-c.h"
 
 #define UP_REFUSED "upgrade refused: "
@@ -311,8 +312,28 @@ static void up_spawn_work(void *data) {
   snprintf(arg, sizeof arg, "%u", (unsigned)HANDOVER_FORMAT);
   char *argv_version[] = {"conch-init", "--version", NULL};
   char *argv_check[] = {"conch-init", "--handover-check", arg, NULL};
-  r->spawn_rc = upgrade_spawn(o->memfd, o->step == UP_STEP_VERSION ? argv_version : argv_check,
-                              &r->inflight.pid, &r->out_fd, &r->exec_errno);
+  /* the agent's own business, not the workload's: no cgroup, user or
+   * terminal; stdin and stderr /dev/null, only PATH in the env */
+  static char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+  proc_spawn_opts so = {.path = "the new program",
+                        .argv = o->step == UP_STEP_VERSION ? argv_version : argv_check,
+                        .envp = envp,
+                        .cwd = "/",
+                        .inflight_pid = &r->inflight.pid,
+                        .use_exec_fd = 1,
+                        .exec_fd = o->memfd,
+                        .null_in_err = 1};
+  proc_spawn_result sr;
+  char err[128];
+  r->out_fd = -1;
+  r->exec_errno = 0;
+  r->spawn_rc = 0;
+  if (proc_spawn(&so, &sr, err, sizeof err) == 0) {
+    r->out_fd = sr.out_r;
+  } else {
+    r->exec_errno = sr.error ? sr.error : ENOEXEC;
+    r->spawn_rc = sr.failed_pid ? 0 : -1; /* a child whose exec failed: the reaper has it */
+  }
 }
 
 static const char *up_step_name(const up_op *o) {

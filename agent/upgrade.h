@@ -12,8 +12,8 @@
  * agent (root), outside the workload, with a minimal environment and
  * stdout captured: `--version` and `--handover-check HANDOVER_FORMAT`,
  * UPGRADE_TRIAL_MS each (then SIGKILL to its process group).  Each child is
- * cloned in the pool (reaper_inflight, proc/reaper.h: the reaper alone
- * waits); its stdout pipe and its timer live on the loop.  Passing all of
+ * made in the pool by proc_spawn (exec_fd; reaper_inflight, proc/reaper.h:
+ * the reaper alone waits); its stdout pipe and its timer live on the loop.  Passing all of
  * it: the answer {fromVersion, toVersion} is sent and finished, then
  * handover_begin(memfd, toVersion) — the memfd is the handover's from then
  * on (closed here if handover_begin fails).  One Upgrade at a time: a
@@ -56,18 +56,5 @@ int upgrade_elf_check(const uint8_t *hdr, size_t n, char *why, size_t whylen);
  * [0-9A-Za-z.+~_-], the line ending at "\n", "\r\n" or the end): 0 with it
  * in ver (≥ UPGRADE_VERSION_MAX + 1 bytes), else -1. */
 int upgrade_parse_version(const char *out, size_t n, char *ver);
-
-/* ---- the trial child (upgrade_run.c) ---- */
-
-/* In a pool thread: clone a child that runs prog_fd (execveat
- * AT_EMPTY_PATH) with argv and a minimal environment (PATH only), stdin and
- * stderr /dev/null, stdout the write end of a pipe, its own process group,
- * cwd "/", default signal dispositions, an empty mask and no descriptor of
- * the agent's.  The kernel stores its pid in *inflight_pid
- * (reaper_inflight) as it creates it.  Returns 0 with *out_r the pipe's read
- * end (O_CLOEXEC|O_NONBLOCK), *exec_errno 0; 0 with *out_r -1 and
- * *exec_errno set when the child exists but its exec failed (it exits 127:
- * the reaper reaps it); -1 with *exec_errno when no child was made. */
-int upgrade_spawn(int prog_fd, char *const argv[], pid_t *inflight_pid, int *out_r, int *exec_errno);
 
 #endif

@@ -80,9 +80,12 @@ __attribute__((no_sanitize("address", "undefined"))) static int proc_child(void 
     }
   } else {
     r = syscall(SYS_setpgid, 0, 0);
-    if (r >= 0) r = syscall(SYS_dup3, c->in0, 0, 0);
+    int in = c->in0, err = c->err1;
     if (r >= 0) r = syscall(SYS_dup3, c->out1, 1, 0);
-    if (r >= 0) r = syscall(SYS_dup3, c->err1, 2, 0);
+    if (r >= 0 && c->o->null_in_err) /* after 1 is taken; above 2 it is closed with the rest below */
+      r = in = err = (int)syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDWR, 0);
+    if (r >= 0 && in != 0) r = syscall(SYS_dup3, in, 0, 0);
+    if (r >= 0 && err != 2) r = syscall(SYS_dup3, err, 2, 0);
   }
   /* The user's groups and file-system ids first (raw: this task alone;
    * glibc's would signal every thread), so that chdir is checked as the
@@ -98,15 +101,23 @@ __attribute__((no_sanitize("address", "undefined"))) static int proc_child(void 
   }
   if (r >= 0) r = syscall(SYS_chdir, c->o->cwd);
   if (r >= 0) {
-    if (c->errfd > 3) syscall(SYS_close_range, 3u, (unsigned)c->errfd - 1, 0u);
-    syscall(SYS_close_range, (unsigned)c->errfd + 1, ~0u, 0u);
+    /* every descriptor past 2 closed but the error pipe and the program */
+    int lo = c->errfd, hi = c->errfd;
+    if (c->o->use_exec_fd && c->o->exec_fd < lo) lo = c->o->exec_fd;
+    if (c->o->use_exec_fd && c->o->exec_fd > hi) hi = c->o->exec_fd;
+    if (lo > 3) syscall(SYS_close_range, 3u, (unsigned)lo - 1, 0u);
+    if (hi > lo + 1) syscall(SYS_close_range, (unsigned)lo + 1, (unsigned)hi - 1, 0u);
+    syscall(SYS_close_range, (unsigned)hi + 1, ~0u, 0u);
     uint64_t none = 0;
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
     if (c->o->set_ids) {
       r = syscall(SYS_setresgid, c->o->gid, c->o->gid, c->o->gid);
       if (r >= 0) r = syscall(SYS_setresuid, c->o->uid, c->o->uid, c->o->uid);
     }
-    if (r >= 0) syscall(SYS_execve, c->o->path, c->o->argv, c->o->envp);
+    if (r >= 0 && c->o->use_exec_fd)
+      syscall(SYS_execveat, c->o->exec_fd, "", c->o->argv, c->o->envp, AT_EMPTY_PATH);
+    else if (r >= 0)
+      syscall(SYS_execve, c->o->path, c->o->argv, c->o->envp);
   }
   int e = errno; /* the suspended parent thread's errno (shared TLS): it reads it only on failure */
   syscall(SYS_write, c->errfd, &e, sizeof e);
@@ -233,13 +244,19 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
   r->in_w = r->out_r = r->err_r = -1;
   r->in_cgroup = r->by_clone3 = 0;
   r->failed_pid = 0;
+  r->error = 0;
 
+  if (o->use_exec_fd && o->exec_fd <= 2) {
+    errno = EBADF;
+    goto sys_fail;
+  }
   if (o->pty) {
     master = proc_open_pty(o->cols, o->rows, slave, sizeof slave);
     if (master < 0) goto sys_fail;
     if (o->set_ids && chown(slave, o->uid, (gid_t)-1) != 0) goto sys_fail; /* the user's terminal */
   } else {
-    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(er, O_CLOEXEC)) goto sys_fail;
+    if ((!o->null_in_err && (pipe2(in, O_CLOEXEC) || pipe2(er, O_CLOEXEC))) || pipe2(out, O_CLOEXEC))
+      goto sys_fail;
   }
   if (pipe2(ep, O_CLOEXEC)) goto sys_fail;
 
@@ -282,14 +299,14 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
     proc_close_fd(&in[0]);
     proc_close_fd(&out[1]);
     proc_close_fd(&er[1]);
-    if (o->has_stdin) {
+    if (o->has_stdin && in[1] >= 0) {
       proc_set_nonblock(in[1]);
       r->in_w = in[1];
     } else {
       proc_close_fd(&in[1]); /* immediate EOF */
     }
     proc_set_nonblock(out[0]);
-    proc_set_nonblock(er[0]);
+    if (er[0] >= 0) proc_set_nonblock(er[0]);
     r->out_r = out[0];
     r->err_r = er[0];
   }
@@ -298,6 +315,7 @@ int proc_spawn(const proc_spawn_opts *o, proc_spawn_result *r, char *err, size_t
 sys_fail:
   e = errno;
 fail_e:
+  r->error = e;
   snprintf(err, errn, "fork/exec %s: %s", o->path, proc_errstr(e, eb, sizeof eb));
   for (int i = 0; i < 2; i++) {
     proc_close_fd(&in[i]);

@@ -61,6 +61,11 @@ typedef struct proc_spawn_opts {
   unsigned uid, gid;
   size_t ngroups;
   const uint32_t *groups;
+  /* use_exec_fd: run the open file exec_fd (> 2; execveat AT_EMPTY_PATH,
+   * kept open in the child until its exec) instead of path, which then only
+   * names it in the error text (the agent's upgrade trials, agent/upgrade.c) */
+  int use_exec_fd, exec_fd;
+  int null_in_err;    /* stdin and stderr /dev/null, no pipes (in_w, err_r -1); not with pty */
 } proc_spawn_opts;
 
 typedef struct proc_spawn_result {
@@ -71,6 +76,7 @@ typedef struct proc_spawn_result {
   int in_cgroup; /* the child entered cgroup_fd before its exec */
   int by_clone3; /* ... born there (clone3 CLONE_INTO_CGROUP), not moved */
   pid_t failed_pid; /* inflight_pid set and the exec failed: that child, unreaped */
+  int error;         /* on failure, the errno the error text describes */
 } proc_spawn_result;
 
 /* 0, or -1 with err = Go-style "fork/exec <path>: <reason>". */

@@ -16,7 +16,12 @@
 #   3. listen() → `opened` on that stream, SAMPLES listeners opened at
 #      random moments against the scans (p50, p90, max).
 # Environment: MIB (1024) ROUNDS (3) SECS (10) SAMPLES (30); CONCH_INIT_BIN (default
-#   build/dev/conch-init, rebuilt with `make`).
+#   build/dev/conch-init, rebuilt with `make`); CC: the namespace's default
+#   congestion control (net.ipv4.tcp_congestion_control, for direct and
+#   forwarded alike; default: inherited from the host).  A guest on Debian's
+#   kernel runs cubic, which does not pace; a namespace may pick only an
+#   algorithm the host allows (tcp_allowed_congestion_control: reno is
+#   always there and, like cubic, does not pace).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MIB=${MIB:-1024}
@@ -38,6 +43,10 @@ cleanup() {
 }
 trap cleanup EXIT
 ip netns exec "$NS" sh -c "ip link set lo up && ip addr add $OUT/32 dev lo"
+if [ -n "${CC:-}" ]; then
+  ip netns exec "$NS" sysctl -qw net.ipv4.tcp_congestion_control="$CC"
+fi
+echo "congestion control in the namespace: $(ip netns exec "$NS" cat /proc/sys/net/ipv4/tcp_congestion_control)"
 ip netns exec "$NS" "$BIN" serve --listen 127.0.0.1:4064 --token bench --forward-ports "$OUT" \
   --log-level warn 2>/dev/null &
 CIPID=$!

@@ -237,6 +237,47 @@ TEST(exec_failure_leaves_no_child) {
   ASSERT_EQ(waitpid(-1, NULL, WNOHANG), -1);
 }
 
+/* An open file run by descriptor (the agent's upgrade trials): the program
+ * is the descriptor's, not path's; the descriptor stays open up to the
+ * exec and not after it; stdin and stderr /dev/null; a descriptor that is not a
+ * program fails with its errno. */
+TEST(exec_fd_and_stderr_null) {
+  int prog = open("/bin/sh", O_RDONLY | O_CLOEXEC);
+  ASSERT(prog > 2);
+  int pad = open("/dev/null", O_RDONLY); /* a descriptor above it, not close-on-exec */
+  ASSERT(pad > prog);
+  char *argv[] = {"sh", "-c", "echo out; echo err >&2; ls /proc/self/fd | sort -n | tr '\\n' ' '; "
+                  "readlink /proc/self/fd/0 /proc/self/fd/2", NULL};
+  proc_spawn_opts o = {.path = "the program", .argv = argv, .envp = envp, .cwd = "/", .use_exec_fd = 1,
+                       .exec_fd = prog, .null_in_err = 1};
+  proc_spawn_result r;
+  char err[256], buf[512];
+  ASSERT_EQ(proc_spawn(&o, &r, err, sizeof err), 0);
+  ASSERT_EQ(r.err_r, -1);
+  ASSERT_EQ(r.in_w, -1);
+  read_all(r.out_r, buf, sizeof buf, 3000);
+  /* "err" went nowhere; fds 0-2 and the one ls opens; 0 and 2 are /dev/null */
+  ASSERT_STR_EQ(buf, "out\n0 1 2 3 /dev/null\n/dev/null\n");
+  int st;
+  ASSERT_EQ(waitpid(r.pid, &st, 0), r.pid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  close(r.out_r);
+
+  int notprog = open("/etc/passwd", O_RDONLY | O_CLOEXEC);
+  ASSERT(notprog > 2);
+  o.exec_fd = notprog;
+  ASSERT_EQ(proc_spawn(&o, &r, err, sizeof err), -1);
+  ASSERT_EQ(r.error, EACCES);
+  ASSERT_STR_EQ(err, "fork/exec the program: permission denied");
+  ASSERT_EQ(waitpid(-1, NULL, WNOHANG), -1); /* reaped inside the call */
+  o.exec_fd = 1;
+  ASSERT_EQ(proc_spawn(&o, &r, err, sizeof err), -1);
+  ASSERT_EQ(r.error, EBADF);
+  close(notprog);
+  close(pad);
+  close(prog);
+}
+
 /* Linux ≥ 5.7: clone3 takes CLONE_INTO_CGROUP. */
 static int kernel_has_clone_into_cgroup(void) {
   struct utsname u;
@@ -320,6 +361,7 @@ int main(void) {
   RUN(pty_ctty_and_size);
   RUN(pty_session_leader);
   RUN(exec_failure_leaves_no_child);
+  RUN(exec_fd_and_stderr_null);
   RUN(child_born_in_cgroup);
   RUN(child_moved_into_cgroup_fallback);
   return test_summary();
