@@ -132,6 +132,20 @@ static void hs_collect_fds(const hstate *st) {
     handover_keep_fd(p->cgroup_fd);
     handover_keep_fd(p->script_dfd);
   }
+  if (st->net) {
+    for (size_t i = 0; i < st->net->n_forwarders; i++) handover_keep_fd(st->net->forwarders[i]->fd);
+    for (size_t i = 0; i < st->net->n_relays; i++) {
+      const Conch__Handover__Relay *r = st->net->relays[i];
+      handover_keep_fd(r->client_fd);
+      handover_keep_fd(r->backend_fd);
+      const Conch__Handover__RelayDir *dirs[] = {r->up, r->down};
+      for (int d = 0; d < 2; d++) {
+        if (!dirs[d]) continue;
+        handover_keep_fd(dirs[d]->pipe_r);
+        handover_keep_fd(dirs[d]->pipe_w);
+      }
+    }
+  }
 }
 
 /* argv for the next exec: ours without a previous --handover*, plus flag fd. */
@@ -221,6 +235,8 @@ static void hs_exec(void) {
 #ifndef CONCH_STATIC /* test seam: a format the next program cannot read (tests/integration/test_upgrade.py) */
   const char *fault = getenv("CONCH_FAULT");
   if (fault && strcmp(fault, "handover_format") == 0) st.format = HANDOVER_FORMAT + 1000;
+  int as_format_1 = fault && strcmp(fault, "handover_format_1") == 0; /* as a format-1 writer: no net fds */
+  if (as_format_1) st.format = 1;
 #endif
   st.version = CONCH_VERSION;
   st.upgrades = conch.upgrades + 1;
@@ -245,6 +261,9 @@ static void hs_exec(void) {
   int ok = 1;
   for (; saved < H.nparts && ok; saved++)
     if (H.parts[saved]->save && H.parts[saved]->save(&st) != 0) ok = 0;
+#ifndef CONCH_STATIC
+  if (as_format_1 && st.net) st.net->n_forwarders = st.net->n_relays = 0;
+#endif
   int sfd = ok ? hs_write_state(&st) : -1;
   if (sfd >= 0) {
     hs_collect_fds(&st);
@@ -473,8 +492,8 @@ commit:
     LOG_WARN("upgrade rolled back: conch-init %s goes on with its state pid=%d upgrades=%llu", CONCH_VERSION,
              (int)getpid(), conch.upgrades);
   else
-    LOG_INFO("upgraded in place: conch-init %s -> %s pid=%d upgrades=%llu", st->version, CONCH_VERSION,
-             (int)getpid(), conch.upgrades);
+    LOG_INFO("upgraded in place: conch-init %s -> %s pid=%d upgrades=%llu (state format %u)", st->version,
+             CONCH_VERSION, (int)getpid(), conch.upgrades, st->format);
   conch__handover__state__free_unpacked(st, NULL);
   H.loaded = NULL;
   hs_step(HS_RESTORING, HS_IDLE);

@@ -27,7 +27,7 @@
 
 /* The state format this program writes; it reads HANDOVER_FORMAT_MIN up to
  * HANDOVER_FORMAT. */
-#define HANDOVER_FORMAT 1
+#define HANDOVER_FORMAT 2 /* 2: forwarders and relayed connections (net) */
 #define HANDOVER_FORMAT_MIN 1
 
 /* 1 when this program can restore state format n (`--handover-check N`). */

@@ -208,6 +208,20 @@ static const handover_part main_proc_part = {
     .resume = proc_handover_resume,
 };
 
+/* The ports' part: forwarders and relayed connections (net/relay.c). */
+static int main_net_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
+  (void)now_mono;
+  return net_handover_restore(st, err, errn);
+}
+
+static const handover_part main_net_part = {
+    .name = "ports",
+    .save = net_handover_save,
+    .save_free = net_handover_save_free,
+    .restore = main_net_restore,
+    .resume = net_handover_resume,
+};
+
 /* `conch-init --handover-check N` (the Upgrade trial, api.md §9): 0 when
  * this program can restore handover state format N, else 1 with a line on
  * stderr; 2 for a usage error. */
@@ -366,6 +380,7 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "--handover-check") == 0) return main_handover_check(argc, argv);
   handover_set_argv(argc, argv);
   handover_add_part(&main_proc_part);
+  handover_add_part(&main_net_part);
   init_handover_register();
   if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
     fputs(usage, stdout);

@@ -1,9 +1,9 @@
-/* handover — the init protocol's and the ports' part of an upgrade in
- * place (agent/handover.h): the init listeners (kept open across the exec,
- * so an init message sent meanwhile waits in their backlog and the new
- * program answers it), the protocol's state (its sticky terminal answer,
- * the sandbox id, what the mode applies), and the address local ports are
- * forwarded to.  Registered in both modes (serve --init-listen has the
+/* handover — the init protocol's part of an upgrade in place
+ * (agent/handover.h): the init listeners (kept open across the exec, so an
+ * init message sent meanwhile waits in their backlog and the new program
+ * answers it) and the protocol's state (its sticky terminal answer, the
+ * sandbox id, what the mode applies).  (The forwarding address is the
+ * ports' part: net/service.h.)  Registered in both modes (serve --init-listen has the
  * same state); PID 1 never boots again after a handover (pid1.h). */
 #include "init/handover.h"
 
@@ -14,7 +14,6 @@
 #include "agent/handover.h"
 #include "agent/log.h"
 #include "init/initproto.h"
-#include "net/service.h"
 #include "proto/handover.pb-c.h"
 
 static void ih_drain(int on) { initproto_freeze(on); }
@@ -23,23 +22,17 @@ static int ih_busy(void) { return initproto_busy(); }
 
 static int ih_save(Conch__Handover__State *st) {
   st->init = calloc(1, sizeof *st->init);
-  st->net = calloc(1, sizeof *st->net);
-  if (!st->init || !st->net) return -1;
+  if (!st->init) return -1;
   conch__handover__init__init(st->init);
-  conch__handover__net__init(st->net);
   if (initproto_handover_save(st->init) != 0) return -1;
   st->init->pid1 = conch.is_pid1;
-  const char *fwd = net_forward_get();
-  st->net->forward_addr = (char *)(fwd ? fwd : "");
   return 0;
 }
 
 static void ih_save_free(Conch__Handover__State *st) {
   if (st->init) initproto_handover_save_free(st->init);
   free(st->init);
-  free(st->net);
   st->init = NULL;
-  st->net = NULL;
 }
 
 static void ih_keep_fds(const Conch__Handover__State *st) {
@@ -47,23 +40,15 @@ static void ih_keep_fds(const Conch__Handover__State *st) {
   for (size_t i = 0; i < st->init->n_listeners; i++) handover_keep_fd(st->init->listeners[i]->fd);
 }
 
-/* the forward address, kept for the resume (the state is freed before it) */
-static char ih_forward[64];
-
 static int ih_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
   if (initproto_handover_restore(st->init) != 0) {
     snprintf(err, errn, "out of memory");
     return -1;
   }
-  if (st->net && st->net->forward_addr) snprintf(ih_forward, sizeof ih_forward, "%s", st->net->forward_addr);
   return 0;
 }
 
-static void ih_resume(void) {
-  initproto_handover_resume();
-  if (ih_forward[0] && net_forward_set(ih_forward) != 0)
-    LOG_WARN("upgrade: forwarding to %s not restored", ih_forward);
-}
+static void ih_resume(void) { initproto_handover_resume(); }
 
 static const handover_part init_part = {
     .name = "init",

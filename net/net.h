@@ -70,5 +70,8 @@ void net_fwd_sync(const net_fwd_want *want, size_t n);
 int net_fwd_covers(int family, const uint8_t *raw);
 /* "<outward>:port" while port is forwarded, else NULL. */
 const char *net_fwd_to(uint16_t port);
+/* After an upgrade's restore (net_handover_restore): the carried
+ * forwarders accept again and the carried connections relay again. */
+void net_fwd_resume(void);
 
 #endif

@@ -431,6 +431,11 @@ int net_forward_set(const char *addr) {
 
 const char *net_forward_get(void) { return net_fwd_addr(); }
 
+void net_handover_resume(void) {
+  net_fwd_resume();
+  if (net_fwd_addr()) net_sched(); /* forwarding on: scans run */
+}
+
 static const rpc_method net_methods[] = {
     {
         .path = "/pb.NetworkService/ListPorts",

@@ -30,6 +30,7 @@
 #include "agent/log.h"
 #include "net/net.h"
 #include "net/service.h"
+#include "proto/handover.pb-c.h"
 
 #define NET_RELAY_MAX 1024
 #define NET_PIPE_CAP (64 * 1024)
@@ -50,12 +51,14 @@ typedef struct relay_dir {
 } relay_dir;
 
 struct relay_conn {
+  list_node link;   /* in conns (the handover enumerates them) */
   uv_poll_t pa, pb; /* the client's socket, the loopback listener's */
   int a, b;
   relay_dir up, down; /* a→b, b→a */
   int connected;
   int handles;
   int closing;
+  int cut_at_resume; /* restored, but the budget had no room for its pipes */
   unsigned ev_a, ev_b; /* the events each poll watches now */
 };
 
@@ -74,6 +77,7 @@ static char *fwd_addr;
 static struct sockaddr_storage fwd_sa;
 static fwd *fwds;
 static size_t nconns;
+static list_node conns;   /* every relayed connection not closing */
 static list_node starved; /* newest first */
 static uv_timer_t retry_timer;
 static int retry_init;
@@ -137,6 +141,7 @@ static void relay_on_closed(uv_handle_t *h) {
 static void relay_close(relay_conn *c) {
   if (c->closing) return;
   c->closing = 1;
+  list_remove(&c->link);
   list_remove(&c->up.slink); /* (also out of a retry's batch: not stepped again) */
   list_remove(&c->down.slink);
   rpc_budget_give(c->up.held + c->down.held);
@@ -260,6 +265,19 @@ static int relay_pipe(relay_dir *d) {
   return 0;
 }
 
+/* c's sockets and pipes are set: count it, list it, watch its sockets
+ * (nothing started yet). */
+static void relay_link(relay_conn *c) {
+  c->up.src = c->down.dst = c->a;
+  c->up.dst = c->down.src = c->b;
+  nconns++;
+  list_insert_tail(&conns, &c->link);
+  uv_poll_init_socket(net_loop, &c->pa, c->a);
+  uv_poll_init_socket(net_loop, &c->pb, c->b);
+  c->pa.data = c->pb.data = c;
+  c->handles = 2;
+}
+
 /* A new client socket a for forwarder f: connect to the loopback listener. */
 static void relay_start(fwd *f, int a) {
   relay_conn *c = nconns < NET_RELAY_MAX ? calloc(1, sizeof *c) : NULL;
@@ -291,13 +309,7 @@ static void relay_start(fwd *f, int a) {
   }
   setsockopt(c->a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(c->b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  c->up.src = c->down.dst = c->a;
-  c->up.dst = c->down.src = c->b;
-  nconns++;
-  uv_poll_init_socket(net_loop, &c->pa, c->a);
-  uv_poll_init_socket(net_loop, &c->pb, c->b);
-  c->pa.data = c->pb.data = c;
-  c->handles = 2;
+  relay_link(c);
   c->ev_b = UV_WRITABLE; /* the connect: nothing is read before it is done */
   uv_poll_start(&c->pb, UV_WRITABLE, relay_on_poll);
 }
@@ -327,6 +339,47 @@ static void fwd_free(fwd *f) {
   else free(f);
 }
 
+/* f listens on fd: watch it for connections (from the next loop turn;
+ * start 0: once net_fwd_resume runs). */
+static void fwd_listen_on(fwd *f, int fd, uv_poll_t *p, int start) {
+  uv_poll_init_socket(net_loop, p, fd);
+  p->data = f;
+  if (start) uv_poll_start(p, UV_READABLE, fwd_on_accept);
+  f->fd = fd;
+  f->lis = p;
+  f->listening = 1;
+  f->failed_logged = 0;
+}
+
+/* A new forwarder of port (not listening yet), first in fwds; NULL when out of memory. */
+static fwd *fwd_new(uint16_t port) {
+  fwd *f = calloc(1, sizeof *f);
+  if (!f) return NULL;
+  f->port = port;
+  f->fd = -1;
+  if (fwd_sa.ss_family == AF_INET6) snprintf(f->to, sizeof f->to, "[%s]:%u", fwd_addr, f->port);
+  else snprintf(f->to, sizeof f->to, "%s:%u", fwd_addr, f->port);
+  f->next = fwds;
+  fwds = f;
+  return f;
+}
+
+/* f relays to the loopback listener at raw (family), port f->port. */
+static void fwd_target(fwd *f, int family, const uint8_t *raw) {
+  memset(&f->target, 0, sizeof f->target);
+  if (family == AF_INET) {
+    struct sockaddr_in *s = (struct sockaddr_in *)&f->target;
+    s->sin_family = AF_INET;
+    s->sin_port = htons(f->port);
+    memcpy(&s->sin_addr, raw, 4);
+  } else {
+    struct sockaddr_in6 *s = (struct sockaddr_in6 *)&f->target;
+    s->sin6_family = AF_INET6;
+    s->sin6_port = htons(f->port);
+    memcpy(&s->sin6_addr, raw, 16);
+  }
+}
+
 /* Bind and listen; a failure is logged once and tried again next sync. */
 static void fwd_start(fwd *f) {
   struct sockaddr_storage sa = fwd_sa;
@@ -352,22 +405,20 @@ static void fwd_start(fwd *f) {
     if (fd >= 0) close(fd);
     return;
   }
-  uv_poll_init_socket(net_loop, p, fd);
-  p->data = f;
-  uv_poll_start(p, UV_READABLE, fwd_on_accept);
-  f->fd = fd;
-  f->lis = p;
-  f->listening = 1;
-  f->failed_logged = 0;
+  fwd_listen_on(f, fd, p, 1);
   LOG_INFO("port %u: forwarded to %s", f->port, f->to);
 }
 
+/* The budget's retry timer, made once the loop is known. */
+static void relay_retry_init(void) {
+  if (retry_init || !net_loop) return;
+  uv_timer_init(net_loop, &retry_timer);
+  uv_unref((uv_handle_t *)&retry_timer);
+  retry_init = 1;
+}
+
 void net_fwd_sync(const net_fwd_want *want, size_t n) {
-  if (!retry_init && net_loop) {
-    uv_timer_init(net_loop, &retry_timer);
-    uv_unref((uv_handle_t *)&retry_timer);
-    retry_init = 1;
-  }
+  relay_retry_init();
   for (fwd **p = &fwds; *p;) { /* stop what is no longer wanted */
     fwd *f = *p;
     int keep = 0;
@@ -383,28 +434,174 @@ void net_fwd_sync(const net_fwd_want *want, size_t n) {
     if (want[i].port == 4064 || want[i].port == 4065) continue; /* the agent's own ports */
     fwd *f = fwds;
     while (f && f->port != want[i].port) f = f->next;
-    if (!f) {
-      f = calloc(1, sizeof *f);
-      if (!f) return;
-      f->port = want[i].port;
-      f->fd = -1;
-      if (fwd_sa.ss_family == AF_INET6) snprintf(f->to, sizeof f->to, "[%s]:%u", fwd_addr, f->port);
-      else snprintf(f->to, sizeof f->to, "%s:%u", fwd_addr, f->port);
-      f->next = fwds;
-      fwds = f;
-    }
-    memset(&f->target, 0, sizeof f->target);
-    if (want[i].family == AF_INET) {
-      struct sockaddr_in *s = (struct sockaddr_in *)&f->target;
-      s->sin_family = AF_INET;
-      s->sin_port = htons(f->port);
-      memcpy(&s->sin_addr, want[i].raw, 4);
-    } else {
-      struct sockaddr_in6 *s = (struct sockaddr_in6 *)&f->target;
-      s->sin6_family = AF_INET6;
-      s->sin6_port = htons(f->port);
-      memcpy(&s->sin6_addr, want[i].raw, 16);
-    }
+    if (!f && !(f = fwd_new(want[i].port))) return;
+    fwd_target(f, want[i].family, want[i].raw);
     if (!f->listening) fwd_start(f);
+  }
+}
+
+/* ---- upgrade in place (net/service.h) ----
+ * A forwarder is its listening socket; a relayed connection is its two
+ * sockets and two pipes, whose bytes stay in the kernel across the exec:
+ * the state names their descriptors (agent/handover.c clears their
+ * close-on-exec) and the counts that say what each pipe holds. */
+
+static struct {
+  Conch__Handover__Net net;
+  Conch__Handover__Forwarder **fp, *fa;
+  Conch__Handover__Relay **rp, *ra;
+  Conch__Handover__RelayDir *da;
+} ho;
+
+static void ho_save_dir(const relay_dir *d, Conch__Handover__RelayDir *m) {
+  conch__handover__relay_dir__init(m);
+  m->pipe_r = d->pr;
+  m->pipe_w = d->pw;
+  m->held = d->held;
+  m->eof = d->eof;
+  m->shut = d->shut;
+}
+
+int net_handover_save(Conch__Handover__State *st) {
+  conch__handover__net__init(&ho.net);
+  st->net = &ho.net;
+  ho.net.forward_addr = fwd_addr ? fwd_addr : "";
+  size_t nf = 0, nr = 0;
+  for (fwd *f = fwds; f; f = f->next) nf += f->listening;
+  relay_conn *c;
+  list_each(c, &conns, link) nr++;
+  ho.fp = calloc(nf + 1, sizeof *ho.fp);
+  ho.fa = calloc(nf + 1, sizeof *ho.fa);
+  ho.rp = calloc(nr + 1, sizeof *ho.rp);
+  ho.ra = calloc(nr + 1, sizeof *ho.ra);
+  ho.da = calloc(2 * nr + 1, sizeof *ho.da);
+  if (!ho.fp || !ho.fa || !ho.rp || !ho.ra || !ho.da) return -1;
+  for (fwd *f = fwds; f; f = f->next) {
+    if (!f->listening) continue; /* not bound: the next program's scan tries again */
+    Conch__Handover__Forwarder *m = &ho.fa[ho.net.n_forwarders];
+    conch__handover__forwarder__init(m);
+    m->port = f->port;
+    m->fd = f->fd;
+    m->family = f->target.ss_family;
+    if (f->target.ss_family == AF_INET) {
+      m->target.data = (uint8_t *)&((struct sockaddr_in *)&f->target)->sin_addr;
+      m->target.len = 4;
+    } else {
+      m->target.data = (uint8_t *)&((struct sockaddr_in6 *)&f->target)->sin6_addr;
+      m->target.len = 16;
+    }
+    ho.fp[ho.net.n_forwarders++] = m;
+  }
+  ho.net.forwarders = ho.fp;
+  list_each(c, &conns, link) {
+    size_t i = ho.net.n_relays;
+    Conch__Handover__Relay *m = &ho.ra[i];
+    conch__handover__relay__init(m);
+    m->client_fd = c->a;
+    m->backend_fd = c->b;
+    m->connected = c->connected;
+    ho_save_dir(&c->up, &ho.da[2 * i]);
+    ho_save_dir(&c->down, &ho.da[2 * i + 1]);
+    m->up = &ho.da[2 * i];
+    m->down = &ho.da[2 * i + 1];
+    ho.rp[ho.net.n_relays++] = m;
+  }
+  ho.net.relays = ho.rp;
+  return 0;
+}
+
+void net_handover_save_free(Conch__Handover__State *st) {
+  free(ho.fp);
+  free(ho.fa);
+  free(ho.rp);
+  free(ho.ra);
+  free(ho.da);
+  memset(&ho, 0, sizeof ho);
+  st->net = NULL;
+}
+
+static int ho_fd_ok(int fd) { return fd > 2 && fcntl(fd, F_GETFD) >= 0; }
+
+static int ho_dir_ok(const Conch__Handover__RelayDir *m) {
+  return m && ho_fd_ok(m->pipe_r) && ho_fd_ok(m->pipe_w) && m->held <= NET_PIPE_CAP;
+}
+
+static void ho_restore_dir(relay_dir *d, relay_conn *c, const Conch__Handover__RelayDir *m) {
+  *d = (relay_dir){.c = c, .pr = m->pipe_r, .pw = m->pipe_w, .held = (size_t)m->held, .eof = m->eof,
+                   .shut = m->shut};
+}
+
+int net_handover_restore(const Conch__Handover__State *st, char *err, size_t errn) {
+  const Conch__Handover__Net *n = st->net;
+  if (!n) return 0;
+  /* the old program's address (an init message may have changed the one of
+   * the command line, or turned forwarding off) */
+  if (net_fwd_config(n->forward_addr && n->forward_addr[0] ? n->forward_addr : NULL) != 0) {
+    snprintf(err, errn, "forwarding address %s", n->forward_addr);
+    return -1;
+  }
+  for (size_t i = 0; i < n->n_forwarders; i++) {
+    const Conch__Handover__Forwarder *m = n->forwarders[i];
+    size_t want = m->family == AF_INET ? 4 : m->family == AF_INET6 ? 16 : 0;
+    if (!fwd_addr || !want || m->target.len != want || !m->port || !ho_fd_ok(m->fd)) {
+      snprintf(err, errn, "forwarder %zu of %zu is not one this program can take", i + 1, n->n_forwarders);
+      return -1;
+    }
+    uv_poll_t *p = malloc(sizeof *p);
+    fwd *f = p ? fwd_new((uint16_t)m->port) : NULL;
+    if (!f) {
+      free(p);
+      snprintf(err, errn, "out of memory");
+      return -1;
+    }
+    fwd_target(f, (int)m->family, m->target.data);
+    fwd_listen_on(f, m->fd, p, 0);
+  }
+  for (size_t i = 0; i < n->n_relays; i++) {
+    const Conch__Handover__Relay *m = n->relays[i];
+    if (!ho_fd_ok(m->client_fd) || !ho_fd_ok(m->backend_fd) || !ho_dir_ok(m->up) || !ho_dir_ok(m->down)) {
+      snprintf(err, errn, "relayed connection %zu of %zu is not one this program can take", i + 1, n->n_relays);
+      return -1;
+    }
+    relay_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+      snprintf(err, errn, "out of memory");
+      return -1;
+    }
+    c->a = m->client_fd;
+    c->b = m->backend_fd;
+    c->connected = m->connected;
+    ho_restore_dir(&c->up, c, m->up);
+    ho_restore_dir(&c->down, c, m->down);
+    if (rpc_budget_take(c->up.held + c->down.held) != 0) { /* (the same budget as before: should not be) */
+      c->up.held = c->down.held = 0;
+      c->cut_at_resume = 1;
+    }
+    relay_link(c);
+  }
+  if (n->n_forwarders || n->n_relays) {
+    size_t held = 0;
+    for (size_t i = 0; i < n->n_relays; i++) held += n->relays[i]->up->held + n->relays[i]->down->held;
+    LOG_INFO("upgrade: %zu forwarded ports and %zu relayed connections carried (%zu bytes in their pipes)",
+             n->n_forwarders, n->n_relays, held);
+  }
+  return 0;
+}
+
+void net_fwd_resume(void) {
+  relay_retry_init();
+  for (fwd *f = fwds; f; f = f->next)
+    if (f->lis && !uv_is_active((uv_handle_t *)f->lis)) uv_poll_start(f->lis, UV_READABLE, fwd_on_accept);
+  relay_conn *c, *nx;
+  list_each_safe(c, nx, &conns, link) {
+    if (c->cut_at_resume) {
+      LOG_WARN("upgrade: a relayed connection cut: its pipes do not fit the memory budget");
+      relay_close(c);
+    } else if (!c->connected) { /* its connect goes on */
+      c->ev_b = UV_WRITABLE;
+      uv_poll_start(&c->pb, UV_WRITABLE, relay_on_poll);
+    } else {
+      relay_step(c);
+    }
   }
 }

@@ -32,4 +32,17 @@ int net_forward_set(const char *addr);
 /* The address forwarded to, or NULL when forwarding is off. */
 const char *net_forward_get(void);
 
+/* Upgrade in place (agent/handover.h drives it, agent/main.c registers the
+ * part): the forwarding address, every forwarder's listening socket and
+ * every relayed connection (two sockets, two pipes) are carried across the
+ * exec in the state's `net` (proto/handover.proto; agent/handover.c names
+ * their descriptors).  save points into live memory until save_free;
+ * restore rebuilds them without starting anything (0, or -1 with err: a
+ * rollback); resume starts them and the scans. */
+typedef struct Conch__Handover__State Conch__Handover__State;
+int net_handover_save(Conch__Handover__State *st);
+void net_handover_save_free(Conch__Handover__State *st);
+int net_handover_restore(const Conch__Handover__State *st, char *err, size_t errn);
+void net_handover_resume(void);
+
 #endif

@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
     puts("conch-init 9.9");
     return 0;
   }
-  if (argc == 3 && strcmp(argv[1], "--handover-check") == 0) return 1; /* cannot read state format 1 */
+  if (argc == 3 && strcmp(argv[1], "--handover-check") == 0) return 1; /* cannot read state format 2 */
   return 2;
 }
 """
@@ -217,7 +217,7 @@ def test_sha256_either_case_then_the_trial(agent):
 
 
 @pytest.mark.parametrize("mode,why", [
-    (0, "upgrade refused: it cannot read state format 1"),
+    (0, "upgrade refused: it cannot read state format 2"),
     (2, "upgrade refused: --version was killed by signal 11"),
     (3, "upgrade refused: --version exited with status 3"),
 ])
@@ -282,7 +282,7 @@ def test_trial_surroundings(agent):
     report = tmp / "report.txt"
     fake = compile_fake(tmp, 5, str(report))
     st, b = upgrade(c, fake)
-    assert b["message"] == "upgrade refused: it cannot read state format 1"
+    assert b["message"] == "upgrade refused: it cannot read state format 2"
     lines = report.read_text().splitlines()
     env = [x[4:] for x in lines if x.startswith("env ")]
     assert env == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], env
@@ -357,8 +357,9 @@ def test_no_upgrade_in_usage():
 
 def test_handover_check_option():
     assert subprocess.run([BIN, "--handover-check", "1"], capture_output=True).returncode == 0
-    p = subprocess.run([BIN, "--handover-check", "2"], capture_output=True, text=True)
-    assert p.returncode == 1 and "cannot read handover state format 2" in p.stderr
+    assert subprocess.run([BIN, "--handover-check", "2"], capture_output=True).returncode == 0
+    p = subprocess.run([BIN, "--handover-check", "3"], capture_output=True, text=True)
+    assert p.returncode == 1 and "cannot read handover state format 3 (it reads 1 to 2)" in p.stderr
     assert subprocess.run([BIN, "--handover-check", "0"], capture_output=True).returncode == 1
     for bad in (["--handover-check"], ["--handover-check", "x"], ["--handover-check", "-1"],
                 ["--handover-check", "1", "2"]):

@@ -258,7 +258,7 @@ def test_init_listener_and_state_are_kept(tmp_path):
 # ---------------------------------------------------------------- rollback
 @pytest.mark.parametrize("fault,why", [
     ("handover_restore", "CONCH_FAULT=handover_restore"),
-    ("handover_format", "state format 1001 is not one this program reads"),
+    ("handover_format", "state format 1002 is not one this program reads"),
 ])
 def test_rollback_to_the_previous_program(fault, why):
     """A new program that cannot restore the state hands it back: the old
@@ -272,6 +272,25 @@ def test_rollback_to_the_previous_program(fault, why):
         log = open(s.log_path).read()
         assert why in log and "rolling back to the previous program" in log and "upgrade rolled back" in log, log[-3000:]
         assert s.proc.pid == pid and metrics(s)["upgrades"] == 0
+        ev, _ = events_of(s, {"tag": "writer"}, replay={})
+        assert contiguous(channels(ev)["stdout"]).decode().split() == [f"line{i}" for i in range(1, n + 1)]
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+def test_a_state_of_format_1_is_read():
+    """A program of format 2 takes the state of a format-1 writer (one
+    from before forwarders were carried; CONCH_FAULT=handover_format_1
+    makes the old program write as one): its records and their output."""
+    s = Server(name="test_upgrade_format_1", env={"CONCH_FAULT": "handover_format_1"})
+    try:
+        n = 200
+        bg(s, f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; sleep 0.01; done", "writer")
+        pid = s.proc.pid
+        upgrade(s)
+        assert "upgrades=1 (state format 1)" in open(s.log_path).read()
+        assert s.proc.pid == pid
         ev, _ = events_of(s, {"tag": "writer"}, replay={})
         assert contiguous(channels(ev)["stdout"]).decode().split() == [f"line{i}" for i in range(1, n + 1)]
     finally:
@@ -372,3 +391,147 @@ def test_the_guides_rollout_commands_work_as_written(server, tmp_path):
     assert wait_for(lambda: metrics(server)["upgrades"] == 1), open(server.log_path).read()[-2000:]
     os.unlink("/tmp/conch-init.new")
     shutil.rmtree("/tmp/up", ignore_errors=True)
+
+
+# ---------------------------------------------------------------- forwarded ports
+def test_forwarded_ports_and_relayed_connections_are_carried():
+    """serve --forward-ports in a network namespace of the test's own: the
+    forwarders' listening sockets and every relayed connection (its two
+    sockets and its two pipes, with the bytes in them) are carried. A
+    conversation goes on, a download stalled with its pipes full at the
+    exec loses no byte, a half-closed connection still gets its answer,
+    and clients connecting to a forwarded port all through the upgrades
+    are never refused."""
+    from test_ports import OUT, echo_backend, in_ns, listener, out_conn, wait_forwarded
+    ns = f"conch-upfwd-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", f"ip link set lo up && ip addr add {OUT}/32 dev lo"],
+                       check=True)
+        with in_ns(ns):
+            s = Server(name="test_upgrade_fwd", extra_args=["--forward-ports", OUT],
+                       env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:quarantine_size_mb=8"})
+        s.ns = ns
+        try:
+            _forwarded_across_upgrades(s, OUT, echo_backend, in_ns, listener, out_conn, wait_forwarded)
+        finally:
+            text = s.stop()
+            assert sanitizer_report(text) is None, sanitizer_report(text)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def _forwarded_across_upgrades(s, out, echo_backend, in_ns, listener, out_conn, wait_forwarded):
+    total = 8 << 20
+    blob = b"".join(i.to_bytes(8, "big") for i in range(total // 8))
+    echo = echo_backend(s)
+    with in_ns(s.ns):
+        down_lis, hc_lis = listener(), listener()
+    ports = [echo.getsockname()[1], down_lis.getsockname()[1], hc_lis.getsockname()[1]]
+
+    def send_blob():
+        c, _ = down_lis.accept()
+        with c:
+            c.sendall(blob)
+    threading.Thread(target=send_blob, daemon=True).start()
+    try:
+        for p in ports:
+            wait_forwarded(s, p)
+        conv = out_conn(s, ports[0])
+        conv.settimeout(20)
+
+        def say(i):
+            msg = f"message {i} ".encode() * (1 + i * 37)
+            conv.sendall(msg)
+            got = b""
+            while len(got) < len(msg):
+                d = conv.recv(65536)
+                assert d, f"the conversation was cut before message {i}"
+                got += d
+            assert got == msg, i
+        for i in range(5):
+            say(i)
+        dl = out_conn(s, ports[1])
+        dl.settimeout(20)
+        got = b""
+        while len(got) < 65536:
+            d = dl.recv(65536)
+            assert d, "the download ended early"
+            got += d
+        time.sleep(0.5)  # the backend fills the socket buffers and the relay's pipe, then waits
+        hc = out_conn(s, ports[2])
+        hc.settimeout(20)
+        hc_lis.settimeout(20)
+        b, _ = hc_lis.accept()
+        b.settimeout(20)
+        hc.sendall(b"request")
+        hc.shutdown(socket.SHUT_WR)
+        req = b""
+        while True:
+            d = b.recv(100)
+            if not d:
+                break
+            req += d
+        assert req == b"request"
+
+        stop = threading.Event()
+        seen = {"ok": 0, "refused": 0, "other": []}
+
+        def hammer():
+            while not stop.is_set():
+                try:
+                    with in_ns(s.ns), socket.socket() as c:
+                        c.settimeout(20)
+                        c.bind((out, 0))
+                        c.connect((out, ports[0]))
+                        c.sendall(b"x")
+                        assert c.recv(1) == b"x"
+                    seen["ok"] += 1
+                except ConnectionRefusedError:
+                    seen["refused"] += 1
+                except OSError as e:
+                    seen["other"].append(repr(e))
+        t = threading.Thread(target=hammer)
+        t.start()
+        try:
+            for k in range(3):
+                with in_ns(s.ns):
+                    upgrade(s)
+                say(10 + k)  # the conversation goes on after each
+        finally:
+            stop.set()
+            t.join()
+        log = open(s.log_path, errors="replace").read()
+        carried = [x for x in log.splitlines() if "relayed connections carried" in x]
+        assert len(carried) == 3, log[-3000:]
+        assert "3 forwarded ports" in carried[0] and "(0 bytes in their pipes)" not in carried[0], carried
+        # clients all through the upgrades: answered, never refused (they
+        # wait in the forwarder's backlog while no program accepts)
+        assert seen["refused"] == 0 and seen["ok"] > 20 and not seen["other"], seen
+        # the stalled download: every byte, in order, once
+        while True:
+            d = dl.recv(1 << 20)
+            if not d:
+                break
+            got += d
+        assert len(got) == total and got == blob, (len(got), total)
+        # the half-closed connection: its answer, then EOF
+        b.sendall(b"answer after the upgrades")
+        b.close()
+        ans = b""
+        while True:
+            d = hc.recv(100)
+            if not d:
+                break
+            ans += d
+        assert ans == b"answer after the upgrades"
+        for c in (conv, dl, hc):
+            c.close()
+        # the forwarders keep working for new connections
+        c = out_conn(s, ports[0])
+        c.sendall(b"after")
+        assert c.recv(100) == b"after"
+        c.close()
+    finally:
+        for lis in (echo, down_lis, hc_lis):
+            lis.close()

@@ -4,13 +4,17 @@ guest's conch-init is replaced by a second build of the same source with
 another version string (build/static-next, `make build/static-next/conch-init`),
 uploaded with PostFileStream and named to AgentService/Upgrade.  A
 background job writing numbered lines runs across it and is read with
-`replay`, every line exactly once; the pid stays 1; an init message (a
-restore's, with timestampMs and entropy) is answered by the new program."""
+`replay`, every line exactly once; a connection from the host through
+qemu's hostfwd to a server on the guest's 127.0.0.1 (the agent's forwarder
+on the guest IP relays it) goes on across it; the pid stays 1; an init
+message (a restore's, with timestampMs and entropy) is answered by the new
+program."""
 import base64
 import hashlib
 import json
 import os
 import secrets
+import socket
 import time
 import urllib.request
 
@@ -40,7 +44,7 @@ def sh(v, script):
 def test_pid1_upgraded_to_another_build(tmp_path_factory):
     assert os.path.exists(NEXT), "make build/static-next/conch-init first (make vm-check does)"
     data = open(NEXT, "rb").read()
-    v = boot("pmem", "upgrade", tmp_path_factory)
+    v = boot("pmem", "upgrade", tmp_path_factory, fwd_ports=(8766,))
     try:
         before = metrics(v)
         assert before["upgrades"] == 0, before
@@ -52,6 +56,15 @@ def test_pid1_upgraded_to_another_build(tmp_path_factory):
         ev, _ = call(v, CONNECT, {"process": {"tag": "across"}, "replay": {}},
                      until=lambda e: sum(len(x[2]) for x in e if x[0] == "data") >= 50)
         seen = contiguous(channels(ev)["stdout"])
+        # a conversation with a server on the guest's loopback, relayed by the forwarder
+        start_bg(v.client, {"cmd": "python3", "args": ["-c", ECHO], "tag": "echo"})
+
+        def forwarded():
+            st, body, _ = v.client.unary("/pb.NetworkService/ListPorts", {})
+            return [p for p in body.get("ports", []) if p.get("port") == 8766 and p.get("forwardedTo")]
+        assert wait_for(forwarded, 60, 0.5), "port 8766 not forwarded"
+        conv = socket.create_connection(("127.0.0.1", v.fwd[8766]), timeout=60)
+        assert say(conv, b"before") == b"before"
         chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
         msgs = [{"filepath": "/root/conch-init.next", "content": b64(chunks[0])}] + \
                [{"content": b64(x)} for x in chunks[1:]]
@@ -68,6 +81,10 @@ def test_pid1_upgraded_to_another_build(tmp_path_factory):
         assert "serving as PID 1 after an upgrade in place" in lg, lg[-3000:]
         assert "upgraded in place: conch-init %s -> %s-next pid=1" % (old_version, old_version) in lg, lg[-3000:]
         assert sh(v, "readlink /proc/1/exe") .startswith("/memfd:"), "PID 1 is not the new program"
+        # the relayed connection went on: the same conversation, through the new program
+        assert "1 forwarded ports and 1 relayed connections carried" in lg, lg[-3000:]
+        assert say(conv, b"after the upgrade" * 1000) == b"after the upgrade" * 1000
+        conv.close()
         # the job went on: every line exactly once, from the last offset seen
         ev, end = call(v, CONNECT, {"process": {"tag": "across"}, "replay": {"stdout": str(len(seen))}})
         assert ev[-1] == ("end", 0), ev[-3:]
@@ -86,6 +103,35 @@ def test_pid1_upgraded_to_another_build(tmp_path_factory):
         assert "entropy: 64 bytes credited" in v.log()
     finally:
         v.close()
+
+
+ECHO = """
+import socket, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8766))
+s.listen()
+def echo(c):
+    while True:
+        d = c.recv(65536)
+        if not d:
+            c.close()
+            return
+        c.sendall(d)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=echo, args=(c,), daemon=True).start()
+"""
+
+
+def say(conv, msg):
+    conv.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        d = conv.recv(65536)
+        assert d, "the relayed connection was cut"
+        got += d
+    return got
 
 
 def _try(fn, *a):
