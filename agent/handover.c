@@ -373,6 +373,12 @@ static void hs_rollback(const char *why) {
   free(argv);
 }
 
+/* No rollback: the parts from `from` on did not restore (or did not run). */
+static void hs_abandon(const hstate *st, size_t from) {
+  for (size_t i = from; i < H.nparts; i++)
+    if (H.parts[i]->abandon) H.parts[i]->abandon(st);
+}
+
 static int hs_read_all(int fd, uint8_t **out, size_t *n) {
   struct stat sb;
   if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (uint64_t)sb.st_size > HANDOVER_STATE_MAX) return -1;
@@ -451,6 +457,7 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
     if (H.parts[i]->restore_early && H.parts[i]->restore_early(conch.loop, H.loaded) != 0) {
       snprintf(err, errn, "%s: cannot restore its early state", H.parts[i]->name);
       hs_rollback(err);
+      hs_abandon(H.loaded, 0);
       return -1;
     }
   return 0;
@@ -465,6 +472,7 @@ int handover_finish(char *err, size_t errn) {
       char why[600];
       snprintf(why, sizeof why, "%s: %s", H.parts[i]->name, err);
       hs_rollback(why);
+      hs_abandon(st, i);
       goto commit; /* no rollback: serve with what was restored */
     }
 #ifndef CONCH_STATIC /* test seam: the rollback path (tests/integration/test_upgrade.py) */

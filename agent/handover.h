@@ -56,6 +56,9 @@ typedef struct Conch__Handover__State Conch__Handover__State;
  *                 (then the previous program takes over: rollback)
  *   keep_fds      name, through handover_keep_fd, descriptors of its own
  *                 encoding (they get close-on-exec back after the restore)
+ *   abandon       new program, no rollback possible: its restore failed or
+ *                 never ran; close what the state names that it did not
+ *                 take (else a listening socket would stay bound by nobody)
  *   resume        the restore is committed: start (reads, timers) */
 typedef struct handover_part {
   const char *name;
@@ -66,6 +69,7 @@ typedef struct handover_part {
   int (*restore_early)(uv_loop_t *loop, const Conch__Handover__State *st);
   int (*restore)(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn);
   void (*keep_fds)(const Conch__Handover__State *st);
+  void (*abandon)(const Conch__Handover__State *st);
   void (*resume)(void);
 } handover_part;
 void handover_add_part(const handover_part *p);

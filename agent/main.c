@@ -211,6 +211,13 @@ static const handover_part main_proc_part = {
 /* The ports' part: forwarders and relayed connections (net/relay.c). */
 static int main_net_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
   (void)now_mono;
+#ifndef CONCH_STATIC /* test seam: the ports part fails, in the rollback too (tests/integration/test_upgrade_state.py) */
+  const char *fault = getenv("CONCH_FAULT");
+  if (fault && strcmp(fault, "handover_ports") == 0) {
+    snprintf(err, errn, "CONCH_FAULT=handover_ports");
+    return -1;
+  }
+#endif
   return net_handover_restore(st, err, errn);
 }
 
@@ -219,6 +226,7 @@ static const handover_part main_net_part = {
     .save = net_handover_save,
     .save_free = net_handover_save_free,
     .restore = main_net_restore,
+    .abandon = net_handover_abandon,
     .resume = net_handover_resume,
 };
 

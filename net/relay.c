@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "agent/list.h"
@@ -265,17 +266,26 @@ static int relay_pipe(relay_dir *d) {
   return 0;
 }
 
-/* c's sockets and pipes are set: count it, list it, watch its sockets
- * (nothing started yet). */
-static void relay_link(relay_conn *c) {
+static void relay_free_on_close(uv_handle_t *h) { free(h->data); }
+
+/* c's sockets and pipes are set: watch its sockets (nothing started yet),
+ * count it, list it.  0; -1 when a socket cannot be watched (then c is
+ * the caller's to free); -2 when the second cannot (then c is freed once
+ * the first one's handle closes).  Its descriptors stay the caller's. */
+static int relay_link(relay_conn *c) {
   c->up.src = c->down.dst = c->a;
   c->up.dst = c->down.src = c->b;
+  if (uv_poll_init_socket(net_loop, &c->pa, c->a) != 0) return -1;
+  c->pa.data = c;
+  if (uv_poll_init_socket(net_loop, &c->pb, c->b) != 0) {
+    uv_close((uv_handle_t *)&c->pa, relay_free_on_close);
+    return -2;
+  }
+  c->pb.data = c;
+  c->handles = 2;
   nconns++;
   list_insert_tail(&conns, &c->link);
-  uv_poll_init_socket(net_loop, &c->pa, c->a);
-  uv_poll_init_socket(net_loop, &c->pb, c->b);
-  c->pa.data = c->pb.data = c;
-  c->handles = 2;
+  return 0;
 }
 
 /* A new client socket a for forwarder f: connect to the loopback listener. */
@@ -297,19 +307,20 @@ static void relay_start(fwd *f, int a) {
    * (tests/bench/README.md, ports.sh); the client's leg keeps the
    * system's choice: it is the real network */
   if (c->b >= 0) setsockopt(c->b, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
+  int linked = -1;
   if (c->b < 0 || relay_pipe(&c->up) != 0 || relay_pipe(&c->down) != 0 ||
       (connect(c->b, (struct sockaddr *)&f->target,
                f->target.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) != 0 &&
-       errno != EINPROGRESS)) {
+       errno != EINPROGRESS) ||
+      (linked = relay_link(c)) != 0) {
     int fds[] = {c->a, c->b, c->up.pr, c->up.pw, c->down.pr, c->down.pw};
     for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
       if (fds[i] >= 0) close(fds[i]);
-    free(c);
+    if (linked != -2) free(c);
     return;
   }
   setsockopt(c->a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(c->b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  relay_link(c);
   c->ev_b = UV_WRITABLE; /* the connect: nothing is read before it is done */
   uv_poll_start(&c->pb, UV_WRITABLE, relay_on_poll);
 }
@@ -341,14 +352,15 @@ static void fwd_free(fwd *f) {
 
 /* f listens on fd: watch it for connections (from the next loop turn;
  * start 0: once net_fwd_resume runs). */
-static void fwd_listen_on(fwd *f, int fd, uv_poll_t *p, int start) {
-  uv_poll_init_socket(net_loop, p, fd);
+static int fwd_listen_on(fwd *f, int fd, uv_poll_t *p, int start) {
+  if (uv_poll_init_socket(net_loop, p, fd) != 0) return -1;
   p->data = f;
   if (start) uv_poll_start(p, UV_READABLE, fwd_on_accept);
   f->fd = fd;
   f->lis = p;
   f->listening = 1;
   f->failed_logged = 0;
+  return 0;
 }
 
 /* A new forwarder of port (not listening yet), first in fwds; NULL when out of memory. */
@@ -397,6 +409,11 @@ static void fwd_start(fwd *f) {
     step = bind(fd, (struct sockaddr *)&sa, len) != 0 ? "bind" : listen(fd, 511) != 0 ? "listen" : NULL;
   }
   uv_poll_t *p = step ? NULL : malloc(sizeof *p);
+  if (p && fwd_listen_on(f, fd, p, 1) != 0) {
+    free(p);
+    p = NULL;
+    step = "watch";
+  }
   if (!p) {
     if (!f->failed_logged)
       LOG_WARN("port %u: cannot forward to %s: %s: %s (retried)", f->port, f->to, step ? step : "malloc",
@@ -405,7 +422,6 @@ static void fwd_start(fwd *f) {
     if (fd >= 0) close(fd);
     return;
   }
-  fwd_listen_on(f, fd, p, 1);
   LOG_INFO("port %u: forwarded to %s", f->port, f->to);
 }
 
@@ -520,10 +536,22 @@ void net_handover_save_free(Conch__Handover__State *st) {
   st->net = NULL;
 }
 
-static int ho_fd_ok(int fd) { return fd > 2 && fcntl(fd, F_GETFD) >= 0; }
+/* Restore's progress: the state's first ho_taken_f forwarders and
+ * ho_taken_r relays are this program's; net_handover_abandon closes the
+ * descriptors of the rest. */
+static size_t ho_taken_f, ho_taken_r;
+
+static int ho_is(int fd, int want_socket) {
+  struct stat sb;
+  int type = 0;
+  socklen_t len = sizeof type;
+  if (fd <= 2 || fstat(fd, &sb) != 0) return 0;
+  if (!want_socket) return S_ISFIFO(sb.st_mode);
+  return S_ISSOCK(sb.st_mode) && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+}
 
 static int ho_dir_ok(const Conch__Handover__RelayDir *m) {
-  return m && ho_fd_ok(m->pipe_r) && ho_fd_ok(m->pipe_w) && m->held <= NET_PIPE_CAP;
+  return m && ho_is(m->pipe_r, 0) && ho_is(m->pipe_w, 0) && m->held <= NET_PIPE_CAP;
 }
 
 static void ho_restore_dir(relay_dir *d, relay_conn *c, const Conch__Handover__RelayDir *m) {
@@ -531,8 +559,55 @@ static void ho_restore_dir(relay_dir *d, relay_conn *c, const Conch__Handover__R
                    .shut = m->shut};
 }
 
+static int ho_int_cmp(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+/* Every forwarder and relay of n is one this program can take: sockets
+ * and pipes where the state says, no descriptor twice.  0, or -1 with err. */
+static int ho_check(const Conch__Handover__Net *n, char *err, size_t errn) {
+  for (size_t i = 0; i < n->n_forwarders; i++) {
+    const Conch__Handover__Forwarder *m = n->forwarders[i];
+    size_t want = m->family == AF_INET ? 4 : m->family == AF_INET6 ? 16 : 0;
+    if (!fwd_addr || !want || m->target.len != want || !m->port || m->port > 65535 || !ho_is(m->fd, 1)) {
+      snprintf(err, errn, "forwarder %zu of %zu is not one this program can take", i + 1, n->n_forwarders);
+      return -1;
+    }
+  }
+  for (size_t i = 0; i < n->n_relays; i++) {
+    const Conch__Handover__Relay *m = n->relays[i];
+    if (!ho_is(m->client_fd, 1) || !ho_is(m->backend_fd, 1) || !ho_dir_ok(m->up) || !ho_dir_ok(m->down)) {
+      snprintf(err, errn, "relayed connection %zu of %zu is not one this program can take", i + 1, n->n_relays);
+      return -1;
+    }
+  }
+  size_t nfds = n->n_forwarders + 6 * n->n_relays, k = 0;
+  int *fds = malloc((nfds ? nfds : 1) * sizeof *fds);
+  if (!fds) {
+    snprintf(err, errn, "out of memory");
+    return -1;
+  }
+  for (size_t i = 0; i < n->n_forwarders; i++) fds[k++] = n->forwarders[i]->fd;
+  for (size_t i = 0; i < n->n_relays; i++) {
+    const Conch__Handover__Relay *m = n->relays[i];
+    int six[] = {m->client_fd, m->backend_fd, m->up->pipe_r, m->up->pipe_w, m->down->pipe_r, m->down->pipe_w};
+    for (int j = 0; j < 6; j++) fds[k++] = six[j];
+  }
+  qsort(fds, nfds, sizeof *fds, ho_int_cmp);
+  int dup = 0;
+  for (size_t i = 1; i < nfds && !dup; i++) dup = fds[i] == fds[i - 1];
+  free(fds);
+  if (dup) {
+    snprintf(err, errn, "a descriptor is named twice");
+    return -1;
+  }
+  return 0;
+}
+
 int net_handover_restore(const Conch__Handover__State *st, char *err, size_t errn) {
   const Conch__Handover__Net *n = st->net;
+  ho_taken_f = ho_taken_r = 0;
   if (!n) return 0;
   /* the old program's address (an init message may have changed the one of
    * the command line, or turned forwarding off) */
@@ -540,44 +615,42 @@ int net_handover_restore(const Conch__Handover__State *st, char *err, size_t err
     snprintf(err, errn, "forwarding address %s", n->forward_addr);
     return -1;
   }
-  for (size_t i = 0; i < n->n_forwarders; i++) {
+  if (ho_check(n, err, errn) != 0) return -1;
+  for (size_t i = 0; i < n->n_forwarders; i++, ho_taken_f++) {
     const Conch__Handover__Forwarder *m = n->forwarders[i];
-    size_t want = m->family == AF_INET ? 4 : m->family == AF_INET6 ? 16 : 0;
-    if (!fwd_addr || !want || m->target.len != want || !m->port || !ho_fd_ok(m->fd)) {
-      snprintf(err, errn, "forwarder %zu of %zu is not one this program can take", i + 1, n->n_forwarders);
-      return -1;
-    }
     uv_poll_t *p = malloc(sizeof *p);
     fwd *f = p ? fwd_new((uint16_t)m->port) : NULL;
-    if (!f) {
+    if (f) fwd_target(f, (int)m->family, m->target.data);
+    if (!f || fwd_listen_on(f, m->fd, p, 0) != 0) {
+      if (f) { /* fwd_new put it first */
+        fwds = f->next;
+        free(f);
+      }
       free(p);
-      snprintf(err, errn, "out of memory");
+      snprintf(err, errn, "cannot take forwarder %zu of %zu", i + 1, n->n_forwarders);
       return -1;
     }
-    fwd_target(f, (int)m->family, m->target.data);
-    fwd_listen_on(f, m->fd, p, 0);
   }
-  for (size_t i = 0; i < n->n_relays; i++) {
+  for (size_t i = 0; i < n->n_relays; i++, ho_taken_r++) {
     const Conch__Handover__Relay *m = n->relays[i];
-    if (!ho_fd_ok(m->client_fd) || !ho_fd_ok(m->backend_fd) || !ho_dir_ok(m->up) || !ho_dir_ok(m->down)) {
-      snprintf(err, errn, "relayed connection %zu of %zu is not one this program can take", i + 1, n->n_relays);
-      return -1;
-    }
     relay_conn *c = calloc(1, sizeof *c);
-    if (!c) {
-      snprintf(err, errn, "out of memory");
+    if (c) {
+      c->a = m->client_fd;
+      c->b = m->backend_fd;
+      c->connected = m->connected;
+      ho_restore_dir(&c->up, c, m->up);
+      ho_restore_dir(&c->down, c, m->down);
+    }
+    int linked = c ? relay_link(c) : -1;
+    if (linked != 0) {
+      if (linked == -1) free(c);
+      snprintf(err, errn, "cannot take relayed connection %zu of %zu", i + 1, n->n_relays);
       return -1;
     }
-    c->a = m->client_fd;
-    c->b = m->backend_fd;
-    c->connected = m->connected;
-    ho_restore_dir(&c->up, c, m->up);
-    ho_restore_dir(&c->down, c, m->down);
     if (rpc_budget_take(c->up.held + c->down.held) != 0) { /* (the same budget as before: should not be) */
       c->up.held = c->down.held = 0;
       c->cut_at_resume = 1;
     }
-    relay_link(c);
   }
   if (n->n_forwarders || n->n_relays) {
     size_t held = 0;
@@ -586,6 +659,22 @@ int net_handover_restore(const Conch__Handover__State *st, char *err, size_t err
              n->n_forwarders, n->n_relays, held);
   }
   return 0;
+}
+
+void net_handover_abandon(const Conch__Handover__State *st) {
+  const Conch__Handover__Net *n = st->net;
+  if (!n) return;
+  size_t closed = 0;
+  for (size_t i = ho_taken_f; i < n->n_forwarders; i++, closed++)
+    if (n->forwarders[i]->fd > 2) close(n->forwarders[i]->fd);
+  for (size_t i = ho_taken_r; i < n->n_relays; i++, closed++) {
+    const Conch__Handover__Relay *m = n->relays[i];
+    int fds[] = {m->client_fd, m->backend_fd, m->up ? m->up->pipe_r : -1, m->up ? m->up->pipe_w : -1,
+                 m->down ? m->down->pipe_r : -1, m->down ? m->down->pipe_w : -1};
+    for (int j = 0; j < 6; j++)
+      if (fds[j] > 2) close(fds[j]);
+  }
+  if (closed) LOG_WARN("upgrade: %zu forwarders and relayed connections not taken: closed", closed);
 }
 
 void net_fwd_resume(void) {

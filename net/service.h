@@ -38,11 +38,14 @@ const char *net_forward_get(void);
  * exec in the state's `net` (proto/handover.proto; agent/handover.c names
  * their descriptors).  save points into live memory until save_free;
  * restore rebuilds them without starting anything (0, or -1 with err: a
- * rollback); resume starts them and the scans. */
+ * rollback); resume starts them and the scans; abandon, see below. */
 typedef struct Conch__Handover__State Conch__Handover__State;
 int net_handover_save(Conch__Handover__State *st);
 void net_handover_save_free(Conch__Handover__State *st);
 int net_handover_restore(const Conch__Handover__State *st, char *err, size_t errn);
+/* No rollback came after a restore that failed or never ran: close the
+ * descriptors of the forwarders and relays the restore did not take. */
+void net_handover_abandon(const Conch__Handover__State *st);
 void net_handover_resume(void);
 
 #endif

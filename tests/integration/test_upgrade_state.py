@@ -436,7 +436,7 @@ def _forwarded_across_upgrades(s, out, echo_backend, in_ns, listener, out_conn, 
     threading.Thread(target=send_blob, daemon=True).start()
     try:
         for p in ports:
-            wait_forwarded(s, p)
+            assert wait_forwarded(s, p), p
         conv = out_conn(s, ports[0])
         conv.settimeout(20)
 
@@ -485,11 +485,14 @@ def _forwarded_across_upgrades(s, out, echo_backend, in_ns, listener, out_conn, 
                         c.bind((out, 0))
                         c.connect((out, ports[0]))
                         c.sendall(b"x")
-                        assert c.recv(1) == b"x"
-                    seen["ok"] += 1
+                        got = c.recv(1)
+                    if got == b"x":
+                        seen["ok"] += 1
+                    else:
+                        seen["other"].append(f"answer {got!r}")
                 except ConnectionRefusedError:
                     seen["refused"] += 1
-                except OSError as e:
+                except Exception as e:  # noqa: BLE001 - all of it counted
                     seen["other"].append(repr(e))
         t = threading.Thread(target=hammer)
         t.start()
@@ -535,3 +538,61 @@ def _forwarded_across_upgrades(s, out, echo_backend, in_ns, listener, out_conn, 
     finally:
         for lis in (echo, down_lis, hc_lis):
             lis.close()
+
+
+def test_ports_not_taken_are_closed_when_no_rollback_comes():
+    """The ports part fails in the new program and again in the previous
+    one (CONCH_FAULT=handover_ports): with no rollback left, the agent
+    serves with what it restored, and the forwarders and relayed
+    connections it did not take are closed — not left bound by nobody: the
+    conversation ends, and the next scan binds the forwarder again."""
+    from test_ports import OUT, echo_backend, in_ns, out_conn, wait_forwarded
+    ns = f"conch-upfwd2-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", f"ip link set lo up && ip addr add {OUT}/32 dev lo"],
+                       check=True)
+        with in_ns(ns):
+            s = Server(name="test_upgrade_fwd_abandon", extra_args=["--forward-ports", OUT],
+                       env={"CONCH_FAULT": "handover_ports"})
+        s.ns = ns
+        echo = echo_backend(s)
+        port = echo.getsockname()[1]
+        try:
+            assert wait_forwarded(s, port)
+            conv = out_conn(s, port)
+            conv.settimeout(20)
+            conv.sendall(b"hello")
+            assert conv.recv(5) == b"hello"
+            pid = s.proc.pid
+            with in_ns(ns):
+                upgrade(s, expect_upgrades=0)
+            log = open(s.log_path).read()
+            assert log.count("cannot restore the state: ports: CONCH_FAULT=handover_ports") == 2, log[-3000:]
+            assert "no rollback possible (this is the rollback)" in log, log[-3000:]
+            assert "1 forwarders and relayed connections not taken: closed" not in log  # 2: one of each
+            assert "2 forwarders and relayed connections not taken: closed" in log, log[-3000:]
+            assert s.proc.pid == pid
+            try:  # the relayed connection was closed with its descriptors
+                conv.sendall(b"more")
+                assert conv.recv(10) == b""
+            except (ConnectionResetError, BrokenPipeError):
+                pass
+            conv.close()
+            assert wait_forwarded(s, port, timeout=10)  # bound again by the next scan
+
+            def echoes():
+                try:
+                    with out_conn(s, port) as c:
+                        c.settimeout(5)
+                        c.sendall(b"again")
+                        return c.recv(5) == b"again"
+                except OSError:
+                    return False
+            assert wait_for(echoes, timeout=10)
+        finally:
+            echo.close()
+            text = s.stop()
+            assert sanitizer_report(text) is None, sanitizer_report(text)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import secrets
 import socket
 import time
@@ -82,7 +83,8 @@ def test_pid1_upgraded_to_another_build(tmp_path_factory):
         assert "upgraded in place: conch-init %s -> %s-next pid=1" % (old_version, old_version) in lg, lg[-3000:]
         assert sh(v, "readlink /proc/1/exe") .startswith("/memfd:"), "PID 1 is not the new program"
         # the relayed connection went on: the same conversation, through the new program
-        assert "1 forwarded ports and 1 relayed connections carried" in lg, lg[-3000:]
+        carried = re.search(r"(\d+) forwarded ports and (\d+) relayed connections carried", lg)
+        assert carried and int(carried[1]) >= 1 and int(carried[2]) >= 1, lg[-3000:]
         assert say(conv, b"after the upgrade" * 1000) == b"after the upgrade" * 1000
         conv.close()
         # the job went on: every line exactly once, from the last offset seen
