@@ -313,9 +313,13 @@ def in_ns(name):
         os.close(new)
 
 
-@pytest.fixture(scope="module")
-def fwd():
-    ns = f"conch-ports-{os.getpid()}"
+@contextlib.contextmanager
+def forwarding_agent(name, env=None):
+    """`serve --forward-ports OUT` in a network namespace of its own (only
+    its loopback, OUT added to it: nothing leaves it), as srv with srv.ns;
+    afterwards stopped, its log free of sanitizer reports, the namespace
+    deleted."""
+    ns = f"conch-{os.getpid()}-{name}"[:40]
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", f"ip link set lo up && ip addr add {OUT}/32 dev lo"],
@@ -323,15 +327,23 @@ def fwd():
         with in_ns(ns):
             # ASan's quarantine keeps freed buffers (256 MiB by default): the
             # RSS bound below is about what the agent holds, not about it
-            srv = Server(name="test_ports_fwd", extra_args=["--forward-ports", OUT],
-                         env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:quarantine_size_mb=8"})
+            env = dict(env or {}, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:quarantine_size_mb=8")
+            srv = Server(name=name, extra_args=["--forward-ports", OUT], env=env)
         srv.ns = ns
-        yield srv
-        text = srv.stop()
-        rep = sanitizer_report(text)
-        assert rep is None, f"sanitizer report in server log:\n{rep}"
+        try:
+            yield srv
+        finally:
+            text = srv.stop()
+            rep = sanitizer_report(text)
+            assert rep is None, f"sanitizer report in server log:\n{rep}"
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+@pytest.fixture(scope="module")
+def fwd():
+    with forwarding_agent("test_ports_fwd") as srv:
+        yield srv
 
 
 def ns_list(srv):
