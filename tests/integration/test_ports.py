@@ -367,6 +367,16 @@ def out_conn(srv, port):
     return s
 
 
+def read_to_eof(s, n=65536):
+    """Everything s receives until its peer's EOF."""
+    got = b""
+    while True:
+        d = s.recv(n)
+        if not d:
+            return got
+        got += d
+
+
 def echo_backend(srv, family=socket.AF_INET, addr="127.0.0.1"):
     with in_ns(srv.ns):
         lis = listener(family, addr)
@@ -467,22 +477,10 @@ def test_forward_half_close(fwd):
         b.settimeout(10)
         s.sendall(b"request body")
         s.shutdown(socket.SHUT_WR)  # the client's half-close reaches the backend as EOF
-        got = b""
-        while True:
-            d = b.recv(100)
-            if not d:
-                break
-            got += d
-        assert got == b"request body"
+        assert read_to_eof(b) == b"request body"
         b.sendall(b"answer after EOF")  # and the other direction still flows
         b.close()
-        got = b""
-        while True:
-            d = s.recv(100)
-            if not d:
-                break
-            got += d
-        assert got == b"answer after EOF"
+        assert read_to_eof(s) == b"answer after EOF"
         s.close()
     finally:
         lis.close()

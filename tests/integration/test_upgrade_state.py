@@ -23,8 +23,9 @@ import urllib.request
 
 import pytest
 
-from conch import Client, b64, envelope, unb64
+from conch import Client, b64, envelope
 from conftest import BIN, Server, sanitizer_report, status_kib
+from test_ports import OUT, echo_backend, forwarding_agent, in_ns, listener, out_conn, read_to_eof, wait_forwarded
 from test_replay import CONNECT, SP, Stream, call, channels, contiguous
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
@@ -115,8 +116,8 @@ def test_every_kind_of_process_is_carried(server):
     agent_pid = s.proc.pid
     n = 300
     writer = bg(s, f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; sleep 0.01; done", "writer")
-    pty = bg(s, "stty size; exec cat", "pty", pty={"cols": 111, "rows": 33})
-    stdin = bg(s, "sleep 1.5; exec cat", "stdin", stdin_open=True)
+    bg(s, "stty size; exec cat", "pty", pty={"cols": 111, "rows": 33})
+    bg(s, "sleep 1.5; exec cat", "stdin", stdin_open=True)
     st, body, _ = c.unary("/pb.ProcessService/SendInput",
                           {"process": {"tag": "stdin"}, "input": {"stdin": b64(b"pending input\n")}})
     assert st == 200, body
@@ -402,12 +403,12 @@ def test_forwarded_ports_and_relayed_connections_are_carried():
     exec loses no byte, a half-closed connection still gets its answer,
     and clients connecting to a forwarded port all through the upgrades
     are never refused."""
-    from test_ports import OUT, echo_backend, forwarding_agent, in_ns, listener, out_conn, wait_forwarded
     with forwarding_agent("upgrade_fwd") as s:
-        _forwarded_across_upgrades(s, OUT, echo_backend, in_ns, listener, out_conn, wait_forwarded)
+        _forwarded_across_upgrades(s)
 
 
-def _forwarded_across_upgrades(s, out, echo_backend, in_ns, listener, out_conn, wait_forwarded):
+def _forwarded_across_upgrades(s):
+    out = OUT
     total = 8 << 20
     blob = b"".join(i.to_bytes(8, "big") for i in range(total // 8))
     echo = echo_backend(s)
@@ -452,13 +453,7 @@ def _forwarded_across_upgrades(s, out, echo_backend, in_ns, listener, out_conn, 
         b.settimeout(20)
         hc.sendall(b"request")
         hc.shutdown(socket.SHUT_WR)
-        req = b""
-        while True:
-            d = b.recv(100)
-            if not d:
-                break
-            req += d
-        assert req == b"request"
+        assert read_to_eof(b) == b"request"
 
         stop = threading.Event()
         seen = {"ok": 0, "refused": 0, "other": []}
@@ -498,22 +493,12 @@ def _forwarded_across_upgrades(s, out, echo_backend, in_ns, listener, out_conn, 
         # wait in the forwarder's backlog while no program accepts)
         assert seen["refused"] == 0 and seen["ok"] > 20 and not seen["other"], seen
         # the stalled download: every byte, in order, once
-        while True:
-            d = dl.recv(1 << 20)
-            if not d:
-                break
-            got += d
+        got += read_to_eof(dl, 1 << 20)
         assert len(got) == total and got == blob, (len(got), total)
         # the half-closed connection: its answer, then EOF
         b.sendall(b"answer after the upgrades")
         b.close()
-        ans = b""
-        while True:
-            d = hc.recv(100)
-            if not d:
-                break
-            ans += d
-        assert ans == b"answer after the upgrades"
+        assert read_to_eof(hc) == b"answer after the upgrades"
         for c in (conv, dl, hc):
             c.close()
         # the forwarders keep working for new connections
@@ -532,7 +517,6 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes():
     serves with what it restored, and the forwarders and relayed
     connections it did not take are closed — not left bound by nobody: the
     conversation ends, and the next scan binds the forwarder again."""
-    from test_ports import echo_backend, forwarding_agent, in_ns, out_conn, wait_forwarded
     with forwarding_agent("upgrade_fwd_abandon", env={"CONCH_FAULT": "handover_ports"}) as s:
         echo = echo_backend(s)
         port = echo.getsockname()[1]
