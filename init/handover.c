@@ -50,6 +50,8 @@ static int ih_restore(const Conch__Handover__State *st, uint64_t now_mono, char 
 
 static void ih_resume(void) { initproto_handover_resume(); }
 
+static void ih_abandon(const Conch__Handover__State *st) { initproto_handover_abandon(st->init); }
+
 static const handover_part init_part = {
     .name = "init",
     .drain = ih_drain,
@@ -58,6 +60,7 @@ static const handover_part init_part = {
     .save_free = ih_save_free,
     .restore = ih_restore,
     .keep_fds = ih_keep_fds,
+    .abandon = ih_abandon,
     .resume = ih_resume,
 };
 

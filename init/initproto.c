@@ -806,6 +806,17 @@ int initproto_handover_restore(const Conch__Handover__Init *m) {
   return 0;
 }
 
+void initproto_handover_abandon(const Conch__Handover__Init *m) {
+  for (size_t i = 0; m && i < m->n_listeners; i++) {
+    int fd = m->listeners[i]->fd, taken = 0;
+    for (size_t j = 0; j < ips.nlst && !taken; j++) taken = ips.lst[j]->fd == fd;
+    if (!taken && fd > 2) {
+      LOG_WARN("upgrade: init listener fd=%d not taken: closed", fd);
+      close(fd);
+    }
+  }
+}
+
 void initproto_handover_resume(void) {
   size_t k = 0;
   for (size_t i = 0; i < ips.nlst; i++) {

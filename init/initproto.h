@@ -64,6 +64,9 @@ int initproto_handover_save(Conch__Handover__Init *m);
 void initproto_handover_save_free(Conch__Handover__Init *m);
 int initproto_handover_restore(const Conch__Handover__Init *m);
 void initproto_handover_resume(void);
+/* No rollback came after a restore that failed or never ran: close the
+ * state's listeners that the restore did not take. */
+void initproto_handover_abandon(const Conch__Handover__Init *m);
 /* Close the listeners and any connection, free the state (tests, shutdown). */
 void initproto_close(void);
 

@@ -314,7 +314,7 @@ def in_ns(name):
 
 
 @contextlib.contextmanager
-def forwarding_agent(name, env=None):
+def forwarding_agent(name, env=None, extra_args=()):
     """`serve --forward-ports OUT` in a network namespace of its own (only
     its loopback, OUT added to it: nothing leaves it), as srv with srv.ns;
     afterwards stopped, its log free of sanitizer reports, the namespace
@@ -328,7 +328,7 @@ def forwarding_agent(name, env=None):
             # ASan's quarantine keeps freed buffers (256 MiB by default): the
             # RSS bound below is about what the agent holds, not about it
             env = dict(env or {}, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:quarantine_size_mb=8")
-            srv = Server(name=name, extra_args=["--forward-ports", OUT], env=env)
+            srv = Server(name=name, extra_args=["--forward-ports", OUT, *extra_args], env=env)
         srv.ns = ns
         try:
             yield srv

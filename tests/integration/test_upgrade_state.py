@@ -511,13 +511,17 @@ def _forwarded_across_upgrades(s):
             lis.close()
 
 
-def test_ports_not_taken_are_closed_when_no_rollback_comes():
+def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
     """The ports part fails in the new program and again in the previous
     one (CONCH_FAULT=handover_ports): with no rollback left, the agent
     serves with what it restored, and the forwarders and relayed
     connections it did not take are closed — not left bound by nobody: the
-    conversation ends, and the next scan binds the forwarder again."""
-    with forwarding_agent("upgrade_fwd_abandon", env={"CONCH_FAULT": "handover_ports"}) as s:
+    conversation ends, and the next scan binds the forwarder again.  The
+    init part after it never ran: its listener is closed too, and serve
+    listens on --init-listen again."""
+    sock = "unix:" + str(tmp_path / "init.sock")
+    with forwarding_agent("upgrade_fwd_abandon", env={"CONCH_FAULT": "handover_ports"},
+                          extra_args=["--init-listen", sock]) as s:
         echo = echo_backend(s)
         port = echo.getsockname()[1]
         try:
@@ -533,6 +537,10 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes():
             assert log.count("cannot restore the state: ports: CONCH_FAULT=handover_ports") == 2, log[-3000:]
             assert "no rollback possible (this is the rollback)" in log, log[-3000:]
             assert "2 forwarders and relayed connections not taken: closed" in log, log[-3000:]  # one of each
+            assert "init listener fd=" in log and "not taken: closed" in log, log[-3000:]
+            msg = {"version": 1, "sandboxID": "abandon-sb", "agentToken": s.token,
+                   "network": {"guestIP": "10.0.2.15", "prefixLength": 24, "gateway": "10.0.2.2"}}
+            assert initpeer.exchange(sock, msg) == '{"version":1,"status":"ready","retryable":false}'
             assert s.proc.pid == pid
             try:  # the relayed connection was closed with its descriptors
                 conv.sendall(b"more")
