@@ -10,6 +10,7 @@ listener and its state; a child that exits during the exec is reaped with
 its true status; a new program that cannot restore the state rolls back to
 the old one; 20 upgrades in a row leave no descriptor or memory behind.
 The refusals live in test_upgrade.py."""
+import array
 import json
 import os
 import shutil
@@ -409,8 +410,13 @@ def test_forwarded_ports_and_relayed_connections_are_carried():
 
 def _forwarded_across_upgrades(s):
     out = OUT
-    total = 8 << 20
-    blob = b"".join(i.to_bytes(8, "big") for i in range(total // 8))
+    # more than the client's leg can buffer (its receive and the agent's
+    # send buffer, ≤ 6 + 4 MiB by default): the relay's pipe is full at the exec
+    total = 32 << 20
+    words = array.array("Q", range(total // 8))
+    if sys.byteorder == "little":
+        words.byteswap()
+    blob = words.tobytes()
     echo = echo_backend(s)
     with in_ns(s.ns):
         down_lis, hc_lis = listener(), listener()
