@@ -10,6 +10,8 @@
 #ifndef CONCH_DAEMON_H
 #define CONCH_DAEMON_H
 
+#define CONCH_MEM_BUDGET_MIN (4u << 20) /* CONCH_MEM_BUDGET is raised to this (agent/main.c) */
+
 #include <stddef.h>
 #include <stdio.h>
 #include <uv.h>
@@ -81,7 +83,9 @@ typedef struct conch_daemon {
    * wait (downloads, process output, watch events, reflection) stop
    * reading their source once `held` is past half of it (rpc_out_room),
    * so requests and small answers always find room.  Request input alone
-   * is further capped by rx_budget (CONCH_RX_BUDGET, default 256 MiB). */
+   * is further capped by rx_budget (CONCH_RX_BUDGET, default 256 MiB).
+   * At least CONCH_MEM_BUDGET_MIN: the most one producer asks room for
+   * at once (a JSON download's chunk, 1.34 MiB) fits in half of it. */
   size_t held, budget;
   size_t rx_buffered, rx_budget;
 

@@ -158,11 +158,18 @@ static void main_common_setup(void) {
   const char *rb = getenv("CONCH_RX_BUDGET");
   if (rb && atol(rb) > 0) conch.rx_budget = (size_t)atol(rb);
   const char *mb = getenv("CONCH_MEM_BUDGET");
+  int budget_raised = 0;
   if (mb && atol(mb) > 0) conch.budget = (size_t)atol(mb);
+  if (conch.budget < CONCH_MEM_BUDGET_MIN) { /* else a producer that asks for more room than half of it waits forever */
+    conch.budget = CONCH_MEM_BUDGET_MIN;
+    budget_raised = 1;
+  }
   const char *mc = getenv("CONCH_MAX_CONNS");
   if (mc && atol(mc) > 0 && atol(mc) <= 1000000) conch.max_conns = (unsigned)atol(mc);
   const char *lvl = getenv("CONCH_LOG_LEVEL");
   if (lvl) main_set_level(lvl);
+  if (budget_raised)
+    LOG_WARN("CONCH_MEM_BUDGET=%s is below the least it can be: %u bytes (4 MiB)", mb, CONCH_MEM_BUDGET_MIN);
   conch.loop = uv_default_loop();
 }
 

@@ -498,3 +498,23 @@ def test_reflection_reads_a_request_only_when_its_answer_has_room(srv, tmp_path)
     att.check()
     assert att.stats["sent"] > 15 * MiB, att.stats  # at least one whole request went in
     still_serves(srv, tmp_path)
+
+
+def test_a_budget_below_the_least_is_raised(tmp_path):
+    """CONCH_MEM_BUDGET below 4 MiB is raised to 4 MiB, with a warning:
+    with 1 MiB, half of it could never hold a JSON download's chunk
+    (1.34 MiB) and the download waited until its deadline with 0 bytes."""
+    from conch import Client, unb64
+    srv = start("budget-tiny", env={"CONCH_MEM_BUDGET": str(1 * MiB)})
+    try:
+        p = tmp_path / "three-mib"
+        data = os.urandom(3 * MiB)
+        p.write_bytes(data)
+        st, msgs, end = Client(srv.url, srv.token).stream(
+            FS + "GetFileStream", [{"filepath": str(p)}], headers={"Connect-Timeout-Ms": "20000"})
+        assert st == 200 and end == {}, (st, end)
+        assert b"".join(unb64(m.get("content", "")) for m in msgs) == data
+        assert "CONCH_MEM_BUDGET=1048576 is below the least it can be: 4194304 bytes (4 MiB)" in \
+            open(srv.log_path).read()
+    finally:
+        finish(srv)
