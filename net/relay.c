@@ -559,6 +559,16 @@ static void ho_restore_dir(relay_dir *d, relay_conn *c, const Conch__Handover__R
                    .shut = m->shut};
 }
 
+/* A saved relay's six descriptors (-1 for a direction the state lacks). */
+static void ho_relay_fds(const Conch__Handover__Relay *m, int fds[6]) {
+  fds[0] = m->client_fd;
+  fds[1] = m->backend_fd;
+  fds[2] = m->up ? m->up->pipe_r : -1;
+  fds[3] = m->up ? m->up->pipe_w : -1;
+  fds[4] = m->down ? m->down->pipe_r : -1;
+  fds[5] = m->down ? m->down->pipe_w : -1;
+}
+
 static int ho_int_cmp(const void *a, const void *b) {
   int x = *(const int *)a, y = *(const int *)b;
   return (x > y) - (x < y);
@@ -589,11 +599,7 @@ static int ho_check(const Conch__Handover__Net *n, char *err, size_t errn) {
     return -1;
   }
   for (size_t i = 0; i < n->n_forwarders; i++) fds[k++] = n->forwarders[i]->fd;
-  for (size_t i = 0; i < n->n_relays; i++) {
-    const Conch__Handover__Relay *m = n->relays[i];
-    int six[] = {m->client_fd, m->backend_fd, m->up->pipe_r, m->up->pipe_w, m->down->pipe_r, m->down->pipe_w};
-    for (int j = 0; j < 6; j++) fds[k++] = six[j];
-  }
+  for (size_t i = 0; i < n->n_relays; i++, k += 6) ho_relay_fds(n->relays[i], fds + k);
   qsort(fds, nfds, sizeof *fds, ho_int_cmp);
   int dup = 0;
   for (size_t i = 1; i < nfds && !dup; i++) dup = fds[i] == fds[i - 1];
@@ -668,9 +674,8 @@ void net_handover_abandon(const Conch__Handover__State *st) {
   for (size_t i = ho_taken_f; i < n->n_forwarders; i++, closed++)
     if (n->forwarders[i]->fd > 2) close(n->forwarders[i]->fd);
   for (size_t i = ho_taken_r; i < n->n_relays; i++, closed++) {
-    const Conch__Handover__Relay *m = n->relays[i];
-    int fds[] = {m->client_fd, m->backend_fd, m->up ? m->up->pipe_r : -1, m->up ? m->up->pipe_w : -1,
-                 m->down ? m->down->pipe_r : -1, m->down ? m->down->pipe_w : -1};
+    int fds[6];
+    ho_relay_fds(n->relays[i], fds);
     for (int j = 0; j < 6; j++)
       if (fds[j] > 2) close(fds[j]);
   }
