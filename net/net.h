@@ -29,6 +29,7 @@ typedef struct net_sock {
 typedef struct net_owner {
   uint32_t inode;
   int32_t pid;  /* lowest holder, 0 when none is visible */
+  int32_t fd;   /* its descriptor of the socket */
   int32_t pgid;
   int own;      /* conch-init itself holds it */
   char cgroup[NET_CGROUP_MAX];
@@ -48,6 +49,18 @@ typedef struct net_scan {
 void net_scan_run(net_scan *s);
 const net_owner *net_owner_find(const net_scan *s, uint32_t inode);
 
+/* ---- steer.c: connections handed to the listener by the kernel ---- */
+#define NET_STEER_MAX 4096 /* ports steered at once; past it they are relayed */
+/* Attach the sk_lookup program for TCP to out (this network namespace);
+ * 0 or -errno (no BPF, no sk_lookup, no privilege: the relay stays). */
+int net_steer_start(const struct sockaddr_storage *out);
+void net_steer_stop(void);
+int net_steer_on(void);
+/* Connections to <outward>:port go to the listener that pid holds as fd
+ * (it must still be socket inode); 0 or -errno (then it is relayed). */
+int net_steer_set(uint16_t port, int family, int32_t pid, int32_t fd, uint32_t inode);
+void net_steer_clear(uint16_t port);
+
 /* ---- relay.c: forwarders ---- */
 extern uv_loop_t *net_loop;
 /* net_forward_set's work: the outward address (NULL: off); 0, or -1 when
@@ -60,6 +73,8 @@ typedef struct net_fwd_want {
   uint16_t port;
   uint8_t family;
   uint8_t raw[16];
+  uint32_t inode;  /* the listener's socket, */
+  int32_t pid, fd; /* held by pid as fd (0, -1: unknown): to steer it */
 } net_fwd_want;
 /* After each scan: keep a forwarder for each of want[0..n) (sorted by
  * port) and stop the others (their listener closes at once; the

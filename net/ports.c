@@ -367,6 +367,10 @@ static void net_scan_done(void *data, int canceled) {
       want[nw].port = s->port;
       want[nw].family = s->family;
       memcpy(want[nw].raw, s->raw, 16);
+      const net_owner *o = net_owner_find(&N.scan, s->inode);
+      want[nw].inode = s->inode;
+      want[nw].pid = o ? o->pid : 0;
+      want[nw].fd = o && o->pid ? o->fd : -1;
       nw++;
     }
     if (want) net_fwd_sync(want, nw);

@@ -72,6 +72,8 @@ typedef struct fwd {
   uv_poll_t *lis;
   struct sockaddr_storage target;
   char to[NET_ADDR_MAX + 8];
+  uint32_t steered;     /* the listener's inode in steer.c's map, 0: none */
+  uint32_t steer_fail;  /* the inode that could not be steered (not tried again) */
 } fwd;
 
 static char *fwd_addr;
@@ -82,6 +84,7 @@ static list_node conns;   /* every relayed connection not closing */
 static list_node starved; /* newest first */
 static uv_timer_t retry_timer;
 static int retry_init;
+static int steer_state; /* 0 not tried for this address, 1 on, -1 off (unavailable or CONCH_FORWARD_STEER=0) */
 
 const char *net_fwd_addr(void) { return fwd_addr; }
 
@@ -90,6 +93,8 @@ int net_fwd_config(const char *addr) {
     free(fwd_addr);
     fwd_addr = NULL;
     net_fwd_sync(NULL, 0);
+    net_steer_stop();
+    steer_state = 0;
     return 0;
   }
   struct sockaddr_storage sa;
@@ -106,6 +111,8 @@ int net_fwd_config(const char *addr) {
   fwd_addr = d;
   fwd_sa = sa;
   net_fwd_sync(NULL, 0); /* forwarders of another address go; the next scan makes new ones */
+  net_steer_stop();      /* the program names the address */
+  steer_state = 0;
   return 0;
 }
 
@@ -345,6 +352,7 @@ static void fwd_closed(uv_handle_t *h) {
 
 /* Stop listening and free f (its connections go on). */
 static void fwd_free(fwd *f) {
+  if (f->steered) net_steer_clear(f->port);
   if (f->listening) LOG_INFO("port %u: forwarding stopped", f->port);
   if (f->lis) uv_close((uv_handle_t *)f->lis, fwd_closed);
   else free(f);
@@ -433,6 +441,39 @@ static void relay_retry_init(void) {
   retry_init = 1;
 }
 
+/* 1 when connections can be steered (steer.c), starting it the first time. */
+static int steer_ready(void) {
+  if (steer_state) return steer_state > 0;
+  const char *v = getenv("CONCH_FORWARD_STEER");
+  if (v && strcmp(v, "0") == 0) {
+    LOG_INFO("forwarded connections are relayed (CONCH_FORWARD_STEER=0)");
+    steer_state = -1;
+    return 0;
+  }
+  int r = net_steer_start(&fwd_sa);
+  if (r != 0) LOG_INFO("forwarded connections are relayed: the kernel cannot steer them (sk_lookup): %s", strerror(-r));
+  else LOG_INFO("forwarded connections are handed to their listeners by the kernel (sk_lookup)");
+  steer_state = r == 0 ? 1 : -1;
+  return r == 0;
+}
+
+/* Connections to f's port go straight to w's listener when it can be
+ * taken; otherwise (or until then) f relays them. */
+static void fwd_steer(fwd *f, const net_fwd_want *w) {
+  if (!w->inode || f->steered == w->inode || f->steer_fail == w->inode || !steer_ready()) return;
+  int r = net_steer_set(f->port, w->family, w->pid, w->fd, w->inode);
+  if (r == 0) {
+    f->steered = w->inode;
+    LOG_INFO("port %u: connections to %s handed to the listener of pid %d", f->port, f->to, (int)w->pid);
+    return;
+  }
+  if (f->steered) net_steer_clear(f->port); /* a listener replaced by one we cannot take */
+  f->steered = 0;
+  f->steer_fail = w->inode;
+  LOG_INFO("port %u: connections to %s relayed: the listener cannot be steered to: %s", f->port, f->to,
+           strerror(-r));
+}
+
 void net_fwd_sync(const net_fwd_want *want, size_t n) {
   relay_retry_init();
   for (fwd **p = &fwds; *p;) { /* stop what is no longer wanted */
@@ -453,6 +494,7 @@ void net_fwd_sync(const net_fwd_want *want, size_t n) {
     if (!f && !(f = fwd_new(want[i].port))) return;
     fwd_target(f, want[i].family, want[i].raw);
     if (!f->listening) fwd_start(f);
+    if (f->listening) fwd_steer(f, &want[i]); /* never a port the forwarder does not hold */
   }
 }
 

@@ -116,7 +116,10 @@ static void net_walk_fds(net_scan *s, const char *pid, uint32_t *want, size_t nw
     if (!hit) continue;
     net_owner *o = &out[hit - want];
     if (own) o->own = 1;
-    else if (o->pid == 0 || p < o->pid) o->pid = p;
+    else if (o->pid == 0 || p < o->pid) {
+      o->pid = p;
+      o->fd = atoi(e->d_name);
+    }
   }
   closedir(d);
 }
