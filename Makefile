@@ -228,7 +228,7 @@ unit: $(UNIT_BINS) build/dev/tests/failmalloc
 # guest's): they are built here and run inside the
 # arm64 VM instead
 # (tests/vm/test_arm64.py), on a real arm64 kernel.
-ARM64_GUEST_TESTS := test_proc_reaper test_proc_spawn test_fs_tree test_net_scan
+ARM64_GUEST_TESTS := test_proc_reaper test_proc_spawn test_fs_tree test_net_scan test_net_steer
 ARM64_ALL_UNIT_BINS := $(patsubst tests/unit/%.c,build/static-arm64/tests/%,$(UNIT_SRCS))
 ARM64_UNIT_BINS := $(filter-out $(addprefix build/static-arm64/tests/,$(ARM64_GUEST_TESTS)),$(ARM64_ALL_UNIT_BINS))
 build/static-arm64/tests/%: tests/unit/%.c build/static-arm64/libconch.a tests/unit/test.h tests/unit/memsink.h tests/unit/h2client.h

@@ -6,7 +6,9 @@
 #      interleaved: straight to 127.0.0.1:P, and through the agent's
 #      forwarder at OUT:P (serve --forward-ports OUT); MiB/s and the ratio
 #      (goal ≥ 0.8×).  Both directions: the server sends (a download) and
-#      the client sends (an upload).
+#      the client sends (an upload).  The connections are steered to the
+#      listener by the kernel (sk_lookup) unless STEER=0, which relays them
+#      (CONCH_FORWARD_STEER=0); the agent's log says which it did.
 #   2. the agent's CPU (schedstat of its threads) per second over
 #      SECS seconds while 50 ports listen and one WatchPorts stream is open,
 #      and with neither (the idle baseline).
@@ -15,7 +17,8 @@
 # nothing leaves it.  Usage: tests/bench/ports.sh
 #   3. listen() → `opened` on that stream, SAMPLES listeners opened at
 #      random moments against the scans (p50, p90, max).
-# Environment: MIB (1024) ROUNDS (3) SECS (10) SAMPLES (30); CONCH_INIT_BIN (default
+# Environment: MIB (1024) ROUNDS (3) SECS (10) SAMPLES (30); STEER (1; 0 relays);
+#   CONCH_INIT_BIN (default
 #   build/dev/conch-init, rebuilt with `make`); CC: the namespace's default
 #   congestion control (net.ipv4.tcp_congestion_control, for direct and
 #   forwarded alike; default: inherited from the host).  A guest on Debian's
@@ -40,6 +43,7 @@ ip netns add "$NS"
 cleanup() {
   if [ -n "${CIPID:-}" ]; then kill "$CIPID" 2>/dev/null || true; wait "$CIPID" 2>/dev/null || true; fi
   ip netns del "$NS" 2>/dev/null || true
+  if [ -n "${AGENT_LOG:-}" ]; then rm -f "$AGENT_LOG"; fi
 }
 trap cleanup EXIT
 ip netns exec "$NS" sh -c "ip link set lo up && ip addr add $OUT/32 dev lo"
@@ -47,14 +51,16 @@ if [ -n "${CC:-}" ]; then
   ip netns exec "$NS" sysctl -qw net.ipv4.tcp_congestion_control="$CC"
 fi
 echo "congestion control in the namespace: $(ip netns exec "$NS" cat /proc/sys/net/ipv4/tcp_congestion_control)"
-ip netns exec "$NS" "$BIN" serve --listen 127.0.0.1:4064 --token bench --forward-ports "$OUT" \
-  --log-level warn 2>/dev/null &
+AGENT_LOG=$(mktemp)
+CONCH_FORWARD_STEER=${STEER:-1} ip netns exec "$NS" "$BIN" serve --listen 127.0.0.1:4064 --token bench \
+  --forward-ports "$OUT" --log-level info 2>"$AGENT_LOG" &
 CIPID=$!
 sleep 0.5
-ip netns exec "$NS" /usr/bin/python3 - "$MIB" "$ROUNDS" "$SECS" "$OUT" "$CIPID" "$SAMPLES" <<'PY'
+ip netns exec "$NS" /usr/bin/python3 - "$MIB" "$ROUNDS" "$SECS" "$OUT" "$CIPID" "$SAMPLES" "$AGENT_LOG" <<'PY'
 import json, os, socket, statistics, struct, subprocess, sys, threading, time
 mib, rounds, secs, out, agent = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 samples = int(sys.argv[6])
+log_path = sys.argv[7]
 TOTAL = mib << 20
 CHUNK = memoryview(bytearray(1 << 20))
 
@@ -149,7 +155,10 @@ for mode in ("down", "up"):
         f.append(transfer(out, port, mode))
         cs.append((cpu() - c0) / (mib / 1024))
     rs = [b / a for a, b in zip(d, f)]
-    print(f"relay {mode:4s} {mib} MiB: direct {' '.join(f'{x:.0f}' for x in d)} MiB/s, "
+    with open(log_path, errors="replace") as fh:
+        log = fh.read()
+    how = "steered" if f"port {port}: connections to {out}:{port} handed to the listener" in log else "relayed"
+    print(f"{how} {mode:4s} {mib} MiB: direct {' '.join(f'{x:.0f}' for x in d)} MiB/s, "
           f"forwarded {' '.join(f'{x:.0f}' for x in f)} MiB/s, ratio {' '.join(f'{x:.2f}' for x in rs)} "
           f"(median {statistics.median(rs):.2f}; goal ≥ 0.8); agent CPU {' '.join(f'{x:.2f}' for x in cs)} s/GiB")
     for a, name in (("127.0.0.1", "direct"), (out, "forwarded")):

@@ -340,10 +340,32 @@ def forwarding_agent(name, env=None, extra_args=()):
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
-@pytest.fixture(scope="module")
-def fwd():
-    with forwarding_agent("test_ports_fwd") as srv:
+@pytest.fixture(scope="module", params=["steer", "relay"])
+def fwd(request):
+    """The forwarding agent, twice: as it runs (connections steered to the
+    listener by the kernel where it can) and with CONCH_FORWARD_STEER=0
+    (every connection relayed); srv.mode says which."""
+    env = {"CONCH_FORWARD_STEER": "0"} if request.param == "relay" else None
+    with forwarding_agent(f"test_ports_fwd_{request.param}", env=env) as srv:
+        srv.mode = request.param
         yield srv
+
+
+def log_text(srv):
+    with open(srv.log_path, errors="replace") as fh:
+        return fh.read()
+
+
+def accepted_ends(srv, lis, port):
+    """Connect to <outward>:port; (server-side local address, server-side
+    peer, client's own address) of the connection lis accepts."""
+    s = out_conn(srv, port)
+    lis.settimeout(10)
+    b, peer = lis.accept()
+    ends = (b.getsockname()[:2], peer[:2], s.getsockname()[:2])
+    b.close()
+    s.close()
+    return ends
 
 
 def ns_list(srv):
@@ -433,9 +455,54 @@ def test_forward_ipv6_loopback_and_watch(fwd):
         s.sendall(b"ping6")
         assert s.recv(100) == b"ping6"
         s.close()
+        if fwd.mode == "steer":  # an IPv4 connection is never handed to an IPv6 socket: relayed
+            assert (f"port {port}: connections to {OUT}:{port} relayed: the listener cannot be steered to: "
+                    "Address family not supported by protocol") in log_text(fwd)
     finally:
         lis.close()
         w.close()
+
+
+def test_forward_steered_or_relayed(fwd):
+    """Steered, the server accepts the client's own connection: it sees the
+    client's address and <outward>:P, and no second connection exists;
+    relayed, it sees the agent's connection from loopback."""
+    with in_ns(fwd.ns):
+        lis = listener()
+    port = lis.getsockname()[1]
+    try:
+        wait_forwarded(fwd, port)
+        if fwd.mode == "steer":
+            assert wait_for(lambda: f"port {port}: connections to {OUT}:{port} handed to the listener of pid {os.getpid()}"
+                     in log_text(fwd), timeout=5)
+        local, peer, client = accepted_ends(fwd, lis, port)
+        if fwd.mode == "steer":
+            assert local == (OUT, port) and peer == client, (local, peer, client)
+        else:
+            assert local == ("127.0.0.1", port) and peer[0] == "127.0.0.1" and peer != client
+    finally:
+        lis.close()
+
+
+def test_forward_steering_follows_a_new_listener(fwd):
+    """The listener closes and another takes its port: connections reach
+    the new one (relayed until a scan sees it, then steered in steer mode)."""
+    with in_ns(fwd.ns):
+        a = listener()
+    port = a.getsockname()[1]
+    try:
+        wait_forwarded(fwd, port)
+        accepted_ends(fwd, a, port)
+        a.close()
+        with in_ns(fwd.ns):
+            b = listener(port=port)
+        local, peer, client = accepted_ends(fwd, b, port)  # at once: the forwarder still holds the port
+        time.sleep(1.2)  # two scans
+        local, peer, client = accepted_ends(fwd, b, port)
+        assert local == ((OUT, port) if fwd.mode == "steer" else ("127.0.0.1", port)), local
+        b.close()
+    finally:
+        a.close()
 
 
 def test_forward_long_lived_bidirectional(fwd):
@@ -454,11 +521,14 @@ def test_forward_long_lived_bidirectional(fwd):
             assert got == msg
             if i % 10 == 0:
                 time.sleep(0.6)  # across a few scans: the relay is not disturbed by them
-        # the relay's leg to the loopback listener uses reno, whatever the
-        # system's default (tests/bench/README.md, ports.sh)
         ss = subprocess.run(["ip", "netns", "exec", fwd.ns, "ss", "-Htin", "state", "established",
                              "dst", f"127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
-        assert " reno " in ss and ss.count("\n") <= 2, ss
+        if fwd.mode == "relay":
+            # the relay's leg to the loopback listener uses reno, whatever
+            # the system's default (tests/bench/README.md, ports.sh)
+            assert " reno " in ss and ss.count("\n") <= 2, ss
+        else:
+            assert ss == "", ss  # steered: no second connection
         s.close()
     finally:
         lis.close()
@@ -635,6 +705,7 @@ def test_forward_200_to_backend_that_never_reads(fwd):
     time.sleep(1)
 
 
+@pytest.mark.parametrize("fwd", ["relay"], indirect=True)
 def test_forward_at_most_1024_relays(fwd):
     """The 1025th connection is accepted and closed at once; when one of
     the 1024 ends, a new one is relayed again."""

@@ -404,8 +404,74 @@ def test_forwarded_ports_and_relayed_connections_are_carried():
     exec loses no byte, a half-closed connection still gets its answer,
     and clients connecting to a forwarded port all through the upgrades
     are never refused."""
-    with forwarding_agent("upgrade_fwd") as s:
+    with forwarding_agent("upgrade_fwd", env={"CONCH_FORWARD_STEER": "0"}) as s:  # every connection relayed
         _forwarded_across_upgrades(s)
+
+
+def test_steered_ports_across_upgrades():
+    """With steering on, our BPF objects close at the exec and the carried
+    forwarder takes the port's connections until the new program's first
+    scan steers again: a client connecting all through three upgrades is
+    never refused, a steered conversation (the server's own connection)
+    is not touched, and after each upgrade connections are steered again."""
+    with forwarding_agent("upgrade_steer") as s:
+        echo = echo_backend(s)
+        with in_ns(s.ns):
+            lis = listener()
+        ports = [echo.getsockname()[1], lis.getsockname()[1]]
+        marks = [f"port {p}: connections to {OUT}:{p} handed to the listener" for p in ports]
+        stop = threading.Event()
+        seen = {"ok": 0, "refused": 0, "other": []}
+
+        def hammer():
+            while not stop.is_set():
+                try:
+                    with in_ns(s.ns), socket.socket() as c:
+                        c.settimeout(20)
+                        c.bind((OUT, 0))
+                        c.connect((OUT, ports[0]))
+                        c.sendall(b"x")
+                        got = c.recv(1)
+                    if got == b"x":
+                        seen["ok"] += 1
+                    else:
+                        seen["other"].append(f"answer {got!r}")
+                except ConnectionRefusedError:
+                    seen["refused"] += 1
+                except Exception as e:  # noqa: BLE001 - all of it counted
+                    seen["other"].append(repr(e))
+        try:
+            for p in ports:
+                assert wait_forwarded(s, p), p
+            for k in range(4):
+                if k:
+                    with in_ns(s.ns):
+                        upgrade(s)
+                assert wait_for(lambda: all(_log_count(s, m) == k + 1 for m in marks), timeout=10), k
+                if k == 0:
+                    conv = out_conn(s, ports[0])
+                    conv.settimeout(20)
+                    t = threading.Thread(target=hammer)
+                    t.start()
+                conv.sendall(b"round %d" % k)  # steered before the first upgrade: the server's own
+                assert conv.recv(100) == b"round %d" % k
+                c = out_conn(s, ports[1])
+                lis.settimeout(10)
+                b, peer = lis.accept()
+                assert b.getsockname()[:2] == (OUT, ports[1]) and peer[:2] == c.getsockname()[:2], k
+                b.close()
+                c.close()
+        finally:
+            stop.set()
+            if "t" in locals():
+                t.join()
+            echo.close()
+            lis.close()
+        assert seen["refused"] == 0 and seen["ok"] > 20 and not seen["other"], seen
+        conv.close()
+        # the BPF objects of the programs before closed at their exec: one of each
+        bpf = [f for f in open_fds(s.proc.pid) if f.startswith("anon_inode:bpf")]
+        assert sorted(bpf) == ["anon_inode:bpf-map", "anon_inode:bpf-prog", "anon_inode:bpf_link"], bpf
 
 
 def _forwarded_across_upgrades(s):
@@ -526,7 +592,7 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
     init part after it never ran: its listener is closed too, and serve
     listens on --init-listen again."""
     sock = "unix:" + str(tmp_path / "init.sock")
-    with forwarding_agent("upgrade_fwd_abandon", env={"CONCH_FAULT": "handover_ports"},
+    with forwarding_agent("upgrade_fwd_abandon", env={"CONCH_FAULT": "handover_ports", "CONCH_FORWARD_STEER": "0"},
                           extra_args=["--init-listen", sock]) as s:
         echo = echo_backend(s)
         port = echo.getsockname()[1]

@@ -21,7 +21,7 @@ from conch import b64
 from test_process import end_of, output, run
 import vm as vmmod
 
-GUEST_TESTS = ["test_proc_reaper", "test_proc_spawn", "test_fs_tree", "test_net_scan"]
+GUEST_TESTS = ["test_proc_reaper", "test_proc_spawn", "test_fs_tree", "test_net_scan", "test_net_steer"]
 
 
 @pytest.fixture(scope="module")

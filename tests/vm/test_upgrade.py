@@ -4,9 +4,12 @@ guest's conch-init is replaced by a second build of the same source with
 another version string (build/static-next, `make build/static-next/conch-init`),
 uploaded with PostFileStream and named to AgentService/Upgrade.  A
 background job writing numbered lines runs across it and is read with
-`replay`, every line exactly once; a connection from the host through
-qemu's hostfwd to a server on the guest's 127.0.0.1 (the agent's forwarder
-on the guest IP relays it) goes on across it; the pid stays 1; an init
+`replay`, every line exactly once; two connections from the host through
+qemu's hostfwd to servers on the guest's loopback go on across it: one
+relayed by the agent's forwarder on the guest IP (its server on ::1, which
+an IPv4 connection is never steered to: the relay's sockets and pipes are
+carried), one steered by the guest kernel to its server on 127.0.0.1 (the
+server's own connection; steering is back after the upgrade); the pid stays 1; an init
 message (a restore's, with timestampMs and entropy) is answered by the new
 program."""
 import base64
@@ -45,7 +48,7 @@ def sh(v, script):
 def test_pid1_upgraded_to_another_build(tmp_path_factory):
     assert os.path.exists(NEXT), "make build/static-next/conch-init first (make vm-check does)"
     data = open(NEXT, "rb").read()
-    v = boot("pmem", "upgrade", tmp_path_factory, fwd_ports=(8766,))
+    v = boot("pmem", "upgrade", tmp_path_factory, fwd_ports=(8766, 8767))
     try:
         before = metrics(v)
         assert before["upgrades"] == 0, before
@@ -57,15 +60,22 @@ def test_pid1_upgraded_to_another_build(tmp_path_factory):
         ev, _ = call(v, CONNECT, {"process": {"tag": "across"}, "replay": {}},
                      until=lambda e: sum(len(x[2]) for x in e if x[0] == "data") >= 50)
         seen = contiguous(channels(ev)["stdout"])
-        # a conversation with a server on the guest's loopback, relayed by the forwarder
-        start_bg(v.client, {"cmd": "python3", "args": ["-c", ECHO], "tag": "echo"})
+        # conversations with servers on the guest's loopback: relayed (::1)
+        # and steered (127.0.0.1)
+        start_bg(v.client, {"cmd": "python3", "args": ["-c", ECHO, "::1", "8766"], "tag": "echo6"})
+        start_bg(v.client, {"cmd": "python3", "args": ["-c", ECHO, "127.0.0.1", "8767"], "tag": "echo4"})
 
         def forwarded():
             st, body, _ = v.client.unary("/pb.NetworkService/ListPorts", {})
-            return [p for p in body.get("ports", []) if p.get("port") == 8766 and p.get("forwardedTo")]
-        assert wait_for(forwarded, 60, 0.5), "port 8766 not forwarded"
+            return len([p for p in body.get("ports", []) if p.get("port") in (8766, 8767) and p.get("forwardedTo")]) == 2
+        assert wait_for(forwarded, 60, 0.5), "ports 8766 and 8767 not forwarded"
+        steered = f"port 8767: connections to {vmmod.GUEST_IP}:8767 handed to the listener"
+        assert wait_for(lambda: steered in v.log(), 30, 0.5), v.log()[-3000:]
+        assert f"port 8766: connections to {vmmod.GUEST_IP}:8766 relayed" in v.log(), v.log()[-3000:]
         conv = socket.create_connection(("127.0.0.1", v.fwd[8766]), timeout=60)
         assert say(conv, b"before") == b"before"
+        conv4 = socket.create_connection(("127.0.0.1", v.fwd[8767]), timeout=60)
+        assert say(conv4, b"before") == b"before"
         chunks = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
         msgs = [{"filepath": "/root/conch-init.next", "content": b64(chunks[0])}] + \
                [{"content": b64(x)} for x in chunks[1:]]
@@ -87,6 +97,13 @@ def test_pid1_upgraded_to_another_build(tmp_path_factory):
         assert carried and int(carried[1]) >= 1 and int(carried[2]) >= 1, lg[-3000:]
         assert say(conv, b"after the upgrade" * 1000) == b"after the upgrade" * 1000
         conv.close()
+        # the steered one is the server's own: untouched; steering is back
+        assert say(conv4, b"after the upgrade" * 1000) == b"after the upgrade" * 1000
+        conv4.close()
+        assert wait_for(lambda: v.log().count(steered) == 2, 30, 0.5), v.log()[-3000:]
+        conv4 = socket.create_connection(("127.0.0.1", v.fwd[8767]), timeout=60)
+        assert say(conv4, b"new") == b"new"
+        conv4.close()
         # the job went on: every line exactly once, from the last offset seen
         ev, end = call(v, CONNECT, {"process": {"tag": "across"}, "replay": {"stdout": str(len(seen))}})
         assert ev[-1] == ("end", 0), ev[-3:]
@@ -108,10 +125,11 @@ def test_pid1_upgraded_to_another_build(tmp_path_factory):
 
 
 ECHO = """
-import socket, threading
-s = socket.socket()
+import socket, sys, threading
+addr, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", 8766))
+s.bind((addr, port))
 s.listen()
 def echo(c):
     while True:

@@ -331,6 +331,26 @@ def test_default_user_from_init_message(pmem_vm):
     assert sh(v, "id -u")[0] == "0\n"
 
 
+ENDS_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        me = self.connection.getsockname()
+        b = f"{self.client_address[0]} {me[0]}:{me[1]}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def listed_port(c, port):
+    st, body, _ = c.unary("/pb.NetworkService/ListPorts", {})
+    assert st == 200, body  # (a kernel without inet_diag/tcp_diag: internal, list ports: …)
+    return [p for p in body.get("ports", []) if p.get("port") == port]
+
+
 def test_localhost_server_reached_through_the_guest_ip(tmp_path_factory):
     """api.md §9 "Ports" in the real guest: a server bound to 127.0.0.1
     inside it is forwarded to the guest IP (PID 1 with a network from the
@@ -338,16 +358,16 @@ def test_localhost_server_reached_through_the_guest_ip(tmp_path_factory):
     hostfwd to that address; ListPorts says so; forwardLocalPorts: false
     turns it off, a later message on again."""
     import urllib.request
-    v = boot("pmem", "ports", tmp_path_factory, fwd_ports=(8765,))
+    v = boot("pmem", "ports", tmp_path_factory, fwd_ports=(8765, 8767))
     try:
         c = v.client
         start_bg(c, {"cmd": "python3", "args": ["-m", "http.server", "--bind", "127.0.0.1", "8765",
                                                 "--directory", "/etc"], "tag": "web"})
+        # a server that answers with the connection's two ends as it sees them
+        start_bg(c, {"cmd": "python3", "args": ["-c", ENDS_SERVER, "8767"], "tag": "ends"})
 
         def listed():
-            st, body, _ = c.unary("/pb.NetworkService/ListPorts", {})
-            assert st == 200, body  # (a kernel without inet_diag/tcp_diag: internal, list ports: …)
-            return [p for p in body.get("ports", []) if p.get("port") == 8765]
+            return listed_port(c, 8765)
         ports = wait_for(lambda: [p for p in listed() if p.get("forwardedTo")], 60, 0.5)
         assert ports, listed()
         p = ports[0]
@@ -355,6 +375,14 @@ def test_localhost_server_reached_through_the_guest_ip(tmp_path_factory):
         url = f"http://127.0.0.1:{v.fwd[8765]}/hostname"
         body = urllib.request.urlopen(url, timeout=30).read()
         assert body == sh(v, "cat /etc/hostname")[0].encode()
+        # steered by the guest kernel (sk_lookup): the server accepted the
+        # connection from qemu's host address at the guest IP itself, not a
+        # relay's from 127.0.0.1
+        assert wait_for(lambda: [p for p in listed_port(c, 8767) if p.get("forwardedTo")], 60, 0.5)
+        assert wait_for(lambda: f"port 8767: connections to {vmmod.GUEST_IP}:8767 handed to the listener"
+                        in v.log(), 30, 0.5), v.log()[-3000:]
+        ends = urllib.request.urlopen(f"http://127.0.0.1:{v.fwd[8767]}/", timeout=30).read().decode()
+        assert ends == f"10.0.2.2 {vmmod.GUEST_IP}:8767", ends
 
         assert v.init_message(v.token, forwardLocalPorts=False)["status"] == "ready"
         assert wait_for(lambda: listed() and not listed()[0].get("forwardedTo"), 30, 0.5), listed()
