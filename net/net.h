@@ -48,6 +48,8 @@ typedef struct net_scan {
 
 void net_scan_run(net_scan *s);
 const net_owner *net_owner_find(const net_scan *s, uint32_t inode);
+/* Drop inode's owner: the next run looks it up again (on the loop, while no run is out). */
+void net_owner_forget(net_scan *s, uint32_t inode);
 
 /* ---- steer.c: connections handed to the listener by the kernel ---- */
 #define NET_STEER_MAX 4096 /* ports steered at once; past it they are relayed */
@@ -75,11 +77,14 @@ typedef struct net_fwd_want {
   uint8_t raw[16];
   uint32_t inode;  /* the listener's socket, */
   int32_t pid, fd; /* held by pid as fd (0, -1: unknown): to steer it */
+  int relook;      /* set by net_fwd_sync: pid/fd are stale, look the owner up again */
 } net_fwd_want;
 /* After each scan: keep a forwarder for each of want[0..n) (sorted by
  * port) and stop the others (their listener closes at once; the
  * connections it relays go on). */
-void net_fwd_sync(const net_fwd_want *want, size_t n);
+void net_fwd_sync(net_fwd_want *want, size_t n);
+/* The outward address's family, 0 when forwarding is off. */
+int net_fwd_family(void);
 /* 1 when a listener on raw (family) takes the outward address's port:
  * the outward address itself or a wildcard of its family. */
 int net_fwd_covers(int family, const uint8_t *raw);

@@ -359,11 +359,19 @@ static void net_scan_done(void *data, int canceled) {
     size_t nw = 0;
     for (size_t i = 0; want && net_fwd_addr() && i < n; i++) {
       const net_sock *s = &v[i].s;
-      if (!net_is_loopback(s) || (nw && want[nw - 1].port == s->port)) continue;
-      int covered = 0; /* something listens on the outward address at this port already */
-      for (size_t k = 0; k < n && !covered; k++)
-        covered = v[k].s.port == s->port && !net_is_loopback(&v[k].s) && net_fwd_covers(v[k].s.family, v[k].s.raw);
-      if (covered) continue;
+      if (!net_is_loopback(s)) continue;
+      if (nw && want[nw - 1].port == s->port) {
+        /* two loopback listeners at one port: the one of the outward
+         * address's family, which a connection can be steered to */
+        if (want[nw - 1].family == net_fwd_family() || s->family != net_fwd_family()) continue;
+        nw--;
+      } else {
+        int covered = 0; /* something listens on the outward address at this port already */
+        for (size_t k = 0; k < n && !covered; k++)
+          covered = v[k].s.port == s->port && !net_is_loopback(&v[k].s) && net_fwd_covers(v[k].s.family, v[k].s.raw);
+        if (covered) continue;
+      }
+      memset(&want[nw], 0, sizeof want[nw]);
       want[nw].port = s->port;
       want[nw].family = s->family;
       memcpy(want[nw].raw, s->raw, 16);
@@ -374,6 +382,8 @@ static void net_scan_done(void *data, int canceled) {
       nw++;
     }
     if (want) net_fwd_sync(want, nw);
+    for (size_t k = 0; want && k < nw; k++)
+      if (want[k].relook) net_owner_forget(&N.scan, want[k].inode); /* the next scan walks /proc for it */
     free(want);
     for (size_t k = 0; k < n; k++) { /* where each port is forwarded now */
       const char *f = net_is_loopback(&v[k].s) ? net_fwd_to(v[k].s.port) : NULL;

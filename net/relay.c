@@ -74,6 +74,7 @@ typedef struct fwd {
   char to[NET_ADDR_MAX + 8];
   uint32_t steered;     /* the listener's inode in steer.c's map, 0: none */
   uint32_t steer_fail;  /* the inode that could not be steered (not tried again) */
+  uint32_t relooked;    /* the inode whose owner was looked up again after a stale try */
 } fwd;
 
 static char *fwd_addr;
@@ -115,6 +116,8 @@ int net_fwd_config(const char *addr) {
   steer_state = 0;
   return 0;
 }
+
+int net_fwd_family(void) { return fwd_addr ? fwd_sa.ss_family : 0; }
 
 int net_fwd_covers(int family, const uint8_t *raw) {
   if (!fwd_addr) return 0;
@@ -458,10 +461,15 @@ static int steer_ready(void) {
 }
 
 /* Connections to f's port go straight to w's listener when it can be
- * taken; otherwise (or until then) f relays them. */
-static void fwd_steer(fwd *f, const net_fwd_want *w) {
+ * taken; otherwise (or until then) f relays them.  Runs inside the scan's
+ * completion (net_scan_done), never while a scan walks /proc: the copy of
+ * the listener net_steer_set holds for a moment would otherwise make it
+ * look like one of ours.  A descriptor that is no longer the listener
+ * (its holder exited, closed or moved it) asks for the owner to be looked
+ * up again, once per listener; anything else is final for that listener. */
+static void fwd_steer(fwd *f, net_fwd_want *w) {
   if (!w->inode || f->steered == w->inode || f->steer_fail == w->inode || !steer_ready()) return;
-  int r = net_steer_set(f->port, w->family, w->pid, w->fd, w->inode);
+  int r = w->pid > 0 ? net_steer_set(f->port, w->family, w->pid, w->fd, w->inode) : -ESRCH;
   if (r == 0) {
     f->steered = w->inode;
     LOG_INFO("port %u: connections to %s handed to the listener of pid %d", f->port, f->to, (int)w->pid);
@@ -469,12 +477,18 @@ static void fwd_steer(fwd *f, const net_fwd_want *w) {
   }
   if (f->steered) net_steer_clear(f->port); /* a listener replaced by one we cannot take */
   f->steered = 0;
+  int stale = w->pid > 0 && (r == -ESRCH || r == -EBADF || r == -ESTALE);
+  if (stale && f->relooked != w->inode) {
+    f->relooked = w->inode;
+    w->relook = 1;
+    return;
+  }
   f->steer_fail = w->inode;
   LOG_INFO("port %u: connections to %s relayed: the listener cannot be steered to: %s", f->port, f->to,
-           strerror(-r));
+           w->pid > 0 ? strerror(-r) : "no process holding it is visible");
 }
 
-void net_fwd_sync(const net_fwd_want *want, size_t n) {
+void net_fwd_sync(net_fwd_want *want, size_t n) {
   relay_retry_init();
   for (fwd **p = &fwds; *p;) { /* stop what is no longer wanted */
     fwd *f = *p;

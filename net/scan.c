@@ -33,6 +33,14 @@ const net_owner *net_owner_find(const net_scan *s, uint32_t inode) {
   return bsearch(&inode, s->owners, s->nowners, sizeof *s->owners, net_inode_cmp);
 }
 
+void net_owner_forget(net_scan *s, uint32_t inode) {
+  const net_owner *o = net_owner_find(s, inode);
+  if (!o) return;
+  size_t i = (size_t)(o - s->owners);
+  memmove(&s->owners[i], &s->owners[i + 1], (s->nowners - i - 1) * sizeof *s->owners);
+  s->nowners--;
+}
+
 /* Append the family's listeners; 0 or -errno. */
 static int net_dump(int fd, int family, net_scan *s, size_t *cap) {
   struct {

@@ -21,7 +21,8 @@
  * or the owner's descriptor cannot be taken (pidfd_getfd), the port is
  * relayed as before.
  *
- * The program is 30 instructions written here (no libbpf, no compiler):
+ * The program is 24 instructions (30 for IPv6) written here (no libbpf,
+ * no compiler):
  *   if proto != TCP || family != F || local_ip != OUT: pass
  *   sk = lookup(map, local_port); if !sk: pass
  *   sk_assign(ctx, sk, 0); sk_release(sk); pass
@@ -33,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -44,6 +46,8 @@ static struct {
   int map, prog, link; /* -1 when not made */
   int family;
 } S = {-1, -1, -1, 0};
+
+static int net_steer_make(const struct sockaddr_storage *out);
 
 static long net_bpf(int cmd, union bpf_attr *a) { return syscall(SYS_bpf, cmd, a, sizeof *a); }
 
@@ -119,6 +123,18 @@ static int net_steer_load(const struct sockaddr_storage *out) {
 
 int net_steer_start(const struct sockaddr_storage *out) {
   net_steer_stop();
+  /* Before 5.11 the kernel charged BPF maps and programs to RLIMIT_MEMLOCK
+   * (64 KiB by default for PID 1): lift it while they are made, then put
+   * it back so that the workload inherits what it had.  Later kernels
+   * charge the memory cgroup and ignore this. */
+  struct rlimit old, inf = {RLIM_INFINITY, RLIM_INFINITY};
+  int lifted = getrlimit(RLIMIT_MEMLOCK, &old) == 0 && setrlimit(RLIMIT_MEMLOCK, &inf) == 0;
+  int r = net_steer_make(out);
+  if (lifted) setrlimit(RLIMIT_MEMLOCK, &old);
+  return r;
+}
+
+static int net_steer_make(const struct sockaddr_storage *out) {
   union bpf_attr a;
   memset(&a, 0, sizeof a);
   a.map_type = BPF_MAP_TYPE_SOCKHASH;
@@ -171,9 +187,15 @@ int net_steer_set(uint16_t port, int family, int32_t pid, int32_t fd, uint32_t i
   close(pfd);
   if (sfd < 0) return -err;
   struct stat st;
-  int r = 0;
-  if (fstat(sfd, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != inode) {
-    r = -ESTALE; /* the descriptor is another file now: the next scan sees the change */
+  struct sockaddr_storage sa;
+  socklen_t len = sizeof sa;
+  int r = 0, listening = 0;
+  socklen_t il = sizeof listening;
+  if (fstat(sfd, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != inode ||
+      getsockopt(sfd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &il) != 0 || !listening ||
+      getsockname(sfd, (struct sockaddr *)&sa, &len) != 0 || sa.ss_family != family ||
+      ntohs(family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port : ((struct sockaddr_in6 *)&sa)->sin6_port) != port) {
+    r = -ESTALE; /* the descriptor is not that listener (any more): the caller may look its owner up again */
   } else {
     uint32_t key = port;
     uint64_t val = (uint64_t)sfd;

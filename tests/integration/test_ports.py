@@ -7,6 +7,7 @@ listed, a stream that does not read ended, no scans while nobody watches.
 
 The machine is shared: other programs listen too, so every check looks at
 this test's own ports only."""
+import errno
 import json
 import os
 import resource
@@ -49,13 +50,38 @@ def mine(ports, nums):
 
 
 def listener(family=socket.AF_INET, addr="127.0.0.1", port=0):
-    s = socket.socket(family)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if family == socket.AF_INET6:
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    s.bind((addr, port))
-    s.listen(16)
-    return s
+    """A listener; on port 0, at a port the forwarder can take too inside a
+    forwarding namespace: an ephemeral port may be the local port of a
+    client connection (or its TIME_WAIT) on the outward address, which the
+    forwarder's bind would wait for."""
+    for _ in range(100):
+        s = socket.socket(family)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind((addr, port))
+        s.listen(16)
+        if port or outward_free(s.getsockname()[1]):
+            return s
+        s.close()
+    raise AssertionError("no port free on loopback and on the outward address")
+
+
+def outward_free(port):
+    """1 when the forwarder could bind OUT:port here (or OUT is not here)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((OUT, port))
+        except OSError as e:
+            return e.errno == errno.EADDRNOTAVAIL
+    return True
+
+
+def free_fwd_port():
+    """free_port(), also free on the outward address (see listener)."""
+    with listener() as s:
+        return s.getsockname()[1]
 
 
 class Watch(RawStream):
@@ -426,7 +452,7 @@ def echo_backend(srv, family=socket.AF_INET, addr="127.0.0.1"):
 def test_forward_curl_http11_managed(fwd):
     c = Client(fwd.url, fwd.token)
     with in_ns(fwd.ns):
-        port = free_port()
+        port = free_fwd_port()
         pid = start_bg(c, {"cmd": "python3", "args": ["-m", "http.server", "--protocol", "HTTP/1.1",
                                                   "--bind", "127.0.0.1", str(port)], "tag": "fwd-http"})
     try:
@@ -497,7 +523,9 @@ def test_forward_steering_follows_a_new_listener(fwd):
         with in_ns(fwd.ns):
             b = listener(port=port)
         local, peer, client = accepted_ends(fwd, b, port)  # at once: the forwarder still holds the port
-        time.sleep(1.2)  # two scans
+        if fwd.mode == "steer":  # steered again once a scan saw the new listener
+            mark = f"port {port}: connections to {OUT}:{port} handed to the listener"
+            assert wait_for(lambda: log_text(fwd).count(mark) == 2, timeout=10), log_text(fwd)[-3000:]
         local, peer, client = accepted_ends(fwd, b, port)
         assert local == ((OUT, port) if fwd.mode == "steer" else ("127.0.0.1", port)), local
         b.close()
@@ -640,6 +668,38 @@ def test_forward_bound_on_retry_is_an_event(fwd):
         w.close()
 
 
+@pytest.mark.parametrize("fwd", ["steer"], indirect=True)
+def test_forward_steer_looks_the_owner_up_again(fwd):
+    """The holder the scan found (this test, the lowest pid) closes its
+    copy while a child keeps the listener, before the forwarder can bind:
+    the first try fails on a stale descriptor, the owner is looked up
+    again, and the listener is steered to from the child."""
+    with in_ns(fwd.ns):
+        blocker = socket.socket()  # the forwarder's bind fails while it is there
+        blocker.bind((OUT, 0))
+        port = blocker.getsockname()[1]
+        lis = listener(port=port)
+    child = subprocess.Popen(["sleep", "60"], pass_fds=[lis.fileno()])
+    try:
+        assert wait_for(lambda: [p for p in mine(ns_list(fwd), {port}) if p["pid"] == os.getpid()], timeout=5)
+        lis.close()
+        blocker.close()
+        mark = f"port {port}: connections to {OUT}:{port} handed to the listener of pid {child.pid}"
+        assert wait_for(lambda: mark in log_text(fwd), timeout=5), log_text(fwd)[-3000:]
+        assert f"port {port}: connections to {OUT}:{port} relayed" not in log_text(fwd)
+        s = out_conn(fwd, port)  # completed by the child's listener (nobody accepts): no relay behind it
+        time.sleep(0.2)
+        ss = subprocess.run(["ip", "netns", "exec", fwd.ns, "ss", "-Htn", "state", "established",
+                             "dst", f"127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
+        assert ss == "", ss
+        s.close()
+    finally:
+        blocker.close()
+        lis.close()
+        child.kill()
+        child.wait()
+
+
 def test_forward_never_4064_4065(fwd):
     with in_ns(fwd.ns):
         held = [listener(port=4064), listener(port=4065)]
@@ -654,6 +714,7 @@ def test_forward_never_4064_4065(fwd):
             s.close()
 
 
+@pytest.mark.parametrize("fwd", ["relay"], indirect=True)  # steered, the agent holds none of it
 def test_forward_200_to_backend_that_never_reads(fwd):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))

@@ -25,9 +25,12 @@
 #include "net/net.h"
 #include "tests/unit/test.h"
 
-#define OUT4 "10.239.0.1"
-#define OTHER4 "10.239.0.3"
-#define OUT6 "fd00:239::1"
+/* words with bit 31 set (a 64-bit compare with a sign-extended immediate
+ * would miss them), and IPv6 addresses that differ in the last word only */
+#define OUT4 "10.239.0.201"
+#define OTHER4 "10.239.0.203"
+#define OUT6 "fd00:239::c9"
+#define OTHER6 "fd00:239::cb"
 
 /* struct in6_ifreq (linux/ipv6.h clashes with netinet/in.h) */
 struct conch_in6_ifreq {
@@ -167,12 +170,15 @@ TEST(refusals) {
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   ASSERT_EQ(net_steer_set(p, AF_INET, getpid(), fd, inode_of(fd)), -ESTALE); /* no socket */
   ASSERT_EQ(net_steer_set(p, AF_INET, getpid(), 999, inode_of(lo)), -EBADF);
-  /* a connected socket may enter the map, but the kernel hands a new
-   * connection only to a listener: it goes to the forwarder */
+  /* a connected socket, a listener at another port: not the listener */
   int c = dial("127.0.0.1", p);
   int a = accept(lo, NULL, NULL);
   int fwd = listen_at(OUT4, &p);
-  net_steer_set(p, AF_INET, getpid(), a, inode_of(a));
+  ASSERT_EQ(net_steer_set(p, AF_INET, getpid(), a, inode_of(a)), -ESTALE);
+  uint16_t q = 0;
+  int lq = listen_at("127.0.0.1", &q);
+  ASSERT_EQ(net_steer_set(p, AF_INET, getpid(), lq, inode_of(lq)), -ESTALE);
+  close(lq);
   int lis[] = {lo, fwd};
   ASSERT_EQ(who_accepts(OUT4, p, lis, 2, NULL), 1);
   close(a);
@@ -235,19 +241,21 @@ TEST(another_process_listener) {
 TEST(ipv6_outward_address) {
   start(OUT6);
   uint16_t p = 0;
-  int lo = listen_at("::1", &p), fwd = listen_at(OUT6, &p);
-  int lis[] = {lo, fwd};
+  int lo = listen_at("::1", &p), fwd = listen_at(OUT6, &p), other = listen_at(OTHER6, &p);
+  int lis[] = {lo, fwd, other};
   char local[INET6_ADDRSTRLEN];
-  ASSERT_EQ(who_accepts(OUT6, p, lis, 2, NULL), 1);
+  ASSERT_EQ(who_accepts(OUT6, p, lis, 3, NULL), 1);
   ASSERT_EQ(net_steer_set(p, AF_INET6, getpid(), lo, inode_of(lo)), 0);
-  ASSERT_EQ(who_accepts(OUT6, p, lis, 2, local), 0);
+  ASSERT_EQ(who_accepts(OUT6, p, lis, 3, local), 0);
   ASSERT_STR_EQ(local, OUT6);
+  ASSERT_EQ(who_accepts(OTHER6, p, lis, 3, NULL), 2); /* the last word differs: not steered */
   close(lo);
   close(fwd);
+  close(other);
   net_steer_stop();
 }
 
-/* lo up, with OUT4 and OTHER4 (labels lo:1, lo:2) and OUT6, by ioctl: no ip(8) in the guest test */
+/* lo up, with OUT4 and OTHER4 (labels lo:1, lo:2), OUT6 and OTHER6, by ioctl: no ip(8) in the guest test */
 static int net_setup(void) {
   if (unshare(CLONE_NEWNET) != 0) return -1;
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -268,9 +276,12 @@ static int net_setup(void) {
   }
   close(s);
   s = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct conch_in6_ifreq r6 = {.prefixlen = 128, .ifindex = (int)if_nametoindex("lo")};
-  inet_pton(AF_INET6, OUT6, &r6.addr);
-  if (s < 0 || ioctl(s, SIOCSIFADDR, &r6) != 0) return -1;
+  const char *v6[] = {OUT6, OTHER6};
+  for (int i = 0; i < 2; i++) {
+    struct conch_in6_ifreq r6 = {.prefixlen = 128, .ifindex = (int)if_nametoindex("lo")};
+    inet_pton(AF_INET6, v6[i], &r6.addr);
+    if (s < 0 || ioctl(s, SIOCSIFADDR, &r6) != 0) return -1;
+  }
   close(s);
   usleep(100 * 1000); /* an IPv6 address on lo needs no DAD, but give it a moment */
   return 0;
