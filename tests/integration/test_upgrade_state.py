@@ -396,6 +396,44 @@ def test_the_guides_rollout_commands_work_as_written(server, tmp_path):
 
 
 # ---------------------------------------------------------------- forwarded ports
+class Hammer:
+    """A thread connecting to OUT:port over and over (from OUT, in the
+    agent's namespace), each time sending a byte and waiting for its echo;
+    seen counts the answers, the refusals and anything else."""
+
+    def __init__(self, s, port):
+        self.s, self.port = s, port
+        self.seen = {"ok": 0, "refused": 0, "other": []}
+        self.done = threading.Event()
+        self.t = threading.Thread(target=self.run)
+
+    def start(self):
+        self.t.start()
+
+    def stop(self):
+        self.done.set()
+        if self.t.is_alive():
+            self.t.join()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                with in_ns(self.s.ns), socket.socket() as c:
+                    c.settimeout(20)
+                    c.bind((OUT, 0))
+                    c.connect((OUT, self.port))
+                    c.sendall(b"x")
+                    got = c.recv(1)
+                if got == b"x":
+                    self.seen["ok"] += 1
+                else:
+                    self.seen["other"].append(f"answer {got!r}")
+            except ConnectionRefusedError:
+                self.seen["refused"] += 1
+            except Exception as e:  # noqa: BLE001 - all of it counted
+                self.seen["other"].append(repr(e))
+
+
 def test_forwarded_ports_and_relayed_connections_are_carried():
     """serve --forward-ports in a network namespace of the test's own: the
     forwarders' listening sockets and every relayed connection (its two
@@ -420,26 +458,7 @@ def test_steered_ports_across_upgrades():
             lis = listener()
         ports = [echo.getsockname()[1], lis.getsockname()[1]]
         marks = [f"port {p}: connections to {OUT}:{p} handed to the listener" for p in ports]
-        stop = threading.Event()
-        seen = {"ok": 0, "refused": 0, "other": []}
-
-        def hammer():
-            while not stop.is_set():
-                try:
-                    with in_ns(s.ns), socket.socket() as c:
-                        c.settimeout(20)
-                        c.bind((OUT, 0))
-                        c.connect((OUT, ports[0]))
-                        c.sendall(b"x")
-                        got = c.recv(1)
-                    if got == b"x":
-                        seen["ok"] += 1
-                    else:
-                        seen["other"].append(f"answer {got!r}")
-                except ConnectionRefusedError:
-                    seen["refused"] += 1
-                except Exception as e:  # noqa: BLE001 - all of it counted
-                    seen["other"].append(repr(e))
+        ham = Hammer(s, ports[0])
         try:
             for p in ports:
                 assert wait_forwarded(s, p), p
@@ -451,8 +470,7 @@ def test_steered_ports_across_upgrades():
                 if k == 0:
                     conv = out_conn(s, ports[0])
                     conv.settimeout(20)
-                    t = threading.Thread(target=hammer)
-                    t.start()
+                    ham.start()
                 conv.sendall(b"round %d" % k)  # steered before the first upgrade: the server's own
                 assert conv.recv(100) == b"round %d" % k
                 c = out_conn(s, ports[1])
@@ -462,12 +480,10 @@ def test_steered_ports_across_upgrades():
                 b.close()
                 c.close()
         finally:
-            stop.set()
-            if "t" in locals():
-                t.join()
+            ham.stop()
             echo.close()
             lis.close()
-        assert seen["refused"] == 0 and seen["ok"] > 20 and not seen["other"], seen
+        assert ham.seen["refused"] == 0 and ham.seen["ok"] > 20 and not ham.seen["other"], ham.seen
         conv.close()
         # the BPF objects of the programs before closed at their exec: one of each
         bpf = [f for f in open_fds(s.proc.pid) if f.startswith("anon_inode:bpf")]
@@ -527,36 +543,16 @@ def _forwarded_across_upgrades(s):
         hc.shutdown(socket.SHUT_WR)
         assert read_to_eof(b) == b"request"
 
-        stop = threading.Event()
-        seen = {"ok": 0, "refused": 0, "other": []}
-
-        def hammer():
-            while not stop.is_set():
-                try:
-                    with in_ns(s.ns), socket.socket() as c:
-                        c.settimeout(20)
-                        c.bind((out, 0))
-                        c.connect((out, ports[0]))
-                        c.sendall(b"x")
-                        got = c.recv(1)
-                    if got == b"x":
-                        seen["ok"] += 1
-                    else:
-                        seen["other"].append(f"answer {got!r}")
-                except ConnectionRefusedError:
-                    seen["refused"] += 1
-                except Exception as e:  # noqa: BLE001 - all of it counted
-                    seen["other"].append(repr(e))
-        t = threading.Thread(target=hammer)
-        t.start()
+        ham = Hammer(s, ports[0])
+        ham.start()
         try:
             for k in range(3):
                 with in_ns(s.ns):
                     upgrade(s)
                 say(10 + k)  # the conversation goes on after each
         finally:
-            stop.set()
-            t.join()
+            ham.stop()
+        seen = ham.seen
         log = open(s.log_path, errors="replace").read()
         carried = [x for x in log.splitlines() if "relayed connections carried" in x]
         assert len(carried) == 3, log[-3000:]
