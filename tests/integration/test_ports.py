@@ -670,34 +670,31 @@ def test_forward_bound_on_retry_is_an_event(fwd):
 
 @pytest.mark.parametrize("fwd", ["steer"], indirect=True)
 def test_forward_steer_looks_the_owner_up_again(fwd):
-    """The holder the scan found (this test, the lowest pid) closes its
-    copy while a child keeps the listener, before the forwarder can bind:
-    the first try fails on a stale descriptor, the owner is looked up
-    again, and the listener is steered to from the child."""
+    """The descriptor the scan found (this test's) is moved to another
+    number before the forwarder can bind: the first try fails on a stale
+    descriptor, the owner is looked up again, and the listener is steered
+    to through its new descriptor."""
     with in_ns(fwd.ns):
         blocker = socket.socket()  # the forwarder's bind fails while it is there
         blocker.bind((OUT, 0))
         port = blocker.getsockname()[1]
         lis = listener(port=port)
-    child = subprocess.Popen(["sleep", "60"], pass_fds=[lis.fileno()])
+    moved = None
     try:
         assert wait_for(lambda: [p for p in mine(ns_list(fwd), {port}) if p["pid"] == os.getpid()], timeout=5)
+        moved = socket.socket(fileno=os.dup(lis.fileno()))  # the same listener at another number
         lis.close()
         blocker.close()
-        mark = f"port {port}: connections to {OUT}:{port} handed to the listener of pid {child.pid}"
+        mark = f"port {port}: connections to {OUT}:{port} handed to the listener of pid {os.getpid()}"
         assert wait_for(lambda: mark in log_text(fwd), timeout=5), log_text(fwd)[-3000:]
         assert f"port {port}: connections to {OUT}:{port} relayed" not in log_text(fwd)
-        s = out_conn(fwd, port)  # completed by the child's listener (nobody accepts): no relay behind it
-        time.sleep(0.2)
-        ss = subprocess.run(["ip", "netns", "exec", fwd.ns, "ss", "-Htn", "state", "established",
-                             "dst", f"127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
-        assert ss == "", ss
-        s.close()
+        local, peer, client = accepted_ends(fwd, moved, port)
+        assert local == (OUT, port) and peer == client, (local, peer, client)
     finally:
         blocker.close()
         lis.close()
-        child.kill()
-        child.wait()
+        if moved:
+            moved.close()
 
 
 def test_forward_never_4064_4065(fwd):
