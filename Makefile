@@ -39,7 +39,7 @@ TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf 
 # make check's package checks (tests/packaging.sh): rpmbuild, rpm2cpio, lintian, file
 PKG_DEPS   := rpm rpm2cpio cpio lintian file
 
-SRC_DIRS  := init agent proto fs proc reflect net
+SRC_DIRS  := core server init agent proto fs proc reflect net
 REFLECT_PROTOS := proto/agent.proto proto/reflection.proto proto/reflection_v1alpha.proto
 LIB_SRCS  := $(filter-out agent/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
@@ -216,7 +216,7 @@ build/dev/tests/failmalloc: tests/unit/failmalloc.c build/dev/libconch.a tests/u
 	$(Q)$(CC) $(BASEFLAGS) -Ibuild/dev/gen $(dev_CFLAGS) $< build/dev/libconch.a $(LIBS) -o $@
 
 unit: $(UNIT_BINS) build/dev/tests/failmalloc
-	@fail=0; tests/tools/check-layers.sh build/asan/obj || fail=1; tests/tools/check-links.sh || fail=1; tests/tools/check-sizes.sh || fail=1; echo "== include cycles"; /usr/bin/python3 tests/tools/include-cycles.py agent || fail=1; echo "== api doc"; /usr/bin/python3 tests/tools/check-api-doc.py || fail=1; tests/tools/test-check-api-doc.sh || fail=1; \
+	@fail=0; tests/tools/check-layers.sh build/asan/obj || fail=1; tests/tools/check-links.sh || fail=1; tests/tools/check-sizes.sh || fail=1; echo "== include cycles"; for d in core server agent; do /usr/bin/python3 tests/tools/include-cycles.py $$d || fail=1; done; echo "== api doc"; /usr/bin/python3 tests/tools/check-api-doc.py || fail=1; tests/tools/test-check-api-doc.sh || fail=1; \
 	for t in $^; do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 # The unit tests cross-built for arm64 (static, without the sanitizers, whose

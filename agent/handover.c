@@ -25,12 +25,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/conn.h"
-#include "agent/daemon.h"
-#include "agent/log.h"
-#include "agent/senv.h"
-#include "agent/server.h"
-#include "agent/tokhold.h"
+#include "server/conn.h"
+#include "core/daemon.h"
+#include "core/log.h"
+#include "core/senv.h"
+#include "server/server.h"
+#include "server/tokhold.h"
 #include "proto/handover.pb-c.h"
 
 #define HANDOVER_DRAIN_MS 2000

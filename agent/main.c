@@ -16,13 +16,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
+#include "core/daemon.h"
 #include "agent/handover.h"
-#include "agent/log.h"
-#include "agent/router.h"
-#include "agent/server.h"
+#include "core/log.h"
+#include "server/router.h"
+#include "server/server.h"
 #include "agent/upgrade.h"
-#include "agent/users.h"
+#include "server/users.h"
 #include "fs/service.h"
 #include "init/handover.h"
 #include "init/initproto.h"

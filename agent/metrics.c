@@ -12,9 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/auth.h"
-#include "agent/daemon.h"
-#include "agent/pool.h"
+#include "server/auth.h"
+#include "core/daemon.h"
+#include "core/pool.h"
 #include "proc/cgroup.h"
 
 typedef struct metrics_job {

@@ -22,7 +22,7 @@
 #ifndef CONCH_METRICS_H
 #define CONCH_METRICS_H
 
-#include "agent/hx.h"
+#include "server/hx.h"
 
 void metrics_serve(hx *x);
 

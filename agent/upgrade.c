@@ -30,10 +30,10 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
+#include "core/daemon.h"
 #include "agent/handover.h"
-#include "agent/log.h"
-#include "agent/sha256.h"
+#include "core/log.h"
+#include "core/sha256.h"
 #include "fs/path.h"
 #include "fs/status.h"
 #include "proc/reaper.h"

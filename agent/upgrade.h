@@ -32,7 +32,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 
 #define UPGRADE_MAX_BYTES (64u << 20)
 #define UPGRADE_TRIAL_MS 5000

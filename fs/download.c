@@ -48,7 +48,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 #include "proto/wire.h"

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <uv.h>
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 #include "fs/walk.h"
 
 /* The loop the service runs on (fs_service_methods). */

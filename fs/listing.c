@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "fs/handlers.h"
 #include "proto/agent.pb-c.h"
 

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <uv.h>
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 
 const rpc_method *fs_service_methods(uv_loop_t *loop, size_t *n);
 

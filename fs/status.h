@@ -9,7 +9,7 @@
 #ifndef CONCH_FS_STATUS_H
 #define CONCH_FS_STATUS_H
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 
 typedef struct fs_status {
   rpc_code code; /* RPC_OK when nothing failed */

@@ -43,7 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "fs/handlers.h"
 #include "fs/path.h"
 #include "proto/agent.pb-c.h"

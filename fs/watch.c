@@ -29,7 +29,7 @@
 #include <string.h>
 #include <uv.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "fs/handlers.h"
 #include "fs/watch_int.h"
 #include "proto/agent.pb-c.h"
@@ -190,7 +190,7 @@ static void watch_on_drain(rpc_call *c) {
 static void watch_send(fs_watch *w) {
   while (w->call && w->head && w->head != w->raw) {
     if (w->drain_armed) return; /* watch_on_drain comes */
-    if ((rpc_outq_bytes(w->call) > WD_OUTQ_MAX || rpc_budget_over()) &&
+    if ((rpc_outq_bytes(w->call) > WD_OUTQ_MAX || budget_over()) &&
         !rpc_out_room(w->call, WD_OUTQ_MAX, watch_on_drain)) {
       w->drain_armed = 1;
       wd_hub_unpause(w); /* the client is behind: never hold the hub for it */

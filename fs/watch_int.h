@@ -30,8 +30,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "agent/list.h"
-#include "agent/rpc.h"
+#include "core/list.h"
+#include "server/rpc.h"
 #include "fs/status.h"
 #include "fs/walk.h"
 

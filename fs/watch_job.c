@@ -37,7 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "fs/path.h"
 #include "fs/watch_int.h"
 #include "proto/agent.pb-c.h"

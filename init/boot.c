@@ -12,8 +12,8 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
-#include "agent/log.h"
+#include "core/daemon.h"
+#include "core/log.h"
 #include "init/bootutil.h"
 #include "init/entrypoint.h"
 #include "init/modules.h"

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 
 void init_cmdline_reset(init_cmdline *c) { memset(c, 0, sizeof *c); }
 

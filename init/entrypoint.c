@@ -11,8 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "agent/log.h"
-#include "agent/senv.h"
+#include "core/log.h"
+#include "core/senv.h"
 #include "proc/reaper.h"
 
 int entrypoint_usable(const char *path) {

@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "agent/daemon.h"
+#include "core/daemon.h"
 #include "agent/handover.h"
-#include "agent/log.h"
+#include "core/log.h"
 #include "init/initproto.h"
 #include "proto/handover.pb-c.h"
 

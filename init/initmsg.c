@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/daemon.h"
-#include "agent/users.h"
+#include "core/daemon.h"
+#include "server/users.h"
 #include "init/initstr.h"
 #include "proto/json.h"
 #include "proto/pbjson.h"

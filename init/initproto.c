@@ -19,12 +19,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
-#include "agent/log.h"
-#include "agent/rpc.h"
-#include "agent/senv.h"
-#include "agent/tokhold.h"
-#include "agent/users.h"
+#include "core/daemon.h"
+#include "core/log.h"
+#include "server/rpc.h"
+#include "core/senv.h"
+#include "server/tokhold.h"
+#include "server/users.h"
 #include "proto/handover.pb-c.h"
 #include "init/initmsg.h"
 #include "init/restore.h"

@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "init/bootutil.h"
 
 #ifndef MODULE_INIT_COMPRESSED_FILE

@@ -9,13 +9,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/daemon.h"
-#include "agent/log.h"
+#include "core/daemon.h"
+#include "core/log.h"
 #include "init/boot.h"
 #include "init/entrypoint.h"
 #include "init/initproto.h"
 #include "proc/reaper.h"
-#include "agent/server.h"
+#include "server/server.h"
 #include "proc/cgroup.h"
 #include "proc/service.h"
 

@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 
 static void restore_clock(int64_t host_ms) {
   struct timespec now;

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "proto/json.h"
 
 #define VOLUME_SRC_DIR "/run/conch/volume"

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/list.h"
-#include "agent/log.h"
+#include "core/list.h"
+#include "core/log.h"
 #include "net/net.h"
 #include "net/service.h"
 #include "proto/agent.pb-c.h"
@@ -136,7 +136,7 @@ static int net_send(net_watch *w, Pb__PortEvent *ev) {
 
 static void net_watch_flush(net_watch *w) {
   while (w->head && !w->drain_armed) {
-    if ((rpc_outq_bytes(w->call) > NET_OUTQ_MAX || rpc_budget_over()) &&
+    if ((rpc_outq_bytes(w->call) > NET_OUTQ_MAX || budget_over()) &&
         !rpc_out_room(w->call, NET_OUTQ_MAX, net_watch_on_drain)) {
       w->drain_armed = 1;
       return;

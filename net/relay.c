@@ -9,7 +9,7 @@
  * tests/bench/README.md's figure).  A pipe that is full stops its source
  * being read, so a peer that does not read holds 64 KiB per direction,
  * not the sender's stream; what a pipe holds is taken from the daemon's
- * memory budget (rpc_budget_take) before it is read, and a direction that
+ * memory budget (budget_take) before it is read, and a direction that
  * finds the budget spent waits and retries.  EOF from one side becomes a
  * shutdown(SHUT_WR) of the other once the pipe is empty; the connection
  * closes when both directions are shut, or on any error.  At most
@@ -27,8 +27,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/list.h"
-#include "agent/log.h"
+#include "core/list.h"
+#include "core/log.h"
 #include "net/net.h"
 #include "net/service.h"
 #include "proto/handover.pb-c.h"
@@ -155,7 +155,7 @@ static void relay_close(relay_conn *c) {
   list_remove(&c->link);
   list_remove(&c->up.slink); /* (also out of a retry's batch: not stepped again) */
   list_remove(&c->down.slink);
-  rpc_budget_give(c->up.held + c->down.held);
+  budget_give(c->up.held + c->down.held);
   c->up.held = c->down.held = 0;
   uv_close((uv_handle_t *)&c->pa, relay_on_closed);
   uv_close((uv_handle_t *)&c->pb, relay_on_closed);
@@ -171,7 +171,7 @@ static int relay_pump(relay_dir *d) {
       ssize_t n = splice(d->pr, NULL, d->dst, NULL, d->held, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
         d->held -= (size_t)n;
-        rpc_budget_give((size_t)n);
+        budget_give((size_t)n);
         moved = 1;
       } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
         return -1;
@@ -179,13 +179,13 @@ static int relay_pump(relay_dir *d) {
     }
     if (!d->eof && !relay_starved(d) && d->held < NET_PIPE_CAP) {
       size_t room = NET_PIPE_CAP - d->held;
-      if (rpc_budget_take(room) != 0) { /* the budget is spent: try again soon */
+      if (budget_take(room) != 0) { /* the budget is spent: try again soon */
         list_insert_head(&starved, &d->slink);
         uv_timer_start(&retry_timer, relay_on_retry, NET_RETRY_MS, 0);
         break;
       }
       ssize_t n = splice(d->src, NULL, d->pw, NULL, room, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-      rpc_budget_give(n > 0 ? room - (size_t)n : room);
+      budget_give(n > 0 ? room - (size_t)n : room);
       if (n > 0) {
         d->held += (size_t)n;
         moved = 1;
@@ -709,7 +709,7 @@ int net_handover_restore(const Conch__Handover__State *st, char *err, size_t err
       snprintf(err, errn, "cannot take relayed connection %zu of %zu", i + 1, n->n_relays);
       return -1;
     }
-    if (rpc_budget_take(c->up.held + c->down.held) != 0) { /* (the same budget as before: should not be) */
+    if (budget_take(c->up.held + c->down.held) != 0) { /* (the same budget as before: should not be) */
       c->up.held = c->down.held = 0;
       c->cut_at_resume = 1;
     }

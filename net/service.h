@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 
 typedef int (*net_owner_fn)(const char *cgroup, int32_t pgid, const char **tag, int32_t *command_pid);
 

@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/list.h"
-#include "agent/log.h"
-#include "agent/rpc.h"
+#include "core/list.h"
+#include "core/log.h"
+#include "server/rpc.h"
 #include "proto/handover.pb-c.h"
 #include "proto/text.h"
 

@@ -3,7 +3,7 @@
 #include <string.h>
 #include <stdlib.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "proc/exitfmt.h"
 #include "proc/fanout.h"
 #include "proto/agent.pb-c.h"
@@ -108,7 +108,7 @@ static void proc_sub_on_room(rpc_call *c) {
 /* After a lossless send: stop reading the outputs while the stream's bytes
  * are held (see fanout.h). */
 static void proc_sub_hold(struct proc_sub *s) {
-  if (s->drain_armed || (rpc_outq_bytes(s->call) <= PROC_SUB_HELD && !rpc_budget_over())) return;
+  if (s->drain_armed || (rpc_outq_bytes(s->call) <= PROC_SUB_HELD && !budget_over())) return;
   if (rpc_out_room(s->call, PROC_SUB_HELD, proc_sub_on_room)) return;
   s->drain_armed = 1;
   s->f->flow(s->f, 1);
@@ -148,7 +148,7 @@ void proc_fanout_data(struct proc_fanout *f, int kind, const char *buf, size_t n
     if (s->lossless) {
       if (proc_sub_send(s, &ev) != 0) continue;
       proc_sub_hold(s);
-    } else if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || rpc_budget_over()) {
+    } else if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || budget_over()) {
       s->dropped++;
       s->owed[kind] = offset + n;
     } else if (proc_sub_send(s, &ev) == 0) {
@@ -192,7 +192,7 @@ void proc_fanout_data_packed(struct proc_fanout *f, int kind, uint8_t *buf, size
 
 void proc_sub_send_replay(struct proc_sub *s, int kind, const uint8_t *data, size_t n, uint64_t offset,
                           bufref *ref) {
-  if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || rpc_budget_over()) { /* as live output to a lossy subscriber */
+  if (rpc_outq_bytes(s->call) >= PROC_SUB_QUEUE_BYTES || budget_over()) { /* as live output to a lossy subscriber */
     s->dropped++;
     s->owed[kind] = offset + n;
     ref->release(ref);

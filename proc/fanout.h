@@ -11,7 +11,7 @@
  *
  * Subscribers: the foreground starter is lossless — once its call holds
  * more than PROC_SUB_HELD unsent bytes (or the daemon-wide budget is past
- * its half, rpc_budget_over) it asks rpc_out_room, and when the transport
+ * its half, budget_over) it asks rpc_out_room, and when the transport
  * has no room, flow(f, 1) until the room callback, then flow(f, 0): the
  * pipe is not read while the stream's bytes are held, so a connection of
  * 128 such streams holds about 128 x PROC_SUB_HELD.
@@ -30,9 +30,9 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "agent/bufref.h"
-#include "agent/list.h"
-#include "agent/rpc.h"
+#include "core/bufref.h"
+#include "core/list.h"
+#include "server/rpc.h"
 
 #define PROC_READ_MAX (32u * 1024)
 #define PROC_PTY_READ_MAX (16u * 1024)

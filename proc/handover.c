@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "proc/cgroup.h"
 #include "proc/input.h"
 #include "proc/proc.h"

@@ -13,7 +13,7 @@
  * process (a call past that fails `resource_exhausted` `process input
  * queue full`), so a process holds at most 1 MiB queued + 2 MiB parked.
  * Every chunk (the one-shot stdin too, from the StartProcess request on)
- * also holds its bytes of the daemon-wide budget (rpc_budget_take): input
+ * also holds its bytes of the daemon-wide budget (budget_take): input
  * for processes that never read is bounded in total, not only per
  * process; past it a call fails `resource_exhausted` PROC_INPUT_BUSY.
  *
@@ -35,7 +35,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "proc/input.h"
 #include "proc/proc.h"
 #include "proc/validate.h"
@@ -53,7 +53,7 @@ struct proc_in_chunk {
 static void proc_chunk_free(struct proc_in_chunk *ch) {
   if (!ch) return;
   if (ch->bytes != ch->data) free(ch->bytes);
-  rpc_budget_give(ch->budget);
+  budget_give(ch->budget);
   free(ch);
 }
 
@@ -139,13 +139,13 @@ static void proc_input_detach(struct proc_input *in) {
 static struct proc_in_chunk *proc_chunk_new(const uint8_t *data, size_t len, struct proc_input *owner,
                                             int *busy) {
   *busy = 0;
-  if (rpc_budget_take(len) != 0) {
+  if (budget_take(len) != 0) {
     *busy = 1;
     return NULL;
   }
   struct proc_in_chunk *ch = malloc(sizeof *ch + len);
   if (!ch) {
-    rpc_budget_give(len);
+    budget_give(len);
     return NULL;
   }
   ch->next = NULL;

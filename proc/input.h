@@ -5,7 +5,7 @@
 #ifndef CONCH_PROC_INPUT_H
 #define CONCH_PROC_INPUT_H
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 
 struct proc;
 

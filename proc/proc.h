@@ -58,8 +58,8 @@
 #include <time.h>
 #include <uv.h>
 
-#include "agent/list.h"
-#include "agent/rpc.h"
+#include "core/list.h"
+#include "server/rpc.h"
 #include "proc/cgroup.h"
 #include "proc/fanout.h"
 #include "proc/reaper.h"
@@ -136,7 +136,7 @@ struct proc {
   size_t content_len;
   unsigned char *stdin_buf;
   size_t stdin_len;
-  size_t stdin_budget; /* rpc_budget_take'n for the one-shot stdin, until its chunk holds it */
+  size_t stdin_budget; /* budget_take'n for the one-shot stdin, until its chunk holds it */
   char **envp;    /* senv_merge() result, freed after spawn */
   char **base_env; /* sandbox env snapshot (loop) the request env overlays */
   char *home;      /* default cwd: the sandbox env's HOME, or the user's home */

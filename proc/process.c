@@ -12,7 +12,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 #include "proc/reaper.h"
 #include "proc/cgroup.h"
 #include "proc/exitfmt.h"
@@ -190,7 +190,7 @@ static void proc_free(struct proc *p) {
   free(p->script);
   free(p->content);
   free(p->stdin_buf);
-  rpc_budget_give(p->stdin_budget);
+  budget_give(p->stdin_budget);
   free(p->envp);
   free(p->buf);
   proc_rings_free(p);

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "agent/log.h"
+#include "core/log.h"
 
 #define REAPER_MIN_CAP 64u
 /* Reaps per loop turn: a fork bomb's orphans exit as fast as the reaper

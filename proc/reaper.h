@@ -23,7 +23,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "agent/list.h"
+#include "core/list.h"
 
 /* ru: the child's resource usage from wait4 (its reaped descendants included). */
 typedef void (*reaper_cb)(pid_t pid, int wstatus, const struct rusage *ru, void *arg);

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "agent/bufref.h"
+#include "core/bufref.h"
 
 #define PROC_RING_BLOCK (32u * 1024) /* = PROC_READ_MAX: any event fits in a fresh block */
 #define PROC_RING_MIN_BLOCK 512u

@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/log.h"
-#include "agent/senv.h"
+#include "core/log.h"
+#include "core/senv.h"
 #include "proc/cgroup.h"
 #include "proc/exitfmt.h"
 #include "proc/input.h"
@@ -324,13 +324,13 @@ static void proc_start_on_request(rpc_call *c, const ProtobufCMessage *m) {
   }
   /* the one-shot stdin counts in the daemon-wide budget from here until
    * the child has read it (input.c) */
-  if (req->stdin.len && rpc_budget_take(req->stdin.len) != 0) {
+  if (req->stdin.len && budget_take(req->stdin.len) != 0) {
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, PROC_INPUT_BUSY);
     return;
   }
   struct proc *p = proc_new(t);
   if (!p) {
-    rpc_budget_give(req->stdin.len);
+    budget_give(req->stdin.len);
     rpc_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }

@@ -1,6 +1,6 @@
 /* service — ProcessService (api.md §6): StartProcess, Connect, List,
  * SendSignal, and (api.md §9, proc/input.c) SendInput, StreamInput,
- * CloseStdin, Update, served through agent/rpc.h.
+ * CloseStdin, Update, served through server/rpc.h.
  *
  *   proc_init(loop)            create the process table (proc_tab); set
  *                              the daemon umask to 022 (children inherit
@@ -40,7 +40,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 
 int proc_init(uv_loop_t *loop);
 const rpc_method *proc_service_methods(size_t *n);

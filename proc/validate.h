@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 #include "proto/agent.pb-c.h"
 
 #define PROC_PTY_DEFAULT_COLS 80

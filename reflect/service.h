@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 
-#include "agent/rpc.h"
+#include "server/rpc.h"
 
 const rpc_method *reflect_service_methods(size_t *n);
 

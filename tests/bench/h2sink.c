@@ -3,7 +3,7 @@
  * prior knowledge, blocking I/O, nghttp2 with its automatic WINDOW_UPDATEs;
  * every request gets a 200 with no body once its stream ends, and a
  * header "x-received" with the body bytes seen.  The stream window is
- * the agent's (agent/h2.h: 1 MiB, the connection 16 MiB) unless -w/-W
+ * the agent's (server/h2.h: 1 MiB, the connection 16 MiB) unless -w/-W
  * give powers of two.  Meant to show curl's own h2c upload ceiling; it
  * does not: blocking, one read and one flush at a time, it receives
  * slower than the agent, which also writes the file (profile.md,

@@ -1,5 +1,5 @@
 /* fuzz_connect — a client stream's messages whichever way the bytes come
- * (agent/connect.c, its big-field split above all).  The input describes
+ * (server/connect.c, its big-field split above all).  The input describes
  * up to four FileChunk envelopes: fuzzed bytes before and after a content
  * field of 64 KiB or more (so that call_split takes it), the content's
  * length and fill, and a raw tail.  The body goes once to connect.c in one
@@ -12,8 +12,8 @@
 #include <string.h>
 #include <uv.h>
 
-#include "agent/connect.h"
-#include "agent/daemon.h"
+#include "server/connect.h"
+#include "core/daemon.h"
 #include "proto/agent.pb-c.h"
 #include "proto/wire.h"
 #include "fuzz.h"

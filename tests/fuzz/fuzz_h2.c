@@ -1,4 +1,4 @@
-/* fuzz_h2 — an HTTP/2 session (agent/h2.c, prior knowledge) over a memory
+/* fuzz_h2 — an HTTP/2 session (server/h2.c, prior knowledge) over a memory
  * sink with the router double of tests/unit/memsink.h: the client preface,
  * then the input as the frames that follow.
  *
@@ -9,8 +9,8 @@
  * leaks nothing (ASan). */
 #include <string.h>
 
-#include "agent/h2.h"
-#include "agent/http1.h"
+#include "server/h2.h"
+#include "server/http1.h"
 #include "tests/unit/memsink.h"
 #include "fuzz.h"
 

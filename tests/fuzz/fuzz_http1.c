@@ -1,4 +1,4 @@
-/* fuzz_http1 — request bytes into an HTTP/1.1 session (agent/http1.c) over
+/* fuzz_http1 — request bytes into an HTTP/1.1 session (server/http1.c) over
  * a memory sink, with the router double of tests/unit/memsink.h and the
  * real HTTP/2 core behind `Upgrade: h2c`.
  *
@@ -11,8 +11,8 @@
  * finished produced a status line); closing it leaks nothing (ASan). */
 #include <string.h>
 
-#include "agent/h2.h"
-#include "agent/http1.h"
+#include "server/h2.h"
+#include "server/http1.h"
 #include "tests/unit/memsink.h"
 #include "fuzz.h"
 

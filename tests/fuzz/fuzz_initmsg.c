@@ -5,7 +5,7 @@
  * "message" is that text. */
 #include <string.h>
 
-#include "agent/daemon.h"
+#include "core/daemon.h"
 #include "init/initmsg.h"
 #include "proto/json.h"
 #include "proto/text.h"

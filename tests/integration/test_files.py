@@ -383,7 +383,7 @@ def test_upload_proto_kept_and_copied_chunks(client, tmp_path):
 @pytest.mark.parametrize("framing", ["length", "chunked"])
 def test_upload_pipelined_odd_pieces(client, tmp_path, framing):
     """HTTP/1.1 Content-Length bodies are read straight into the message being
-    assembled (agent/http1.c h1_read_into, connect.c on_body_into), never past
+    assembled (server/http1.c h1_read_into, connect.c on_body_into), never past
     the body; chunked ones are copied: two uploads with odd message sizes,
     sent pipelined on one connection in random pieces with pauses (chunked:
     in chunks of random sizes, 1 byte to 300 KiB), come out whole, both

@@ -550,7 +550,7 @@ def test_malformed_h2_request_is_reset(server, case):
 
 def test_malformed_h2_requests_on_one_connection(server):
     """The server remembers, per connection, which HPACK-indexed fields it
-    has checked (agent/h2.c's memo): the checks that depend on the rest of
+    has checked (server/h2.c's memo): the checks that depend on the rest of
     the block (order, repeats, content-length against the body) must still
     run for every request.  All the malformed blocks, one after another on
     one connection whose good fields are indexed by then, are each reset,

@@ -2,7 +2,7 @@
 """check-api-doc — docs/api.md names everything the API has (run by `make unit`).
 
 Usage: check-api-doc.py [--proto FILE] [--doc FILE] [--src DIR]... [-v]
-Defaults: proto/agent.proto, docs/api.md, --src agent fs proc proto reflect net
+Defaults: proto/agent.proto, docs/api.md, --src core server agent fs proc proto reflect net
 (relative to the repository root).  Prints each failed check, then
 `N passed, N failed`; exits 1 when a check failed.  Debian's python3, no
 third-party modules.
@@ -18,7 +18,7 @@ enums, oneofs, maps, services):
     name `jsonName` (protoc's rule: drop each '_', upper-case the letter
     after it), both in backticks — a table row, normally;
   * enum E: a heading names `E`; each value V: E's section names `V`.
-  * code C of the rpc_code table (agent/rpcerr.c: code_names, code_http):
+  * code C of the rpc_code table (server/rpcerr.c: code_names, code_http):
     one line names `C` and its HTTP status.
 
 Error-text checks.  The C sources (*.c, *.h of the --src dirs, comments
@@ -585,7 +585,7 @@ def main():
     ap.add_argument("-v", "--verbose", action="store_true", help="print every check")
     ap.add_argument("--list", action="store_true", help="print the error texts found in the sources and exit")
     a = ap.parse_args()
-    srcdirs = a.src or [os.path.join(ROOT, d) for d in ("agent", "fs", "proc", "proto", "reflect", "net")]
+    srcdirs = a.src or [os.path.join(ROOT, d) for d in ("core", "server", "agent", "fs", "proc", "proto", "reflect", "net")]
 
     if a.list:
         found, table = scan_sources(srcdirs)

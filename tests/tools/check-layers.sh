@@ -1,9 +1,9 @@
 #!/bin/sh
 # Layering rules of the services (run by `make unit`); prints each
 # violation and exits 1 if there is any.  Usage: check-layers.sh [OBJDIR]
-#   1. fs/, proc/, reflect/ and net/ see only agent/rpc.h of the daemon (plus bufref.h, which
+#   1. fs/, proc/, reflect/ and net/ see only server/rpc.h of the daemon (plus bufref.h, which
 #      it includes, log.h, senv.h and list.h, the list type: a header with no
-#      state): never agent/daemon.h, pool.h, slab.h or any other agent/ or
+#      state): never core/daemon.h, pool.h, slab.h or any other agent/ or
 #      init/ header.
 #   2. proc/fanout.[ch] only delivers events: it includes no proc/ header
 #      but its own and exitfmt.h (the record, proc.h, is above it).
@@ -19,7 +19,7 @@ fail=0
 bad=$(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(agent\|init\)/' fs/*.[ch] proc/*.[ch] reflect/*.[ch] net/*.[ch] |
       grep -v '"agent/\(rpc\|bufref\|log\|senv\|list\)\.h"')
 if [ -n "$bad" ]; then
-  echo "check-layers: a service reaches past agent/rpc.h:"
+  echo "check-layers: a service reaches past server/rpc.h:"
   echo "$bad"
   fail=1
 fi

@@ -5,7 +5,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 MAX=${MAX_LINES:-1200}
 fail=0
-for f in init/*.c agent/*.c proto/*.c fs/*.c proc/*.c reflect/*.c net/*.c; do
+for f in core/*.c server/*.c init/*.c agent/*.c proto/*.c fs/*.c proc/*.c reflect/*.c net/*.c; do
   n=$(wc -l < "$f")
   if [ "$n" -gt "$MAX" ]; then
     echo "check-sizes: $f has $n lines (over $MAX): split it by concern"

@@ -88,7 +88,7 @@ static rpc_code frob_check(int n, char *err, size_t errlen) {
   return 0;
 }
 EOF
-out=$("$py" "$chk" --src agent --src fs --src proc --src proto --src reflect --src "$tmp/src" 2>&1)
+out=$("$py" "$chk" --src core --src server --src agent --src fs --src proc --src proto --src reflect --src "$tmp/src" 2>&1)
 rc=$?
 if [ $rc -ne 1 ]; then
   bad "new error texts: exit $rc, want 1"

@@ -1,4 +1,4 @@
-/* h2client.h — an HTTP/2 session (agent/h2.c) over a memory sink, talked
+/* h2client.h — an HTTP/2 session (server/h2.c) over a memory sink, talked
  * to by libnghttp2's client: what the client sends goes into the sink,
  * what the server writes goes into the client (tests/unit/test_h2.c). */
 #ifndef CONCH_H2CLIENT_H
@@ -6,7 +6,7 @@
 
 #include <nghttp2/nghttp2.h>
 
-#include "agent/h2.h"
+#include "server/h2.h"
 #include "tests/unit/memsink.h"
 
 #define H2T_STREAMS 256 /* client stream ids 1, 3, …: index id / 2 */

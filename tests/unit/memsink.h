@@ -1,4 +1,4 @@
-/* memsink.h — a sink (agent/sink.h) over memory, and a router double, for
+/* memsink.h — a sink (server/sink.h) over memory, and a router double, for
  * driving the protocol cores (http1.c, h2.c) without a socket: the unit
  * tests and the fuzz drivers.
  *
@@ -35,9 +35,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/bufref.h"
-#include "agent/hx.h"
-#include "agent/sink.h"
+#include "core/bufref.h"
+#include "server/hx.h"
+#include "server/sink.h"
 
 typedef struct memsink {
   hsink s;

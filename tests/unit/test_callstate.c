@@ -1,4 +1,4 @@
-/* test_callstate — the rpc_call lifecycle table (agent/callstate.c): the
+/* test_callstate — the rpc_call lifecycle table (server/callstate.c): the
  * legal transitions are exactly those docs/internals/connect.md draws, an
  * illegal one asserts in a debug build (and is refused and counted in a
  * release build, NDEBUG: the library says which it is), and the names.  test_connect drives every legal
@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "agent/callstate.h"
+#include "server/callstate.h"
 #include "tests/unit/test.h"
 
 /* The table of docs/internals/connect.md, written out again. */

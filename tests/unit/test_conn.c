@@ -1,4 +1,4 @@
-/* test_conn — a conn (agent/conn.c) over a loopback socket in a libuv loop,
+/* test_conn — a conn (server/conn.c) over a loopback socket in a libuv loop,
  * with a fake protocol table: protocol choice by the HTTP/2 preface, the
  * sniffed bytes replayed, ordered batched writes and their owners, the
  * timer, paused reading, close, the connection limit, the bulk lowat. */
@@ -13,11 +13,11 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/bufref.h"
-#include "agent/conn.h"
-#include "agent/daemon.h"
-#include "agent/hx.h"
-#include "agent/tokhold.h"
+#include "core/bufref.h"
+#include "server/conn.h"
+#include "core/daemon.h"
+#include "server/hx.h"
+#include "server/tokhold.h"
 
 /* ---------------------------------------------------------------- fake protocols */
 

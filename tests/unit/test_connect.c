@@ -1,4 +1,4 @@
-/* test_connect — the RPC protocol layer (agent/connect.c) over a fake hx
+/* test_connect — the RPC protocol layer (server/connect.c) over a fake hx
  * transport: envelope framing (whole, split anywhere, several per write,
  * truncated, oversized, bad flags, gzip), error rendering for Connect unary
  * (HTTP status + JSON), Connect streaming (end-of-stream envelope), gRPC
@@ -18,10 +18,10 @@
 #include <uv.h>
 #include <zlib.h>
 
-#include "agent/callstate.h"
-#include "agent/connect.h"
-#include "agent/daemon.h"
-#include "agent/tokhold.h"
+#include "server/callstate.h"
+#include "server/connect.h"
+#include "core/daemon.h"
+#include "server/tokhold.h"
 #include "proto/agent.pb-c.h"
 #include "tests/unit/test.h"
 
@@ -1134,7 +1134,7 @@ TEST(envelopes_read_into) {
 }
 
 /* A chunk whose content is 64 KiB or more: the content goes to a block of
- * its own as soon as its key and length are here (agent/connect.c
+ * its own as soon as its key and length are here (server/connect.c
  * call_split), whichever way the bytes come; fields after it, the field
  * set again after it, an envelope cut short, the input budget, a
  * compressed envelope and an abort in the middle. */

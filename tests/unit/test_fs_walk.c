@@ -10,7 +10,7 @@
 
 #include "fs/glob.h"
 #include "fs/walk.h"
-#include "agent/rpc.h"
+#include "server/rpc.h"
 #include "proto/agent.pb-c.h"
 
 static char root[64];

@@ -1,4 +1,4 @@
-/* test_gzq — a call's gzip output queue (agent/gzq.c) on a real loop and
+/* test_gzq — a call's gzip output queue (server/gzq.c) on a real loop and
  * thread pool, with fake ops that record what they are handed: what is
  * compressed (from GZQ_MIN on) and what is not, order behind a pool
  * deflate (from GZQ_POOL_MIN on), by-reference tails queued and never
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <uv.h>
 
-#include "agent/gzq.h"
+#include "server/gzq.h"
 #include "proto/envelope.h"
 #include "proto/gzip.h"
 #include "tests/unit/test.h"

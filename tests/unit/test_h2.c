@@ -1,10 +1,10 @@
-/* test_h2 — the HTTP/2 core (agent/h2.c) driven by libnghttp2's client
+/* test_h2 — the HTTP/2 core (server/h2.c) driven by libnghttp2's client
  * over a memory sink (h2client.h), and by hand-built frames. */
 #include "tests/unit/test.h"
 #include "tests/unit/h2client.h"
 
-#include "agent/daemon.h"
-#include "agent/http1.h"
+#include "core/daemon.h"
+#include "server/http1.h"
 
 static const hserve serve = {tr_dispatch, http1_conn_init, h2_conn_init, h2_settings_valid};
 

@@ -1,6 +1,6 @@
-/* test_h2check — the HTTP/2 request rules (agent/h2check.h). */
+/* test_h2check — the HTTP/2 request rules (server/h2check.h). */
 #include "tests/unit/test.h"
-#include "agent/h2check.h"
+#include "server/h2check.h"
 
 #include <string.h>
 

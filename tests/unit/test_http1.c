@@ -1,11 +1,11 @@
-/* test_http1 — the HTTP/1.1 core (agent/http1.c) driven through a memory
+/* test_http1 — the HTTP/1.1 core (server/http1.c) driven through a memory
  * sink (memsink.h): request bytes in, response bytes out, no socket. */
 #include "tests/unit/test.h"
 #include "tests/unit/memsink.h"
 
-#include "agent/daemon.h"
-#include "agent/h2.h"
-#include "agent/http1.h"
+#include "core/daemon.h"
+#include "server/h2.h"
+#include "server/http1.h"
 
 static int h2_inits;
 static int count_h2_init(hsink *s, hx *up, uint8_t *body, size_t len) {

@@ -1,11 +1,11 @@
-/* test_hx — the version-independent exchange (agent/hx.c) over a fake
+/* test_hx — the version-independent exchange (server/hx.c) over a fake
  * transport (hx_ops) that records what reaches it. */
 #include "tests/unit/test.h"
 #include "tests/unit/memsink.h"
 
 #include <stdlib.h>
 
-#include "agent/hx.h"
+#include "server/hx.h"
 
 static int n_respond, n_write, n_end, n_pause, last_status, last_paused;
 static int64_t last_clen;

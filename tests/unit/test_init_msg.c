@@ -2,7 +2,7 @@
  * resolv.conf bytes, the response JSON and the text helpers (boot.md §3–4). */
 #include <stdlib.h>
 
-#include "agent/daemon.h"
+#include "core/daemon.h"
 #include "init/initmsg.h"
 #include "init/initstr.h"
 #include "test.h"

@@ -17,8 +17,8 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
-#include "agent/senv.h"
+#include "core/daemon.h"
+#include "core/senv.h"
 #include "init/initproto.h"
 #include "test.h"
 

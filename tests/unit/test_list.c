@@ -1,10 +1,10 @@
-/* test_list — agent/list.h: insertion order at both ends, removal from
+/* test_list — core/list.h: insertion order at both ends, removal from
  * anywhere and twice, zero heads and nodes, the walks (forward, backward,
  * removing as they go), splicing, and an object in two lists at once. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/list.h"
+#include "core/list.h"
 #include "tests/unit/test.h"
 
 typedef struct item {

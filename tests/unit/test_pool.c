@@ -9,9 +9,9 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
-#include "agent/pool.h"
-#include "agent/rpc.h"
+#include "core/daemon.h"
+#include "core/pool.h"
+#include "server/rpc.h"
 #include "test.h"
 
 typedef struct tjob {
@@ -328,7 +328,7 @@ TEST(submit_from_every_phase) {
   }
 }
 
-/* rpc_work_submit / rpc_work_cancel (agent/rpc.h), the services' face of
+/* rpc_work_submit / rpc_work_cancel (server/rpc.h), the services' face of
  * the pool: run off the loop, done once on it with the caller's data; a job
  * taken back before it started gets done(data, 1) later, never run. */
 typedef struct wjob {

@@ -9,8 +9,8 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agent/daemon.h"
-#include "agent/pool.h"
+#include "core/daemon.h"
+#include "core/pool.h"
 #include "test.h"
 
 enum { NJOBS = 200 };

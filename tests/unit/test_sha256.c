@@ -1,8 +1,8 @@
-/* test_sha256 — agent/sha256.c against the FIPS 180-4 examples and NIST's
+/* test_sha256 — core/sha256.c against the FIPS 180-4 examples and NIST's
  * byte-oriented vectors, input fed in every split, and the hex parser. */
 #include <stdlib.h>
 
-#include "agent/sha256.h"
+#include "core/sha256.h"
 #include "tests/unit/test.h"
 
 static void hex(const uint8_t *d, char *out) {

@@ -1,4 +1,4 @@
-/* test_users — the pure parts of agent/users.c: the header's three forms
+/* test_users — the pure parts of server/users.c: the header's three forms
  * and what is malformed, the passwd and group tables (malformed lines
  * skipped, NIS lines, missing files), resolution by name, uid and uid:gid
  * (supplementary groups, no entry), and a thread's fs identity switched
@@ -8,7 +8,7 @@
 #include <sys/fsuid.h>
 #include <unistd.h>
 
-#include "agent/users.h"
+#include "server/users.h"
 #include "tests/unit/test.h"
 
 TEST(spec_forms) {

@@ -1,0 +1,31 @@
+/* daemon — the one daemon context; see daemon.h. */
+#include "core/daemon.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */, .http_header_ms = 10000, .http_idle_ms = 60000, .max_conns = 1024,
+                      .rx_budget = 256u * 1024 * 1024,
+                      .budget = 64u * 1024 * 1024};
+
+int daemon_set_token(const char *tok, size_t len) {
+  if (len > CONCH_TOKEN_MAX) len = CONCH_TOKEN_MAX;
+  int changed = !conch.token_set || len != conch.token_len || memcmp(conch.token, tok, len) != 0;
+  memcpy(conch.token, tok, len);
+  conch.token[len] = 0;
+  conch.token_len = len;
+  conch.token_set = 1;
+  if (changed) conch.token_gen++;
+  return changed;
+}
+
+void *daemon_alloc_state(size_t size, const char *name) {
+  void *p = calloc(1, size);
+  if (!p) {
+    /* not LOG_ERROR: log.c keeps its state here (no include cycle) */
+    fprintf(stderr, "conch-init: out of memory for the %s state\n", name);
+    abort();
+  }
+  return p;
+}

@@ -1,0 +1,48 @@
+/* auth — see auth.h. */
+#include "server/auth.h"
+
+#include <string.h>
+
+#include "core/daemon.h"
+
+int auth_equal(const char *given, size_t glen, const char *want, size_t wlen) {
+  unsigned diff = (unsigned)(glen ^ wlen);
+  for (size_t i = 0; i < glen; i++) {
+    unsigned char w = wlen ? (unsigned char)want[i % wlen] : 0;
+    diff |= (unsigned)((unsigned char)given[i] ^ w);
+  }
+  return diff == 0;
+}
+
+rpc_code auth_check(const char *v, const char **msg) {
+  if (!conch.token_set) {
+    *msg = "agent token is not initialized";
+    return RPC_UNAUTHENTICATED;
+  }
+  if (!v || !*v) {
+    *msg = "agent token is required";
+    return RPC_UNAUTHENTICATED;
+  }
+  size_t len = strlen(v);
+  if (len > CONCH_TOKEN_MAX || !auth_equal(v, len, conch.token, conch.token_len)) {
+    *msg = "agent token is invalid";
+    return RPC_UNAUTHENTICATED;
+  }
+  return RPC_OK;
+}
+
+rpc_code auth_check_hx(const hx *x, const char **msg) {
+  static const char name[] = "conch-init-token";
+  const char *v = NULL;
+  size_t seen = 0;
+  for (size_t i = 0; i < x->nhdr; i++)
+    if (x->hdr[i].nlen == sizeof name - 1 && memcmp(x->hdr[i].name, name, sizeof name - 1) == 0) {
+      v = x->hdr[i].value;
+      seen++;
+    }
+  if (seen > 1 && conch.token_set) { /* never valid, whatever the copies say */
+    *msg = "agent token is invalid";
+    return RPC_UNAUTHENTICATED;
+  }
+  return auth_check(v, msg);
+}

@@ -1,0 +1,506 @@
+/* conn — TCP connections; see conn.h. */
+#include "server/conn.h"
+
+#include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/bufref.h"
+#include "core/daemon.h"
+#include "core/list.h"
+#include "core/log.h"
+#include "server/tokhold.h"
+
+static const char h2_preface[24] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/* The sink (first: a conn is its sink) and the socket behind it. */
+typedef struct conn {
+  hsink s;
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_timer_t defer; /* conn_defer(): run proto work on the next loop turn */
+  uv_prepare_t flush; /* submits the corked batch before the loop blocks */
+  struct wreq *batch; /* writes gathered during this loop turn */
+  struct wreq *spare; /* a finished write request kept for the next batch */
+  char *rbuf;         /* the read buffer (CONN_READ_BUF), reused */
+  void **later;       /* buffers to free once every queued write is done */
+  size_t nlater, caplater;
+  void (*defer_fn)(hsink *s);
+  uint8_t sniff[24];
+  size_t sniff_len;
+  int read_paused;
+  int turn_paused;   /* read its share of this loop turn: resumed by the prepare */
+  int write_failed; /* closed from the loop, never inside a caller's stack */
+  int handles_open;
+  int counted; /* in conch.nconns */
+  unsigned nbulk; /* exchanges sending bulk data (hx_bulk) */
+  tokhold tok;    /* authenticated (hx_authed): with which token generation */
+  list_node link; /* in conn_all: the open connections (conn_freeze), newest first */
+} conn;
+
+static list_node conn_all;
+static int conn_frozen; /* conn_freeze: no connection reads */
+
+#define CONN_BATCH_BUFS 64
+#define CONN_BATCH_PRE 1024
+
+typedef struct wreq {
+  uv_write_t req;
+  conn *c;
+  size_t bytes;
+  unsigned nbuf, nowned;
+  size_t prelen;
+  uv_buf_t bufs[CONN_BATCH_BUFS];
+  void *owned[CONN_BATCH_BUFS];
+  char pre[CONN_BATCH_PRE]; /* small prefixes (chunk-size lines) */
+} wreq;
+
+static void conn_batch_free(conn *c);
+
+static void conn_free_later_run(conn *c) {
+  for (size_t i = 0; i < c->nlater; i++) bufref_owner_free(c->later[i]);
+  c->nlater = 0;
+}
+
+static void conn_free_later(conn *c, void *p) {
+  if (c->s.outq == 0) {
+    bufref_owner_free(p);
+    return;
+  }
+  if (c->nlater == c->caplater) {
+    size_t cap = c->caplater ? c->caplater * 2 : 8;
+    void **n = realloc(c->later, cap * sizeof *n);
+    if (!n) return; /* leak rather than free early */
+    c->later = n;
+    c->caplater = cap;
+  }
+  c->later[c->nlater++] = p;
+}
+
+/* Give freed heap back to the kernel a little after connections went
+ * away: glibc keeps freed memory in its arenas (the heap top only shrinks
+ * past M_TRIM_THRESHOLD, which grows with every large free), so after a
+ * burst of big answers RSS would stay at its peak.  One trim per second at
+ * most, never on the request path. */
+static void conn_trim_cb(uv_timer_t *t) {
+  (void)t;
+  malloc_trim(0);
+}
+
+void conn_trim_soon(void) {
+  if (!conch.trim_timer) {
+    conch.trim_timer = malloc(sizeof *conch.trim_timer);
+    if (!conch.trim_timer) return;
+    uv_timer_init(conch.loop, conch.trim_timer);
+    uv_unref((uv_handle_t *)conch.trim_timer);
+  }
+  if (!uv_is_active((uv_handle_t *)conch.trim_timer))
+    uv_timer_start(conch.trim_timer, conn_trim_cb, CONN_TRIM_MS, 0);
+}
+
+static void conn_free_cb(uv_handle_t *h) {
+  conn *c = h->data;
+  if (--c->handles_open == 0) {
+    if (c->counted) {
+      conch.nconns--;
+      conn_trim_soon();
+    }
+    conn_free_later_run(c);
+    free(c->later);
+    free(c->rbuf);
+    free(c->spare);
+    free(c);
+  }
+}
+
+static void conn_close(conn *c) {
+  if (c->s.closing) return;
+  c->s.closing = 1;
+  list_remove(&c->link);
+  tokhold_drop(&c->tok);
+  if (c->s.proto && c->s.proto->on_close) c->s.proto->on_close(&c->s);
+  c->s.proto = NULL;
+  conn_batch_free(c);
+  uv_close((uv_handle_t *)&c->flush, conn_free_cb);
+  uv_close((uv_handle_t *)&c->timer, conn_free_cb);
+  uv_close((uv_handle_t *)&c->defer, conn_free_cb);
+  uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
+}
+
+static void conn_on_defer(uv_timer_t *t) {
+  conn *c = t->data;
+  void (*fn)(hsink *) = c->defer_fn;
+  c->defer_fn = NULL;
+  if (!c->s.closing && fn) fn(&c->s);
+}
+
+static void conn_defer(conn *c, void (*fn)(hsink *s)) {
+  if (c->s.closing) return;
+  c->defer_fn = fn;
+  if (!uv_is_active((uv_handle_t *)&c->defer)) uv_timer_start(&c->defer, conn_on_defer, 0, 0);
+}
+
+/* Keep one finished request for the next batch: a 2.6 KiB malloc/free per
+ * batch made glibc consolidate its fast bins on every request. */
+static void conn_wreq_release(conn *c, wreq *w) {
+  if (!c->spare && !c->s.closing)
+    c->spare = w;
+  else
+    free(w);
+}
+
+/* A batch's bytes reached the kernel: give back what it owned. */
+static void conn_batch_written(conn *c, wreq *w) {
+  c->s.outq -= w->bytes;
+  conch.held -= w->bytes;
+  for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
+  conn_wreq_release(c, w);
+  if (c->s.outq == 0 && c->nlater) conn_free_later_run(c);
+}
+
+static void conn_write_done(uv_write_t *req, int status) {
+  wreq *w = (wreq *)req;
+  conn *c = w->c;
+  conn_batch_written(c, w);
+  if (c->s.closing) return;
+  if (status < 0) {
+    LOG_DEBUG("write failed conn=%llu err=%s", (unsigned long long)c->s.id, uv_strerror(status));
+    conn_close(c);
+    return;
+  }
+  if (c->s.proto && c->s.proto->on_written) c->s.proto->on_written(&c->s);
+}
+
+static void conn_on_flush(uv_prepare_t *h);
+
+/* Hand the gathered batch to libuv (which tries to write it at once). */
+static int conn_submit(conn *c) {
+  wreq *w = c->batch;
+  c->batch = NULL;
+  if (!c->turn_paused) uv_prepare_stop(&c->flush); /* else it still has to resume reading */
+  if (!w) return 0;
+  int r = c->s.closing ? UV_ECANCELED
+                     : uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, w->nbuf, conn_write_done);
+  if (r < 0) {
+    /* the callback never runs: undo, and close from the loop (next prepare) */
+    c->s.outq -= w->bytes;
+    conch.held -= w->bytes;
+    for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
+    free(w);
+    if (!c->s.closing) {
+      c->write_failed = 1;
+      uv_prepare_start(&c->flush, conn_on_flush);
+    }
+    return -1;
+  }
+  return 0;
+}
+
+/* The batch straight into the socket when libuv holds nothing unwritten
+ * for it (uv_try_write refuses otherwise, which keeps the order): most
+ * answers fit the socket buffer, and a finished uv_write costs a pending
+ * callback plus an epoll_ctl to clear POLLOUT.  Returns 1 when the whole
+ * batch went out (its completion has run), 0 when the rest of the batch
+ * (if any) is left for uv_write. */
+static int conn_try_batch(conn *c) {
+  wreq *w = c->batch;
+  ssize_t n = uv_try_write((uv_stream_t *)&c->tcp, w->bufs, w->nbuf);
+  if (n <= 0) return 0;
+  size_t done = (size_t)n;
+  if (done < w->bytes) { /* partly written: drop what went out */
+    c->s.outq -= done;
+    conch.held -= done;
+    w->bytes -= done;
+    unsigned k = 0;
+    while (done >= w->bufs[k].len) done -= w->bufs[k++].len;
+    w->bufs[k].base += done;
+    w->bufs[k].len -= (unsigned)done;
+    memmove(w->bufs, w->bufs + k, (w->nbuf - k) * sizeof w->bufs[0]);
+    w->nbuf -= k;
+    return 0;
+  }
+  c->batch = NULL;
+  conn_batch_written(c, w);
+  if (c->s.proto && c->s.proto->on_written) c->s.proto->on_written(&c->s);
+  return 1;
+}
+
+static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+static void conn_on_flush(uv_prepare_t *h) {
+  conn *c = h->data;
+  c->s.turn_reqs = 0;
+  if (c->turn_paused) { /* a new loop turn: its reading share again */
+    c->turn_paused = 0;
+    if (!c->read_paused && !c->s.closing && !conn_frozen)
+      uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+  }
+  /* on_written may queue more: a few rounds, then uv_write */
+  for (int round = 0; round < 4 && c->batch && !c->s.closing; round++)
+    if (!conn_try_batch(c)) break;
+  conn_submit(c);
+  if (c->write_failed && !c->s.closing) {
+    LOG_DEBUG("write failed conn=%llu", (unsigned long long)c->s.id);
+    conn_close(c);
+    return;
+  }
+  /* measured here, after the kernel took what it would: what is left is
+   * ours to hold */
+  if (!c->s.authed && !c->s.closing && c->s.outq > CONN_UNAUTH_OUTQ) {
+    sink_unauth_over(&c->s, "output not read");
+    conn_close(c);
+  }
+}
+
+static void conn_batch_free(conn *c) {
+  wreq *w = c->batch;
+  c->batch = NULL;
+  if (!w) return;
+  c->s.outq -= w->bytes;
+  conch.held -= w->bytes;
+  for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
+  free(w);
+}
+
+static int conn_write_pre(conn *c, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
+                   void **owned, unsigned nowned) {
+  if (c->s.closing || n + 1 > CONN_BATCH_BUFS || nowned > CONN_BATCH_BUFS || prelen > 64) {
+    for (unsigned i = 0; i < nowned; i++) bufref_owner_free(owned[i]);
+    return -1;
+  }
+  wreq *w = c->batch;
+  if (w && (w->nbuf + n + 1 > CONN_BATCH_BUFS || w->nowned + nowned > CONN_BATCH_BUFS ||
+            w->prelen + prelen > CONN_BATCH_PRE)) {
+    if (conn_submit(c) != 0) {
+      for (unsigned i = 0; i < nowned; i++) bufref_owner_free(owned[i]);
+      return -1;
+    }
+    w = NULL;
+  }
+  if (!w) {
+    w = c->spare ? c->spare : malloc(sizeof *w);
+    c->spare = NULL;
+    if (!w) {
+      for (unsigned i = 0; i < nowned; i++) bufref_owner_free(owned[i]);
+      return -1;
+    }
+    w->c = c;
+    w->bytes = w->prelen = 0;
+    w->nbuf = w->nowned = 0;
+    c->batch = w;
+    uv_prepare_start(&c->flush, conn_on_flush);
+  }
+  if (prelen) {
+    memcpy(w->pre + w->prelen, pre, prelen);
+    w->bufs[w->nbuf++] = uv_buf_init(w->pre + w->prelen, (unsigned)prelen);
+    w->prelen += prelen;
+    w->bytes += prelen;
+    c->s.outq += prelen;
+    conch.held += prelen;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    w->bufs[w->nbuf++] = bufs[i];
+    w->bytes += bufs[i].len;
+    c->s.outq += bufs[i].len;
+    conch.held += bufs[i].len;
+  }
+  for (unsigned i = 0; i < nowned; i++) w->owned[w->nowned++] = owned[i];
+  return 0;
+}
+
+/* Big enough that a read into the protocol's memory saves more than the
+ * extra read it may cost (the rest then comes through rbuf). */
+#define CONN_INTO_MIN (16u * 1024)
+
+/* One read buffer per connection, reused: protocols copy what they keep
+ * before on_read returns (a fresh 64 KiB block per read made malloc trim
+ * and re-fault the heap top on every request) — unless the protocol
+ * offers memory of its own for the next read (hproto.read_into). */
+static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  (void)hint;
+  conn *c = h->data;
+  if (c->s.proto && c->s.proto->read_into && !c->s.closing) {
+    size_t len = 0;
+    uint8_t *p = c->s.proto->read_into(&c->s, &len);
+    if (p && len >= CONN_INTO_MIN) {
+      *buf = uv_buf_init((char *)p, len > UINT32_MAX ? UINT32_MAX : (unsigned)len);
+      return;
+    }
+  }
+  if (!c->rbuf) c->rbuf = malloc(CONN_READ_BUF);
+  *buf = uv_buf_init(c->rbuf, c->rbuf ? CONN_READ_BUF : 0);
+}
+
+static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  conn *c = s->data;
+  if (nread < 0) {
+    if (nread != UV_EOF)
+      LOG_DEBUG("read failed conn=%llu err=%s", (unsigned long long)c->s.id, uv_strerror((int)nread));
+    conn_close(c);
+    return;
+  }
+  const uint8_t *d = (const uint8_t *)buf->base;
+  size_t n = (size_t)nread;
+  if (!c->s.proto && n > 0) {
+    /* sniff the HTTP/2 preface */
+    size_t take = n < 24 - c->sniff_len ? n : 24 - c->sniff_len;
+    memcpy(c->sniff + c->sniff_len, d, take);
+    c->sniff_len += take;
+    int match = memcmp(c->sniff, h2_preface, c->sniff_len) == 0;
+    if (match && c->sniff_len < 24) return;
+    if (match ? c->s.serve->h2_init(&c->s, NULL, NULL, 0) : c->s.serve->http1_init(&c->s)) {
+      conn_close(c);
+      return;
+    }
+    /* replay the sniffed bytes first */
+    uint8_t pre[24];
+    size_t prelen = c->sniff_len;
+    memcpy(pre, c->sniff, prelen);
+    c->s.proto->on_read(&c->s, pre, prelen);
+    d += take;
+    n -= take;
+  }
+  if (n > 0 && c->s.proto && !c->s.closing) c->s.proto->on_read(&c->s, d, n);
+  if (c->s.turn_reqs >= CONN_TURN_REQS && !c->s.closing && !c->read_paused && !c->turn_paused) {
+    c->turn_paused = 1;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_prepare_start(&c->flush, conn_on_flush);
+  }
+}
+
+static void conn_read_pause(conn *c, int paused) {
+  if (c->s.closing || c->read_paused == paused) return;
+  c->read_paused = paused;
+  if (paused)
+    uv_read_stop((uv_stream_t *)&c->tcp);
+  else if (!conn_frozen && !c->turn_paused)
+    uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+}
+
+int conn_pending_output(void) {
+  conn *c;
+  list_each(c, &conn_all, link)
+    if (!c->s.closing && (c->batch || c->s.outq > 0)) return 1;
+  return 0;
+}
+
+void conn_freeze(int on) {
+  conn_frozen = on;
+  conn *c;
+  list_each(c, &conn_all, link) {
+    if (on) uv_read_stop((uv_stream_t *)&c->tcp);
+    else if (!c->read_paused && !c->turn_paused) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+  }
+}
+
+static void conn_on_timer(uv_timer_t *t) {
+  conn *c = t->data;
+  if (c->s.closing) return;
+  if (c->s.proto && c->s.proto->on_timeout)
+    c->s.proto->on_timeout(&c->s);
+  else
+    conn_close(c); /* nothing arrived in time to even pick a protocol */
+}
+
+static void conn_timer(conn *c, uint64_t ms) {
+  if (c->s.closing) return;
+  if (ms)
+    uv_timer_start(&c->timer, conn_on_timer, ms, 0);
+  else
+    uv_timer_stop(&c->timer);
+}
+
+/* the sink ops: a conn is its sink */
+static int conn_op_write(hsink *s, const void *pre, size_t prelen, const uv_buf_t *bufs, unsigned n,
+                         void **owned, unsigned nowned) {
+  return conn_write_pre((conn *)s, pre, prelen, bufs, n, owned, nowned);
+}
+static void conn_op_free_later(hsink *s, void *p) { conn_free_later((conn *)s, p); }
+static void conn_op_read_pause(hsink *s, int paused) { conn_read_pause((conn *)s, paused); }
+static void conn_op_timer(hsink *s, uint64_t ms) { conn_timer((conn *)s, ms); }
+static void conn_op_defer(hsink *s, void (*fn)(hsink *s)) { conn_defer((conn *)s, fn); }
+static void conn_op_close(hsink *s) { conn_close((conn *)s); }
+static void conn_op_trim(hsink *s) {
+  (void)s;
+  conn_trim_soon();
+}
+/* While an exchange sends bulk data, the kernel takes only CONN_BULK_LOWAT
+ * bytes beyond what the peer's window lets out (TCP_NOTSENT_LOWAT): the
+ * rest waits in our queue, where the connection's other answers can still
+ * go ahead of it (HTTP/2) instead of behind a socket buffer of megabytes.
+ * Not on every connection: the writes it splits cost a stream of small
+ * events (process output) more CPU than it gains (tests/bench/README.md,
+ * session 20).  0 gives the system's default (no limit) back. */
+#define CONN_BULK_LOWAT (64 * 1024)
+
+static void conn_op_bulk(hsink *s, int on) {
+  conn *c = (conn *)s;
+  if (on && c->nbulk++ > 0) return;                     /* already on */
+  if (!on && (c->nbulk == 0 || --c->nbulk > 0)) return; /* others still on */
+  uv_os_fd_t fd;
+  int v = on ? CONN_BULK_LOWAT : 0;
+  if (!c->s.closing && uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+    setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v);
+}
+
+/* The token its requests authenticated with was replaced (tokhold.h):
+ * the protocol closes once its exchanges ended (HTTP/1.1: after the one
+ * running, at once when idle; HTTP/2: new streams refused, GOAWAY and
+ * close once the open ones ended).  `authed`
+ * stays: a unary answer in flight is not cut as if never authenticated. */
+static void conn_token_replaced(tokhold *t) {
+  conn *c = (conn *)((char *)t - offsetof(conn, tok));
+  LOG_DEBUG("conn=%llu: its token was replaced, closing", (unsigned long long)c->s.id);
+  if (c->s.proto && c->s.proto->on_revoked) c->s.proto->on_revoked(&c->s);
+  else conn_close(c);
+}
+
+static void conn_op_authed(hsink *s) {
+  conn *c = (conn *)s;
+  if (!c->s.closing) tokhold_take(&c->tok, conn_token_replaced);
+}
+
+static const hsink_ops conn_sink_ops = {conn_op_write,  conn_op_free_later, conn_op_read_pause,
+                                        conn_op_timer,  conn_op_defer,      conn_op_close,
+                                        conn_op_trim,   conn_op_bulk,       conn_op_authed};
+
+void conn_accept(uv_stream_t *server, const hserve *serve) {
+  conn *c = calloc(1, sizeof *c);
+  if (!c) return;
+  c->s.ops = &conn_sink_ops;
+  c->s.serve = serve;
+  uv_tcp_init(server->loop, &c->tcp);
+  uv_timer_init(server->loop, &c->timer);
+  uv_timer_init(server->loop, &c->defer);
+  uv_prepare_init(server->loop, &c->flush);
+  c->handles_open = 4;
+  c->tcp.data = c->timer.data = c->defer.data = c;
+  c->flush.data = c;
+  c->s.id = ++conch.conn_seq;
+  int full = conch.nconns >= conch.max_conns;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || full) {
+    if (full && ++conch.conns_refused % 1000 == 1)
+      LOG_WARN("connection limit reached max=%u refused=%llu", conch.max_conns, conch.conns_refused);
+    c->s.closing = 1;
+    uv_close((uv_handle_t *)&c->flush, conn_free_cb);
+    uv_close((uv_handle_t *)&c->timer, conn_free_cb);
+    uv_close((uv_handle_t *)&c->defer, conn_free_cb);
+    uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
+    return;
+  }
+  c->counted = 1;
+  conch.nconns++;
+  list_insert_head(&conn_all, &c->link);
+  uv_tcp_nodelay(&c->tcp, 1);
+  struct sockaddr_storage ss;
+  int sl = sizeof ss;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+    if (ss.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&ss, c->s.peer, sizeof c->s.peer);
+    else uv_ip4_name((struct sockaddr_in *)&ss, c->s.peer, sizeof c->s.peer);
+  }
+  conn_timer(c, conch.http_header_ms); /* request headers within 10 s (api.md §1) */
+  if (!conn_frozen) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+}
