@@ -18,6 +18,7 @@
 
 #include "core/daemon.h"
 #include "agent/handover.h"
+#include "agent/metrics.h"
 #include "core/log.h"
 #include "server/router.h"
 #include "server/server.h"
@@ -175,6 +176,7 @@ static void main_common_setup(void) {
 
 static void main_register_services(void) {
   size_t n;
+  router_add_http("/metrics", metrics_serve);
   const rpc_method *m = fs_service_methods(conch.loop, &n);
   router_register(m, n);
   m = net_service_methods(conch.loop, &n);

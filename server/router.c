@@ -6,9 +6,24 @@
 
 #include "server/connect.h"
 #include "core/daemon.h"
-#include "agent/metrics.h"
 
 #define ROUTER_MAX (sizeof conch.routes / sizeof conch.routes[0])
+#define ROUTER_HTTP_MAX 8
+
+/* plain HTTP routes (router_add_http), matched on the path alone */
+static struct {
+  const char *path;
+  router_http_fn serve;
+} http_routes[ROUTER_HTTP_MAX];
+static size_t nhttp;
+
+int router_add_http(const char *path, router_http_fn serve) {
+  if (nhttp == ROUTER_HTTP_MAX) return -1;
+  http_routes[nhttp].path = path;
+  http_routes[nhttp].serve = serve;
+  nhttp++;
+  return 0;
+}
 
 int router_register(const rpc_method *methods, size_t n) {
   for (size_t i = 0; i < n; i++) {
@@ -41,9 +56,11 @@ void router_dispatch(hx *x) {
     router_health(x);
     return;
   }
-  if (strcmp(x->path, "/metrics") == 0) {
-    metrics_serve(x);
-    return;
+  for (size_t i = 0; i < nhttp; i++) {
+    if (strcmp(http_routes[i].path, x->path) == 0) {
+      http_routes[i].serve(x);
+      return;
+    }
   }
   for (size_t i = 0; i < conch.nroutes; i++) {
     if (strcmp(conch.routes[i]->path, x->path) == 0) {
