@@ -189,7 +189,7 @@ static int hs_save_daemon(Conch__Handover__Daemon *d, ProtobufCBinaryData *senv_
     senv_items[i].data = (uint8_t *)conch.senv[i];
     senv_items[i].len = strlen(conch.senv[i]);
   }
-  d->log_fd = conch.log_file ? fileno(conch.log_file) : -1;
+  d->log_fd = log_file_fd();
   d->log_path = conch.log_path;
   return 0;
 }

@@ -20,6 +20,7 @@
 #include "agent/handover.h"
 #include "agent/metrics.h"
 #include "core/log.h"
+#include "proto/text.h"
 #include "server/router.h"
 #include "server/server.h"
 #include "agent/upgrade.h"
@@ -52,17 +53,17 @@ static const char usage[] =
     "  --forward-ports ADDR    forward loopback-only listeners to ADDR (IPv4 or IPv6 literal)\n"
     "  --no-upgrade            refuse pb.AgentService/Upgrade (permission_denied)\n"
     "  --log-level LEVEL       debug, info (default), warn, error\n"
+    "  --log-format text|json  stderr lines as text (default) or JSON objects\n"
+    "  --log-stream SPEC       also send every line as JSON to vsock:CID:PORT,\n"
+    "                          unix:PATH or tcp:IP:PORT (reconnects; keeps 1 MiB)\n"
     "  -h, --help              this text\n"
     "  -V, --version           print the version\n";
 
 static int main_set_level(const char *s) {
-  static const char *const names[] = {"debug", "info", "warn", "error"};
-  for (int i = 0; i < 4; i++)
-    if (strcmp(s, names[i]) == 0) {
-      log_set_level((log_level)i);
-      return 0;
-    }
-  return -1;
+  int i = log_level_parse(s);
+  if (i < 0) return -1;
+  log_set_level((log_level)i);
+  return 0;
 }
 
 /* Token text: trailing whitespace (a file's newline) is not part of it. */
@@ -172,6 +173,7 @@ static void main_common_setup(void) {
   if (budget_raised)
     LOG_WARN("CONCH_MEM_BUDGET=%s is below the least it can be: %u bytes (4 MiB)", mb, CONCH_MEM_BUDGET_MIN);
   conch.loop = uv_default_loop();
+  log_set_json_escaper(text_json_string);
 }
 
 static void main_register_services(void) {
@@ -274,6 +276,7 @@ static int main_serve(int argc, char **argv) {
       {"version", no_argument, NULL, 'V'},        {"default-user", required_argument, NULL, 'U'},
       {"forward-ports", required_argument, NULL, 'F'}, {"handover", required_argument, NULL, 'H'},
       {"handover-rollback", required_argument, NULL, 'B'}, {"no-upgrade", no_argument, NULL, 'u'},
+      {"log-format", required_argument, NULL, 'J'}, {"log-stream", required_argument, NULL, 'S'},
       {NULL, 0, NULL, 0}};
   int ch;
   optind = 1;
@@ -309,6 +312,19 @@ static int main_serve(int argc, char **argv) {
       case 'L':
         if (main_set_level(optarg)) {
           fprintf(stderr, "conch-init: unknown log level %s\n", optarg);
+          return 2;
+        }
+        break;
+      case 'J':
+        if (strcmp(optarg, "text") != 0 && strcmp(optarg, "json") != 0) {
+          fprintf(stderr, "conch-init: unknown log format %s\n", optarg);
+          return 2;
+        }
+        log_set_console_json(strcmp(optarg, "json") == 0);
+        break;
+      case 'S':
+        if (log_stream_set(optarg) != 0) {
+          fprintf(stderr, "conch-init: --log-stream needs vsock:CID:PORT, unix:PATH or tcp:IP:PORT: %s\n", optarg);
           return 2;
         }
         break;

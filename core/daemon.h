@@ -57,9 +57,9 @@ typedef struct conch_daemon {
   size_t *senv_idx;
   size_t senv_idx_cap; /* power of two, > 2 * senv_len */
 
-  /* logging (core/log.c) */
+  /* logging (core/log.c; its queues are log.c's): the level of the file
+   * and the host stream, the file's path and size */
   int log_level;
-  FILE *log_file;
   char log_path[512];
   size_t log_file_bytes;
 

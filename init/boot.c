@@ -330,7 +330,9 @@ int boot_prepare_root(boot_state *b, int (*bind_before_chroot)(void *arg, char *
   if (!is_mounted(pts))
     do_mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5");
   const char *logdir = BOOT_MERGE "/var/log/conch-init";
-  if ((e = mkdir_p(logdir, 0755)) != 0) LOG_WARN("mkdir %s: %s", logdir, strerror(-e));
+  /* the agent's own: its lines name other users' commands (api.md §9 "Operators") */
+  if ((e = mkdir_p(logdir, 0700)) != 0) LOG_WARN("mkdir %s: %s", logdir, strerror(-e));
+  else if (chmod(logdir, 0700) != 0) LOG_WARN("chmod %s: %s", logdir, strerror(errno));
   if ((e = log_open_file(BOOT_MERGE "/var/log/conch-init/conch-init.log")) != 0)
     LOG_WARN("open log file: %s", strerror(-e));
   if (bind_before_chroot && bind_before_chroot(arg, err, errlen) != 0) return -1;
@@ -344,7 +346,7 @@ int boot_prepare_root(boot_state *b, int (*bind_before_chroot)(void *arg, char *
   }
   b->chrooted = 1;
   /* the same file, now by its path inside the root (rotation renames it) */
-  if (conch.log_file && (e = log_open_file("/var/log/conch-init/conch-init.log")) != 0)
+  if (log_file_fd() >= 0 && (e = log_open_file("/var/log/conch-init/conch-init.log")) != 0)
     LOG_WARN("reopen log file: %s", strerror(-e));
   b->have_entrypoint = entrypoint_usable(ENTRYPOINT_PATH);
   b->services_required = b->have_entrypoint && access(ENTRYPOINT_ENVD_FEATURE, F_OK) == 0;
