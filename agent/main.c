@@ -431,7 +431,7 @@ int main(int argc, char **argv) {
         main_register_services();
         handover_finish(herr, sizeof herr);
         reaper_hold(0);
-        return init_pid1_serve();
+        return init_pid1_serve(argc, argv);
       }
       LOG_ERROR("PID 1 boots again: %s", herr); /* no rollback was possible */
     }

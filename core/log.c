@@ -253,9 +253,9 @@ static size_t fmt_json(char *out, size_t cap, const log_rec *r) {
 
 /* The "<n> log lines dropped" line in a destination's form. */
 static size_t fmt_note(char *out, size_t cap, int json, unsigned long long n) {
-  char msg[64];
-  int ml = snprintf(msg, sizeof msg, "%llu log lines dropped", n);
-  log_rec r = {.lvl = LOG_LVL_WARN, .src = "log.c", .line = __LINE__, .msg = msg, .msglen = (size_t)ml};
+  char words[64];
+  int wl = snprintf(words, sizeof words, "%llu log lines dropped", n);
+  log_rec r = {.lvl = LOG_LVL_WARN, .src = "log.c", .line = __LINE__, .msg = words, .msglen = (size_t)wl};
   gettimeofday(&r.tv, NULL);
   if (!json) return fmt_text(out, cap, &r);
   char big[LOG_JSON_MAX];

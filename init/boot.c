@@ -150,6 +150,11 @@ void boot_early(boot_state *b, int argc, char **argv) {
     LOG_WARN("cannot read /proc/cmdline: %s", strerror(errno));
   }
   if (b->cmd.have_sandbox_id) snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", b->cmd.sandbox_id);
+  if (b->cmd.have_log_port && b->cmd.log_port) { /* api.md §9 "Operators": kept until vsock is up */
+    char spec[64];
+    snprintf(spec, sizeof spec, "vsock:%u:%u", b->cmd.have_log_cid ? b->cmd.log_cid : 2, b->cmd.log_port);
+    log_stream_set(spec);
+  }
   LOG_INFO("boot: sandbox_id=%s sharefs=%s layers=%s disk=%s", b->cmd.have_sandbox_id ? b->cmd.sandbox_id : "-",
            b->cmd.sharefs_virtiofs ? "virtiofs" : "none", b->cmd.have_layers ? "cmdline" : "pmem",
            b->cmd.have_disk ? b->cmd.disk : "/dev/vda");

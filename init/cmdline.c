@@ -128,6 +128,37 @@ int init_cmdline_word(init_cmdline *c, const char *w, size_t n) {
     c->have_modules = 1;
     return 1;
   }
+  if (has_prefix(w, n, "conch.console_level=", &pl)) {
+    if (c->have_console_level) return 0;
+    char v[8] = "";
+    if (n - pl < sizeof v) memcpy(v, w + pl, n - pl), v[n - pl] = 0;
+    int l = log_level_parse(v);
+    if (l < 0) {
+      LOG_WARN("ignoring conch.console_level: not debug, info, warn or error");
+      return 0;
+    }
+    c->console_level = l;
+    c->have_console_level = 1;
+    return 1;
+  }
+  int is_port = has_prefix(w, n, "conch.log_port=", &pl), is_cid = !is_port && has_prefix(w, n, "conch.log_cid=", &pl);
+  if (is_port || is_cid) {
+    if (is_port ? c->have_log_port : c->have_log_cid) return 0;
+    unsigned long long v = 0;
+    size_t vl = n - pl;
+    int bad = vl == 0 || vl > 10;
+    for (size_t i = 0; i < vl && !bad; i++) {
+      bad = w[pl + i] < '0' || w[pl + i] > '9';
+      v = v * 10 + (unsigned)(w[pl + i] - '0');
+    }
+    if (bad || v > 0xffffffffULL) {
+      LOG_WARN("ignoring conch.%s: not a number of 0 to 4294967295", is_port ? "log_port" : "log_cid");
+      return 0;
+    }
+    if (is_port) c->log_port = (unsigned)v, c->have_log_port = 1;
+    else c->log_cid = (unsigned)v, c->have_log_cid = 1;
+    return 1;
+  }
   if (has_prefix(w, n, "conch.disk=", &pl)) {
     if (c->have_disk) return 0;
     const char *v = w + pl;

@@ -27,6 +27,10 @@
  *                              reach it from outside the sandbox root)
  *   conch.modules=<name>[,<name>…]  kernel modules to load (boot.md §9),
  *                              before those of /etc/conch/modules
+ *   conch.console_level=debug|info|warn|error  the console's level once the
+ *                              sandbox is ready (default warn; api.md §9)
+ *   conch.log_port=<N>         stream the log to the host's vsock port N
+ *   conch.log_cid=<N>          ... of this CID instead of 2 (the host; tests)
  * An invalid value is logged and the key ignored (as if absent).
  */
 #ifndef CONCH_INIT_CMDLINE_H
@@ -51,6 +55,10 @@ typedef struct init_cmdline {
   char disk[INIT_CMDLINE_DEV_MAX]; /* "none" or a device path */
   int have_modules;
   char modules[1024]; /* [A-Za-z0-9_,-] */
+  int have_console_level;
+  int console_level; /* log_level */
+  int have_log_port, have_log_cid;
+  unsigned log_port, log_cid;
   int have_listen;
   size_t nlisten;
   char listen[INIT_CMDLINE_MAX_LISTEN][INIT_CMDLINE_LISTEN_MAX];

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/daemon.h"
+#include "core/log.h"
 #include "server/users.h"
 #include "init/initstr.h"
 #include "proto/json.h"
@@ -30,6 +31,7 @@ typedef struct decoded {
   const json_value *duser;            /* boot.md §13, raw likewise */
   const json_value *fwdlp;            /* boot.md §13 forwardLocalPorts: true, false or absent */
   const json_value *allow_up;         /* api.md §9 allowUpgrade, raw: a bad type is a terminal text */
+  const json_value *log_port, *con_lvl; /* api.md §9 "Operators", raw likewise */
 } decoded;
 
 #define FAIL(...)                                   \
@@ -124,7 +126,8 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   static const char *const top_keys[] = {"version", "sandboxID", "agentToken", "env",
                                          "network", "timestampMs", "entropy",
                                          "workloadMemoryMaxBytes", "workloadPidsMax",
-                                         "defaultUser", "forwardLocalPorts", "allowUpgrade"};
+                                         "defaultUser", "forwardLocalPorts", "allowUpgrade",
+                                         "logPort", "consoleLogLevel"};
   static const char *const net_keys[] = {"guestIP", "prefixLength", "gateway", "dns"};
   static const char *const dns_keys[] = {"nameservers", "domain", "search", "options"};
   memset(d, 0, sizeof *d);
@@ -148,6 +151,10 @@ static int decode(const json_value *root, decoded *d, char *err, size_t errlen) 
   if (d->fwdlp && d->fwdlp->type == JSON_NULL) d->fwdlp = NULL;
   d->allow_up = json_get(root, "allowUpgrade");
   if (d->allow_up && d->allow_up->type == JSON_NULL) d->allow_up = NULL;
+  d->log_port = json_get(root, "logPort");
+  if (d->log_port && d->log_port->type == JSON_NULL) d->log_port = NULL;
+  d->con_lvl = json_get(root, "consoleLogLevel");
+  if (d->con_lvl && d->con_lvl->type == JSON_NULL) d->con_lvl = NULL;
   if (d->fwdlp && d->fwdlp->type != JSON_TRUE && d->fwdlp->type != JSON_FALSE)
     FAIL("forwardLocalPorts: expected bool, got %s", json_type_name(d->fwdlp->type));
   if (d->wl_mem && d->wl_mem->type == JSON_NULL) d->wl_mem = NULL;
@@ -264,6 +271,15 @@ static int workload_uint(const json_value *v, uint64_t lo, uint64_t hi, uint64_t
   return 0;
 }
 
+/* consoleLogLevel's level, -1 when it names none. */
+static int console_level(const json_value *v) {
+  char s[8];
+  if (v->type != JSON_STRING || v->len >= sizeof s) return -1;
+  memcpy(s, v->str, v->len);
+  s[v->len] = 0;
+  return log_level_parse(s);
+}
+
 static uint64_t initmsg_mem_total;
 void initmsg_set_mem_total(uint64_t bytes) { initmsg_mem_total = bytes; }
 
@@ -349,6 +365,9 @@ static char *validate_text(const decoded *d, sv *sid, sv *tok, uint32_t *ip, uin
   }
   if (d->allow_up && d->allow_up->type != JSON_TRUE && d->allow_up->type != JSON_FALSE)
     return strdup("invalid allowUpgrade");
+  uint64_t port;
+  if (d->log_port && workload_uint(d->log_port, 0, 0xffffffffULL, &port) != 0) return strdup("invalid logPort");
+  if (d->con_lvl && console_level(d->con_lvl) < 0) return strdup("invalid consoleLogLevel");
   *invalid = 0;
   return NULL;
 }
@@ -417,6 +436,9 @@ static int build_plan(const decoded *d, sv sid, sv tok, uint32_t ip, uint32_t gw
   if (d->duser && !(p->default_user = dup_sv(item_sv(d->duser)))) return -1;
   p->forward_local_ports = d->fwdlp ? d->fwdlp->type == JSON_TRUE : -1;
   p->allow_upgrade = d->allow_up ? d->allow_up->type == JSON_TRUE : -1;
+  uint64_t port = 0;
+  p->log_port = d->log_port && workload_uint(d->log_port, 0, 0xffffffffULL, &port) == 0 ? (long long)port : -1;
+  p->console_level = d->con_lvl ? console_level(d->con_lvl) : -1;
   size_t ne = d->env ? d->env->n : 0;
   if (ne) {
     p->env_k = calloc(ne, sizeof *p->env_k);

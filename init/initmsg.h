@@ -18,7 +18,9 @@
  * (boot.md §12) follow them: "invalid workloadMemoryMaxBytes" (not a uint
  * of at least 16 MiB and at most MemTotal), "invalid workloadPidsMax"
  * (not a uint of at least 64).  Then defaultUser ("invalid defaultUser")
- * and allowUpgrade ("invalid allowUpgrade": anything but a bool or null).
+ * and allowUpgrade ("invalid allowUpgrade": anything but a bool or null),
+ * logPort ("invalid logPort": not a uint32) and consoleLogLevel ("invalid
+ * consoleLogLevel": not debug, info, warn or error), api.md §9 "Operators".
  */
 #ifndef CONCH_INIT_INITMSG_H
 #define CONCH_INIT_INITMSG_H
@@ -57,6 +59,8 @@ typedef struct initmsg_plan {
   char *default_user; /* boot.md §13, syntax checked (users.h); NULL = absent (keep) */
   int forward_local_ports; /* boot.md §13: 1, 0, or -1 absent (on with a network) */
   int allow_upgrade; /* api.md §9 "Upgrading the agent in place": 1, 0, or -1 absent (keep) */
+  long long log_port; /* api.md §9 "Operators": 0..UINT32_MAX (0 = none), -1 absent (keep) */
+  int console_level;  /* log_level, -1 absent (keep) */
 } initmsg_plan;
 
 /* MemTotal in bytes, the upper bound of workloadMemoryMaxBytes (0: none);

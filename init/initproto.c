@@ -267,7 +267,10 @@ static void wait_tick(uv_timer_t *t);
 /* Ready → answer ready; deadline passed → not_ready; else keep polling. */
 static void wait_decide(ip_conn *c, int file_exists) {
   if (ready_now(file_exists)) {
-    if (ips.state != INITPROTO_READY) LOG_INFO("sandbox ready");
+    if (ips.state != INITPROTO_READY) {
+      LOG_INFO("sandbox ready");
+      if (ips.opts.pid1_logs) log_set_console_level(ips.opts.console_level); /* the boot stayed fully logged */
+    }
     ips.state = INITPROTO_READY;
     uv_timer_stop(&c->timer);
     respond_simple(c, 1, 0, NULL);
@@ -376,6 +379,17 @@ static void work_done(void *data, int canceled) {
     snprintf(conch.default_user, sizeof conch.default_user, "%s", c->plan.default_user);
   if (c->plan.allow_upgrade >= 0) /* sticky likewise; serve --no-upgrade wins either way */
     conch.init_no_upgrade = !c->plan.allow_upgrade;
+  if (ips.opts.pid1_logs) { /* sticky likewise */
+    if (c->plan.console_level >= 0) {
+      ips.opts.console_level = c->plan.console_level;
+      if (ips.state == INITPROTO_READY) log_set_console_level(c->plan.console_level);
+    }
+    if (c->plan.log_port >= 0) {
+      char spec[64] = "";
+      if (c->plan.log_port > 0) snprintf(spec, sizeof spec, "vsock:%u:%lld", ips.opts.log_cid, c->plan.log_port);
+      log_stream_set(spec);
+    }
+  }
   int token_changed = apply_identity(&c->plan);
   if (token_changed < 0) {
     go_terminal(c, "invalid sandbox environment: out of memory");

@@ -31,6 +31,12 @@ typedef struct initproto_opts {
   int merge_missing;          /* boot step 10 failed: never ready */
   int services_required;      /* boot.md §6 */
   const char *services_ready_path; /* NULL → "/run/conch/services-ready" */
+  /* PID 1 (api.md §9 "Operators"): the console's level once the sandbox is
+   * ready (an init message's consoleLogLevel replaces it), and the host CID
+   * an init message's logPort streams the log to.  pid1_logs 0: neither. */
+  int pid1_logs;
+  int console_level;
+  unsigned log_cid;
   /* Boot step 13, once, after the first valid message was applied. */
   void (*on_first)(void *arg);
   void *arg;

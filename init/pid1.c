@@ -12,6 +12,8 @@
 #include "core/daemon.h"
 #include "core/log.h"
 #include "init/boot.h"
+#include "init/bootutil.h"
+#include "init/cmdline.h"
 #include "init/entrypoint.h"
 #include "init/initproto.h"
 #include "proc/reaper.h"
@@ -96,6 +98,9 @@ static void boot_finish(void) {
   initproto_opts o = {0};
   o.apply_network = 1;
   o.apply_restore = 1;
+  o.pid1_logs = 1;
+  o.console_level = b->cmd.have_console_level ? b->cmd.console_level : LOG_LVL_WARN;
+  o.log_cid = b->cmd.have_log_cid ? b->cmd.log_cid : 2;
   o.on_first = on_first_message;
   o.arg = b;
   initproto_configure(&o);
@@ -142,7 +147,28 @@ void init_pid1_prepare(void) {
   conch.loop = uv_default_loop();
 }
 
-int init_pid1_serve(void) {
+/* After an upgrade in place: the console's level and the host stream of
+ * the kernel command line again (an init message's logPort and
+ * consoleLogLevel are not part of the handed-over state). */
+static void pid1_logs_again(int argc, char **argv) {
+  init_cmdline c;
+  init_cmdline_reset(&c);
+  for (int i = 1; i < argc; i++) init_cmdline_word(&c, argv[i], strlen(argv[i]));
+  size_t n;
+  char *cl = boot_read_file("/proc/cmdline", &n);
+  if (cl) init_cmdline_parse(&c, cl, n);
+  free(cl);
+  if (initproto_get_state() == INITPROTO_READY)
+    log_set_console_level(c.have_console_level ? c.console_level : LOG_LVL_WARN);
+  if (c.have_log_port && c.log_port) {
+    char spec[64];
+    snprintf(spec, sizeof spec, "vsock:%u:%u", c.have_log_cid ? c.log_cid : 2, c.log_port);
+    log_stream_set(spec);
+  }
+}
+
+int init_pid1_serve(int argc, char **argv) {
+  pid1_logs_again(argc, argv);
   uv_signal_init(conch.loop, &p1.sigusr1); /* ref'd: keeps the loop alive forever */
   uv_signal_start(&p1.sigusr1, on_sigusr1, SIGUSR1);
   LOG_INFO("conch-init %s serving as PID 1 after an upgrade in place", CONCH_VERSION);

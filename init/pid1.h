@@ -15,7 +15,7 @@
 void init_pid1_prepare(void);
 /* After an upgrade in place (boot.md §13): the boot was done by the
  * first program; serve, reap and answer init messages forever. */
-int init_pid1_serve(void);
+int init_pid1_serve(int argc, char **argv);
 /* Never returns (the return type is for main()). */
 int init_pid1_main(int argc, char **argv);
 
