@@ -58,6 +58,8 @@ void net_owner_forget(net_scan *s, uint32_t inode);
 int net_steer_start(const struct sockaddr_storage *out);
 void net_steer_stop(void);
 int net_steer_on(void);
+/* Connections steered since start (/metrics). */
+uint64_t net_steer_count(void);
 /* Connections to <outward>:port go to the listener that pid holds as fd
  * (it must still be socket inode); 0 or -errno (then it is relayed). */
 int net_steer_set(uint16_t port, int family, int32_t pid, int32_t fd, uint32_t inode);

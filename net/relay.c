@@ -85,6 +85,7 @@ static list_node conns;   /* every relayed connection not closing */
 static list_node starved; /* newest first */
 static uv_timer_t retry_timer;
 static int retry_init;
+static uint64_t relayed; /* connections relayed since start (/metrics) */
 static int steer_state; /* 0 not tried for this address, 1 on, -1 off (unavailable or CONCH_FORWARD_STEER=0) */
 
 const char *net_fwd_addr(void) { return fwd_addr; }
@@ -299,7 +300,16 @@ static int relay_link(relay_conn *c) {
 }
 
 /* A new client socket a for forwarder f: connect to the loopback listener. */
+void net_forward_counts(unsigned *ports, uint64_t *nrelayed, uint64_t *nsteered) {
+  unsigned n = 0;
+  for (fwd *f = fwds; f; f = f->next) n += f->listening || f->steered;
+  *ports = n;
+  *nrelayed = relayed;
+  *nsteered = net_steer_count();
+}
+
 static void relay_start(fwd *f, int a) {
+  relayed++;
   relay_conn *c = nconns < NET_RELAY_MAX ? calloc(1, sizeof *c) : NULL;
   if (!c) { /* over the bound (or out of memory): closed at once */
     close(a);

@@ -31,6 +31,9 @@ void net_set_owner_lookup(net_owner_fn fn);
 int net_forward_set(const char *addr);
 /* The address forwarded to, or NULL when forwarding is off. */
 const char *net_forward_get(void);
+/* /metrics (api.md §9 "Operators"): ports forwarded now, connections
+ * relayed and steered (handed over by the kernel) since start. */
+void net_forward_counts(unsigned *ports, uint64_t *relayed, uint64_t *steered);
 
 /* Upgrade in place (agent/handover.h drives it, agent/main.c registers the
  * part): the forwarding address, every forwarder's listening socket and

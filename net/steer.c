@@ -44,17 +44,19 @@
 
 static struct {
   int map, prog, link; /* -1 when not made */
+  int count;           /* an array of one u64: connections assigned (-1 when not made) */
+  uint64_t counted;    /* what the counters of earlier programs had counted */
   int family;
-} S = {-1, -1, -1, 0};
+} S = {-1, -1, -1, -1, 0, 0};
 
 static int net_steer_make(const struct sockaddr_storage *out);
 
 static long net_bpf(int cmd, union bpf_attr *a) { return syscall(SYS_bpf, cmd, a, sizeof *a); }
 
 typedef struct {
-  struct bpf_insn v[48];
+  struct bpf_insn v[64];
   int n;
-  int to_pass[8]; /* jumps to the `pass` exit, patched at the end */
+  int to_pass[12]; /* jumps to the `pass` exit, patched at the end */
   int npass;
 } prog_buf;
 
@@ -104,8 +106,22 @@ static int net_steer_load(const struct sockaddr_storage *out) {
   emit(&p, BPF_ALU64 | BPF_MOV | BPF_X, BPF_REG_2, BPF_REG_7, 0, 0);
   emit(&p, BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_3, 0, 0, 0);
   emit(&p, BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_sk_assign);
+  emit(&p, BPF_ALU64 | BPF_MOV | BPF_X, BPF_REG_8, BPF_REG_0, 0, 0);
   emit(&p, BPF_ALU64 | BPF_MOV | BPF_X, BPF_REG_1, BPF_REG_7, 0, 0);
   emit(&p, BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_sk_release);
+  /* assigned: count[0] += 1 (atomic; /metrics reads it) */
+  p.to_pass[p.npass++] = p.n;
+  emit(&p, BPF_JMP | BPF_JNE | BPF_K, BPF_REG_8, 0, 0, 0);
+  emit(&p, BPF_ST | BPF_MEM | BPF_W, BPF_REG_10, 0, -8, 0);
+  emit(&p, BPF_LD | BPF_DW | BPF_IMM, BPF_REG_1, BPF_PSEUDO_MAP_FD, 0, S.count);
+  emit(&p, 0, 0, 0, 0, 0);
+  emit(&p, BPF_ALU64 | BPF_MOV | BPF_X, BPF_REG_2, BPF_REG_10, 0, 0);
+  emit(&p, BPF_ALU64 | BPF_ADD | BPF_K, BPF_REG_2, 0, 0, -8);
+  emit(&p, BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_map_lookup_elem);
+  p.to_pass[p.npass++] = p.n;
+  emit(&p, BPF_JMP | BPF_JEQ | BPF_K, BPF_REG_0, 0, 0, 0);
+  emit(&p, BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_1, 0, 0, 1);
+  emit(&p, BPF_STX | BPF_DW | BPF_ATOMIC, BPF_REG_0, BPF_REG_1, 0, BPF_ADD);
   int pass = p.n; /* an assign that failed passes too: the forwarder relays it */
   emit(&p, BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_0, 0, 0, SK_PASS);
   emit(&p, BPF_JMP | BPF_EXIT, 0, 0, 0, 0);
@@ -144,6 +160,13 @@ static int net_steer_make(const struct sockaddr_storage *out) {
   int err = 0;
   S.map = (int)net_bpf(BPF_MAP_CREATE, &a);
   if (S.map < 0) goto fail;
+  memset(&a, 0, sizeof a);
+  a.map_type = BPF_MAP_TYPE_ARRAY;
+  a.key_size = 4;
+  a.value_size = 8;
+  a.max_entries = 1;
+  S.count = (int)net_bpf(BPF_MAP_CREATE, &a);
+  if (S.count < 0) goto fail;
   S.prog = net_steer_load(out);
   if (S.prog < 0) goto fail;
   int ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
@@ -165,8 +188,24 @@ fail:
   return -err;
 }
 
+/* Connections the program assigned, this one and the earlier ones. */
+uint64_t net_steer_count(void) {
+  uint64_t v = 0;
+  if (S.count >= 0) {
+    uint32_t key = 0;
+    union bpf_attr a;
+    memset(&a, 0, sizeof a);
+    a.map_fd = (uint32_t)S.count;
+    a.key = (uintptr_t)&key;
+    a.value = (uintptr_t)&v;
+    if (net_bpf(BPF_MAP_LOOKUP_ELEM, &a) != 0) v = 0;
+  }
+  return S.counted + v;
+}
+
 void net_steer_stop(void) {
-  int *fds[] = {&S.link, &S.prog, &S.map};
+  S.counted = net_steer_count();
+  int *fds[] = {&S.link, &S.prog, &S.map, &S.count};
   for (size_t i = 0; i < sizeof fds / sizeof *fds; i++) {
     if (*fds[i] >= 0) close(*fds[i]);
     *fds[i] = -1;

@@ -132,6 +132,12 @@ static ssize_t cg_read_file(int dirfd, const char *file, char *b, size_t n) {
   return k;
 }
 
+uint64_t proc_cg_workload_memory_current(void) {
+  char b[64];
+  if (!proc_cg_envelope() || cg_read_file(cg_state->base_fd, "memory.current", b, sizeof b) < 0) return 0;
+  return strtoull(b, NULL, 10);
+}
+
 /* "key value" lines (cpu.stat, memory.events, meminfo): the value of key. */
 static int cg_key_u64(const char *text, const char *key, uint64_t *v) {
   size_t kl = strlen(key);

@@ -60,6 +60,9 @@ uint64_t proc_cg_mem_total(void);
 /* The workload's memory.max and pids.max as applied (0: no envelope). */
 uint64_t proc_cg_workload_memory_max(void);
 uint64_t proc_cg_workload_pids_max(void);
+/* The workload's memory.current, bytes (0: no envelope); thread pool (a
+ * read of the cgroup's file). */
+uint64_t proc_cg_workload_memory_current(void);
 /* Thread pool (the write may reclaim): the init message's workload keys
  * (boot.md §12; 0 = keep); 0 or -errno. */
 int proc_cg_workload_set(uint64_t memory_max, uint64_t pids_max);

@@ -212,6 +212,7 @@ struct proc_table {
   size_t nrecords;          /* every live record */
   size_t nretained;         /* ended background records still in the table */
   size_t ring_mem;          /* what the output rings of all records take (ring.h) */
+  uint64_t started;         /* processes started since this program started (/metrics) */
   uint64_t keepalive_ms;
   uint64_t retain_ms;
   /* the record's input (input.c, above process.c, which calls it only

@@ -648,6 +648,7 @@ int proc_launch_finish(struct proc *p, char *err, size_t errn) {
   }
   p->pid = r.pid;
   p->state = PROC_RUNNING;
+  p->t->started++;
   p->started_at = time(NULL);
   if (p->has_pty) {
     p->nout = 1;

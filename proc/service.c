@@ -813,3 +813,14 @@ int proc_init(uv_loop_t *loop) {
   }
   return 0;
 }
+
+uint64_t proc_started_total(void) { return proc_tab ? proc_tab->started : 0; }
+
+/* Counted when asked (a scrape), not at each start and exit. */
+unsigned proc_running(void) {
+  unsigned n = 0;
+  struct proc *p;
+  if (proc_tab)
+    list_each(p, &proc_tab->all, alink) n += p->state == PROC_RUNNING;
+  return n;
+}

@@ -49,6 +49,11 @@ const rpc_method *proc_service_methods(size_t *n);
  * the loop turn ends) and start pid, else 0.  Loop only; net/'s owner hook. */
 int proc_owner_lookup(const char *cgroup, int32_t pgid, const char **tag, int32_t *command_pid);
 
+/* /metrics (api.md §9 "Operators"): processes started since this program
+ * started, and those whose leader runs now.  Loop only. */
+uint64_t proc_started_total(void);
+unsigned proc_running(void);
+
 /* Upgrade in place (proc/handover.c; agent/handover.h drives it).
  * busy: a start, pool job or accounting read is in flight (wait).
  * save: the cgroups and every record into st (strings and bytes point

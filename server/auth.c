@@ -2,6 +2,7 @@
 #include "server/auth.h"
 
 #include <string.h>
+#include <strings.h>
 
 #include "core/daemon.h"
 
@@ -44,5 +45,25 @@ rpc_code auth_check_hx(const hx *x, const char **msg) {
     *msg = "agent token is invalid";
     return RPC_UNAUTHENTICATED;
   }
+  return auth_check(v, msg);
+}
+
+rpc_code auth_check_hx_bearer(const hx *x, const char **msg) {
+  static const char name[] = "authorization";
+  const char *v = NULL;
+  size_t seen = 0;
+  for (size_t i = 0; i < x->nhdr; i++)
+    if (x->hdr[i].nlen == sizeof name - 1 && memcmp(x->hdr[i].name, name, sizeof name - 1) == 0) {
+      v = x->hdr[i].value;
+      seen++;
+    }
+  if (!v || hx_get(x, "conch-init-token")) return auth_check_hx(x, msg);
+  if (seen > 1 && conch.token_set) {
+    *msg = "agent token is invalid";
+    return RPC_UNAUTHENTICATED;
+  }
+  if (strncasecmp(v, "bearer ", 7) != 0) return auth_check(NULL, msg);
+  v += 7;
+  while (*v == ' ') v++;
   return auth_check(v, msg);
 }

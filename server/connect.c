@@ -4,6 +4,7 @@
 #include "server/connect.h"
 
 #include "server/connect_int.h"
+#include "server/rpcstats.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -153,7 +154,14 @@ static void gz_unary(rpc_call *c);
 /* The end: answered now (→ ENDED), or, with deflates ahead of it, kept
  * until they have left (→ FLUSHING).  With no exchange left there is
  * nobody to answer: ENDED. */
+/* The call's end for /metrics, once. */
+static void call_count(rpc_call *c, rpc_code code) {
+  if (c->t_start) rpcstats_end(c->m, code, uv_hrtime() - c->t_start);
+  c->t_start = 0;
+}
+
 static void call_end(rpc_call *c, rpc_code code, const char *msg) {
+  call_count(c, code);
   if (c->x && c->w == W_CONNECT_UNARY && code == RPC_OK) gz_unary(c);
   if (c->x && gzq_busy(&c->gzq)) {
     connect__step(c, CALL_EV_FLUSH);
@@ -440,6 +448,7 @@ const char *rpc_protocol_name(const rpc_call *c) {
 static void on_abort(hx *x) {
   rpc_call *c = x->hdata;
   c->x = NULL;
+  call_count(c, RPC_CANCELED);
   switch (c->state) {
     case CALL_READING:
       uv_timer_stop(&c->deadline);
@@ -618,6 +627,7 @@ void connect_serve(hx *x, const rpc_method *m) {
   }
   c->x = x;
   c->m = m;
+  c->t_start = uv_hrtime();
   c->w = w;
   c->json = json;
   c->state = CALL_READING;

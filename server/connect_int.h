@@ -31,6 +31,7 @@ struct rpc_call {
   call_state state; /* changed only by call_step */
   hx *x;            /* the exchange; NULL once the answer is written or the peer is gone */
   const rpc_method *m;
+  uint64_t t_start; /* uv_hrtime() at arrival; 0 once counted (rpcstats.h) */
   wire w;
   int json;
   int gzip_in;
