@@ -8,6 +8,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -190,3 +192,122 @@ def test_log_stream_bad_spec():
     r = subprocess.run([BIN, "serve", "--log-stream", "tcp:nohost"], capture_output=True, timeout=20)
     assert r.returncode == 2
     assert b"--log-stream needs vsock:CID:PORT, unix:PATH or tcp:IP:PORT" in r.stderr
+
+
+def metrics_text(srv, headers):
+    req = urllib.request.Request(srv.url + "/metrics", headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.headers.get("Content-Type"), r.read().decode()
+
+
+def sample(text, name):
+    """The value of an unlabelled sample, or of the first with these labels."""
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in the exposition")
+
+
+def test_metrics_prometheus_text_and_promtool():
+    """Accept: text/plain or ?format=prometheus → text format 0.0.4 that
+    promtool finds clean; JSON stays the default; the token also as
+    Authorization: Bearer."""
+    a = Agent()
+    try:
+        for i in range(5):
+            ev, tr = run(a.client, {"cmd": "true"})
+            check_ok(ev, tr)
+        st, body, _ = a.client.unary("/pb.ProcessService/List", {})
+        assert st == 200
+        ctype, text = metrics_text(a, {"Authorization": f"Bearer {a.token}", "Accept": "text/plain"})
+        assert ctype == "text/plain; version=0.0.4; charset=utf-8"
+        _, text2 = metrics_text(a, {"conch-init-token": a.token})
+        assert json.loads(text2)["version"]  # JSON stays the default
+        req = urllib.request.Request(a.url + "/metrics?format=prometheus", headers={"conch-init-token": a.token})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.read().decode().startswith("# HELP ")
+        for bad in ({"Authorization": "Bearer nope"}, {"Authorization": f"Basic {a.token}"}, {}):
+            try:
+                metrics_text(a, bad)
+                raise AssertionError("accepted without the token")
+            except urllib.error.HTTPError as e:
+                assert e.code == 401
+        chk = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
+        assert chk.returncode == 0 and chk.stdout == b"" and chk.stderr == b"", (chk.stdout, chk.stderr, text)
+        assert sample(text, "conch_processes_started_total") == 5
+        assert sample(text, "conch_processes_running") == 0
+        assert 'conch_rpc_requests_total{service="pb.ProcessService",method="StartProcess",code="ok"} 5' in text
+        assert 'conch_rpc_requests_total{service="pb.ProcessService",method="List",code="ok"} 1' in text
+        assert 'conch_rpc_duration_seconds_count{service="pb.ProcessService",method="List"} 1' in text
+        assert 'conch_rpc_duration_seconds_bucket{service="pb.ProcessService",method="List",le="+Inf"} 1' in text
+        for name in ("conch_process_oom_kills_total", "conch_upgrades_total", "conch_connections_open",
+                     "conch_connections_refused_total", "conch_memory_budget_held_bytes", "conch_forwarded_ports",
+                     "conch_workload_memory_bytes", "process_resident_memory_bytes", "process_open_fds",
+                     "process_cpu_seconds_total", "process_start_time_seconds"):
+            sample(text, name)
+        assert sample(text, "conch_connections_open") >= 1
+        assert sample(text, "process_resident_memory_bytes") > 1e6
+        assert abs(sample(text, "process_start_time_seconds") - time.time()) < 600
+        for dest in ("console", "file", "stream"):
+            assert f'conch_log_lines_dropped_total{{dest="{dest}"}} 0' in text
+        for mode in ("steered", "relayed"):
+            assert f'conch_forwarded_connections_total{{mode="{mode}"}} 0' in text
+        assert 'conch_build_info{version="' in text
+    finally:
+        a.stop()
+
+
+def test_prometheus_scrapes_the_agent():
+    """Debian's Prometheus scrapes /metrics with `authorization: {type:
+    Bearer}`; its query API answers conch_processes_started_total after a
+    known number of commands."""
+    a = Agent()
+    d = tempfile.mkdtemp(prefix="conch-prom-")
+    tokfile = os.path.join(d, "token")
+    with open(tokfile, "w") as f:
+        f.write(a.token)
+    cfg = os.path.join(d, "prometheus.yml")
+    with open(cfg, "w") as f:
+        f.write(f"""global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: conch
+    authorization:
+      type: Bearer
+      credentials_file: {tokfile}
+    static_configs:
+      - targets: ['127.0.0.1:{a.port}']
+""")
+    pport = free_port()
+    plog = open(os.path.join(LOGDIR, f"prometheus-{pport}.log"), "wb")
+    prom = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={d}/data",
+                             f"--web.listen-address=127.0.0.1:{pport}"], stdout=plog, stderr=subprocess.STDOUT)
+    try:
+        for i in range(7):
+            ev, tr = run(a.client, {"cmd": "true"})
+            check_ok(ev, tr)
+        q = urllib.parse.urlencode({"query": "conch_processes_started_total"})
+        deadline, got = time.time() + 90, None
+        while time.time() < deadline:
+            assert prom.poll() is None, open(plog.name).read()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{pport}/api/v1/query?{q}", timeout=5) as r:
+                    res = json.load(r)["data"]["result"]
+                if res:
+                    got = res[0]
+                    if got["value"][1] == "7":
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert got is not None and got["value"][1] == "7", got
+        assert got["metric"]["job"] == "conch" and got["metric"]["instance"] == f"127.0.0.1:{a.port}"
+        q = urllib.parse.urlencode({"query": 'up{job="conch"}'})
+        with urllib.request.urlopen(f"http://127.0.0.1:{pport}/api/v1/query?{q}", timeout=5) as r:
+            assert json.load(r)["data"]["result"][0]["value"][1] == "1"
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        plog.close()
+        a.stop()
