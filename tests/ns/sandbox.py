@@ -225,6 +225,14 @@ class Sandbox:
         except OSError:
             return ""
 
+    def logged(self):
+        """The log file: every line from boot step 11 on (the console gets
+        warn and above only once the sandbox is ready)."""
+        try:
+            return open(self.in_root("/var/log/conch-init/conch-init.log"), errors="replace").read()
+        except OSError:
+            return ""
+
     def in_root(self, path):
         return f"/proc/{self.pid1}/root{path}"
 

@@ -104,11 +104,11 @@ def test_entrypoint_env_and_services_ready(sb):
                    and open(sb.in_root("/tmp/entrypoint.out")).read())
     assert out == ("CONCH_SANDBOX_ID=ns-sb-1\nHOME=/root\nPATH=/usr/local/bin:/usr/bin:/bin:/sbin:/usr/sbin\n"
                    "FOO=bar\nARGS=0\nPWD=/\n"), out
-    log = sb.console()
+    log = sb.logged()
     # services were required (entrypoint + envd feature): ready only after SIGUSR1
     assert "services_required=1" in log
     assert log.index("rootfs services reported ready (SIGUSR1)") < log.index("sandbox ready")
-    assert "rootfs entrypoint exited" in log
+    assert wait_for(lambda: "rootfs entrypoint exited" in sb.logged())
 
 
 def test_health_over_veth(sb):
@@ -120,6 +120,28 @@ def test_fileservice_call(sb):
     assert code == 200, body
     names = [e.get("name") for e in json.loads(body).get("entries", [])]
     assert "entrypoint" in names and "features" in names, body
+
+
+def test_log_file_is_the_agents_and_console_quiet_after_ready(sb):
+    """The log file is 0600 root in a 0700 directory (it names other users'
+    commands); once ready the console gets warn and above only, the file
+    keeps info."""
+    run_in_sandbox(sb, "echo marker-for-the-log")
+    d, f = sb.in_root("/var/log/conch-init"), sb.in_root("/var/log/conch-init/conch-init.log")
+    assert os.stat(d).st_mode & 0o7777 == 0o700 and os.stat(d).st_uid == 0
+    assert os.stat(f).st_mode & 0o7777 == 0o600 and os.stat(f).st_uid == 0
+    con = sb.console()
+    after = con[con.index("sandbox ready"):].splitlines()[1:]
+    assert not [l for l in after if "[INFO]" in l or "[DEBUG]" in l], after[:20]
+    assert "[INFO] boot.c:" in con  # the boot stayed fully logged
+    assert wait_for(lambda: "cmd=/bin/sh" in sb.logged()), sb.logged()[-2000:]
+    # the init key consoleLogLevel: info again on the console
+    req = sb.request()
+    req["consoleLogLevel"] = "info"
+    resp, _ = sb.init_until_ready(req)
+    assert resp == '{"version":1,"status":"ready","retryable":false}', resp
+    run_in_sandbox(sb, "true")
+    assert wait_for(lambda: "process started" in sb.console()), sb.console()[-2000:]
 
 
 def run_in_sandbox(sb, script):
@@ -196,7 +218,7 @@ def test_ready_state_replaces_token(sb):
     sb.token = "tok-2"
     code, body = sb.unary("/pb.FileService/ListFiles", {"path": "/"}, "tok-2")
     assert code == 200, body
-    assert "[ns-sb-2]" in sb.console().splitlines()[-1] or "ns-sb-2" in sb.console()
+    assert "[ns-sb-2]" in sb.logged()
     assert run_in_sandbox(sb, 'echo "$FOO"') == "baz\n"
 
 
@@ -306,7 +328,7 @@ def test_upgrade_in_place_as_pid1(sb):
     fg_ev = fg["ev"]
     assert "start" in fg_ev[0][1] and end(fg_ev) is None, fg_ev[-2:]  # cut without an end
     fg_pid = fg_ev[0][1]["start"]["pid"]
-    assert wait_for(lambda: "serving as PID 1 after an upgrade in place" in sb.console(), 30), sb.console()[-3000:]
+    assert wait_for(lambda: "serving as PID 1 after an upgrade in place" in sb.logged(), 30), sb.logged()[-3000:]
     assert wait_for(lambda: sb.health().endswith("200"), 30)
     r = sb.peer("curl", "-s", "-m", "10", "-H", f"conch-init-token: {sb.token}", sb.url("/metrics"))
     m = json.loads(r.stdout)
