@@ -179,13 +179,14 @@ typedef struct prom {
   int full;
 } prom;
 
-static void pr(prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void pr(prom *p, const char *fmt, ...) {
+/* (its format is "form": exposition lines, not messages for the API doc) */
+static void pr(prom *p, const char *form, ...) __attribute__((format(printf, 2, 3)));
+static void pr(prom *p, const char *form, ...) {
   if (p->full) return;
   for (;;) {
     va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(p->b + p->n, p->cap - p->n, fmt, ap);
+    va_start(ap, form);
+    int k = vsnprintf(p->b + p->n, p->cap - p->n, form, ap);
     va_end(ap);
     if (k < 0) return;
     if ((size_t)k < p->cap - p->n) {
