@@ -116,8 +116,16 @@ def overlay_initrd(workdir, arch="x86_64"):
 
 class VM:
     def __init__(self, layout="pmem", workdir=None, name="vm", mem="512M", sandbox_id="vm-test", smp=1,
-                 init_env=None, arch="x86_64", fwd_ports=()):
+                 init_env=None, arch="x86_64", fwd_ports=(), console_level="info", cmdline=(), console_sock=False):
         self.layout, self.name, self.mem, self.sandbox_id, self.smp = layout, name, mem, sandbox_id, smp
+        # conch.* words for PID 1: the console keeps info lines after ready
+        # (the suite reads them there) unless console_level is None
+        self.conch_words = " ".join(([f"conch.console_level={console_level}"] if console_level else []) + list(cmdline))
+        # console_sock: the serial console on a unix socket this object reads
+        # (pause_console() stops reading it: a console nobody drains)
+        self.console_sock = None
+        self._con_thread = None
+        self._con_paused = None
         self.arch = arch
         assert arch == "x86_64" or layout == "blk", "arm64 guests: blk layout only"
         # KEY=VALUE words the kernel hands to PID 1 as its environment
@@ -128,6 +136,8 @@ class VM:
         # guest port → a host port on 127.0.0.1 forwarded to the guest IP (x86-64)
         self.fwd = {p: free_port() for p in fwd_ports}
         self.console = os.path.join(self.workdir, f"{name}-console.log")
+        if console_sock:
+            self.console_sock = os.path.join(self.workdir, f"{name}-console.sock")
         self.bridge_path = os.path.join(self.workdir, f"{name}-bridge.sock")
         self.qmp_path = os.path.join(self.workdir, f"{name}-qmp.sock")
         self.proc = None
@@ -147,7 +157,7 @@ class VM:
         a = [QEMU, "-machine", "q35", "-accel", accel(), "-m", f"{self.mem},slots=4,maxmem=4G",
              "-smp", str(self.smp), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
              "-kernel", img("vmlinuz"), "-initrd", overlay_initrd(self.workdir),
-             "-serial", "file:" + self.console,
+             "-serial", (f"unix:{self.console_sock},server=on,wait=on" if self.console_sock else "file:" + self.console),
              "-serial", f"unix:{self.bridge_path},server=on,wait=off",
              "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
              "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-{GUEST_IP}:4064" +
@@ -160,14 +170,14 @@ class VM:
                 a += ["-object", f"memory-backend-file,id=pm{i},share=off,mem-path={img(n)},"
                                  f"size={os.path.getsize(img(n))}",
                       "-device", f"virtio-pmem-pci,memdev=pm{i},id=pmem{i}"]
-            append = f"console=ttyS0 panic=-1 {self.init_env} -- conch.sandbox_id={self.sandbox_id}"
+            append = f"console=ttyS0 panic=-1 {self.init_env} -- conch.sandbox_id={self.sandbox_id} {self.conch_words}"
         else:
             a += ["-drive", f"file={self.disk},if=none,id=d0,format=raw", "-device", "virtio-blk-pci,drive=d0"]
             for i, n in enumerate(["top.erofs", "rootfs.erofs"]):
                 a += ["-drive", f"file={img(n)},if=none,id=l{i},format=raw,readonly=on",
                       "-device", f"virtio-blk-pci,drive=l{i}"]
             append = (f"console=ttyS0 panic=-1 {self.init_env} conch.sandbox_id={self.sandbox_id} "
-                      f"conch.layers=/dev/vdb,/dev/vdc")
+                      f"conch.layers=/dev/vdb,/dev/vdc {self.conch_words}")
         a += ["-append", append]
         if incoming:
             a += ["-incoming", f"exec:cat {incoming}"]
@@ -190,17 +200,19 @@ class VM:
             a += ["-drive", f"file={img(n)},if=none,id=l{i},format=raw,readonly=on",
                   "-device", f"virtio-blk-pci,drive=l{i}"]
         a += ["-append", f"console=ttyAMA0 panic=-1 {self.init_env} conch.sandbox_id={self.sandbox_id} "
-                         f"conch.layers=/dev/vdb,/dev/vdc"]
+                         f"conch.layers=/dev/vdb,/dev/vdc {self.conch_words}"]
         return a
 
     def start(self, incoming=None):
-        for p in (self.console, self.bridge_path, self.qmp_path):
-            if os.path.exists(p):
+        for p in (self.console, self.bridge_path, self.qmp_path, self.console_sock):
+            if p and os.path.exists(p):
                 os.unlink(p)
         self.t_start = time.time()
         self.qemu_log = os.path.join(self.workdir, f"{self.name}-qemu.log")
         self.proc = subprocess.Popen(self.args(incoming), stdin=subprocess.DEVNULL,
                                      stdout=open(self.qemu_log, "wb"), stderr=subprocess.STDOUT)
+        if self.console_sock:
+            self._console_reader()
         deadline = time.time() + 30
         while not (os.path.exists(self.bridge_path) and os.path.exists(self.qmp_path)):
             if self.proc.poll() is not None:
@@ -211,6 +223,44 @@ class VM:
         return self
 
     # ------------------------------------------------------------ console
+    def _console_reader(self):
+        """Connect to the console socket (qemu waits for it) and copy what
+        comes to self.console, except while paused."""
+        import threading
+        deadline = time.time() + 30
+        while not os.path.exists(self.console_sock):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("qemu did not create its console socket")
+            time.sleep(0.05)
+        s = socket.socket(socket.AF_UNIX)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(self.console_sock)
+        self._con_paused = threading.Event()
+
+        def loop():
+            with open(self.console, "ab") as f:
+                while True:
+                    if self._con_paused.is_set():
+                        time.sleep(0.05)
+                        continue
+                    try:
+                        b = s.recv(65536)
+                    except OSError:
+                        return
+                    if not b:
+                        return
+                    f.write(b)
+                    f.flush()
+        self._con_sock = s
+        self._con_thread = threading.Thread(target=loop, daemon=True)
+        self._con_thread.start()
+
+    def pause_console(self, paused=True):
+        if paused:
+            self._con_paused.set()
+        else:
+            self._con_paused.clear()
+
     def log(self):
         try:
             return open(self.console, "rb").read().decode(errors="replace")
@@ -345,3 +395,7 @@ class VM:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self._con_thread:
+            self._con_paused.clear()
+            self._con_sock.close()
+            self._con_thread.join(timeout=10)
