@@ -383,6 +383,11 @@ def test_localhost_server_reached_through_the_guest_ip(tmp_path_factory):
                         in v.log(), 30, 0.5), v.log()[-3000:]
         ends = urllib.request.urlopen(f"http://127.0.0.1:{v.fwd[8767]}/", timeout=30).read().decode()
         assert ends == f"10.0.2.2 {vmmod.GUEST_IP}:8767", ends
+        # counted where the kernel handed it over (the steering program's counter)
+        req = urllib.request.Request(v.url + "/metrics?format=prometheus", headers={"Authorization": f"Bearer {v.token}"})
+        prom = urllib.request.urlopen(req, timeout=30).read().decode()
+        assert re.search(r'^conch_forwarded_connections_total\{mode="steered"\} [1-9]', prom, re.M), prom
+        assert re.search(r'^conch_forwarded_ports [1-9]', prom, re.M), prom
 
         assert v.init_message(v.token, forwardLocalPorts=False)["status"] == "ready"
         assert wait_for(lambda: listed() and not listed()[0].get("forwardedTo"), 30, 0.5), listed()
