@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "init/bootutil.h"
+#include "core/log.h"
 #include "init/cmdline.h"
 #include "init/layers.h"
 #include "init/network.h"
@@ -38,6 +39,14 @@ TEST(cmdline_keys_and_precedence) {
   ASSERT_EQ(c.nlisten, 2);
   ASSERT_STR_EQ(c.listen[1], "unix:/run/init.sock");
   ASSERT(!c.have_modules);
+  /* api.md §9 "Operators": the console's level, the host stream's port and CID */
+  ASSERT(!c.have_console_level && !c.have_log_port && !c.have_log_cid);
+  const char *o = "conch.console_level=loud conch.console_level=error conch.log_port=x conch.log_port=4294967295 "
+                  "conch.log_cid=4294967296 conch.log_cid=1 conch.log_port=9";
+  init_cmdline_parse(&c, o, strlen(o));
+  ASSERT(c.have_console_level && c.console_level == LOG_LVL_ERROR);
+  ASSERT(c.have_log_port && c.log_port == 4294967295u);
+  ASSERT(c.have_log_cid && c.log_cid == 1);
   /* conch.modules (boot.md §9): names only; an invalid list is ignored */
   const char *m = "conch.modules=virtio_pci,vsock-loopback conch.modules=erofs";
   init_cmdline_parse(&c, m, strlen(m));

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "core/daemon.h"
+#include "core/log.h"
 #include "init/initmsg.h"
 #include "init/initstr.h"
 #include "test.h"
@@ -385,6 +386,33 @@ TEST(allow_upgrade_key) { /* api.md §9 "Upgrading the agent in place" */
   expect_text("{" HEAD "," NET ",\"allowUpgrade\":1,\"defaultUser\":\"\"}", "invalid defaultUser");
 }
 
+TEST(log_keys) { /* api.md §9 "Operators" */
+  initmsg_plan p;
+  expect_ok("{" HEAD "," NET "}", &p);
+  ASSERT_EQ(p.log_port, -1); /* absent: keep */
+  ASSERT_EQ(p.console_level, -1);
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"logPort\":4294967295,\"consoleLogLevel\":\"error\"}", &p);
+  ASSERT_EQ(p.log_port, 4294967295LL);
+  ASSERT_EQ(p.console_level, LOG_LVL_ERROR);
+  initmsg_plan_free(&p);
+  expect_ok("{" HEAD "," NET ",\"logPort\":0,\"consoleLogLevel\":null}", &p);
+  ASSERT_EQ(p.log_port, 0);
+  ASSERT_EQ(p.console_level, -1);
+  initmsg_plan_free(&p);
+  static const char *const bad_port[] = {"-1", "4294967296", "1.5", "\"7\"", "true"};
+  static const char *const bad_lvl[] = {"\"WARN\"", "\"\"", "\"warning\"", "2", "[]"};
+  char msg[512];
+  for (size_t i = 0; i < 5; i++) {
+    snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"logPort\":%s}", bad_port[i]);
+    expect_text(msg, "invalid logPort");
+    snprintf(msg, sizeof msg, "{" HEAD "," NET ",\"consoleLogLevel\":%s}", bad_lvl[i]);
+    expect_text(msg, "invalid consoleLogLevel");
+  }
+  /* order: after allowUpgrade */
+  expect_text("{" HEAD "," NET ",\"logPort\":-1,\"allowUpgrade\":1}", "invalid allowUpgrade");
+}
+
 TEST(clock_step_rule) {
   const int64_t h = 1764590000000LL;
   ASSERT_EQ(initmsg_clock_needs_step(h, h), 0);
@@ -412,6 +440,7 @@ int main(void) {
   RUN(restore_keys_invalid_texts);
   RUN(workload_keys);
   RUN(allow_upgrade_key);
+  RUN(log_keys);
   RUN(clock_step_rule);
   return test_summary();
 }
