@@ -485,9 +485,11 @@ def test_steered_ports_across_upgrades():
             lis.close()
         assert ham.seen["refused"] == 0 and ham.seen["ok"] > 20 and not ham.seen["other"], ham.seen
         conv.close()
-        # the BPF objects of the programs before closed at their exec: one of each
+        # the BPF objects of the programs before closed at their exec: one set
+        # (the socket map and the counter of steered connections)
         bpf = [f for f in open_fds(s.proc.pid) if f.startswith("anon_inode:bpf")]
-        assert sorted(bpf) == ["anon_inode:bpf-map", "anon_inode:bpf-prog", "anon_inode:bpf_link"], bpf
+        assert sorted(bpf) == ["anon_inode:bpf-map", "anon_inode:bpf-map", "anon_inode:bpf-prog",
+                               "anon_inode:bpf_link"], bpf
 
 
 def _forwarded_across_upgrades(s):
