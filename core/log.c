@@ -109,8 +109,12 @@ static void log_init_once(void) {
 static void log_lock(void) { log_init_once(); uv_mutex_lock(&lg.mu); }
 static void log_unlock(void) { uv_mutex_unlock(&lg.mu); }
 
-void log_set_console_level(int lvl) { lg.con_level = lvl; }
-void log_set_console_json(int on) { lg.con_json = on; }
+void log_set_console_level(int lvl) { __atomic_store_n(&lg.con_level, lvl, __ATOMIC_RELAXED); }
+void log_set_console_json(int on) {
+  log_lock();
+  lg.con_json = on;
+  log_unlock();
+}
 void log_set_json_escaper(size_t (*esc)(char *, const char *, size_t)) { lg.esc = esc; }
 
 const char *log_dest_name(log_dest d) {
@@ -742,7 +746,8 @@ static void log_kick(void) {
 }
 
 void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_list ap) {
-  int con_min = lg.con_level >= 0 ? lg.con_level : conch.log_level;
+  int cl = __atomic_load_n(&lg.con_level, __ATOMIC_RELAXED);
+  int con_min = cl >= 0 ? cl : conch.log_level;
   int to_con = (int)lvl >= con_min, to_rest = (int)lvl >= conch.log_level;
   if (!to_con && !to_rest) return;
   char msg[LOG_LINE_MAX];
