@@ -125,7 +125,7 @@ build/$(1)/gen/proto/reflection.pb-c.c build/$(1)/gen/proto/reflection.pb-c.h: p
 	@mkdir -p build/$(1)/gen
 	$(PROTOC_C) --c_out=build/$(1)/gen -I. proto/reflection.proto
 
-# the state an upgrade in place carries (agent/handover.h); never on the wire
+# the state an upgrade in place carries (core/handover.h, agent/parts.c); never on the wire
 build/$(1)/gen/proto/handover.pb-c.c build/$(1)/gen/proto/handover.pb-c.h: proto/handover.proto | $(DEPS_STAMP)
 	@mkdir -p build/$(1)/gen
 	$(PROTOC_C) --c_out=build/$(1)/gen -I. proto/handover.proto

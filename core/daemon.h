@@ -46,7 +46,7 @@ typedef struct conch_daemon {
    * checks (a second one is refused) */
   int no_upgrade, init_no_upgrade;
   int upgrade_trying;
-  /* upgrades in place since boot (agent/handover.c; /metrics "upgrades") */
+  /* upgrades in place since boot (core/handover.c; /metrics "upgrades") */
   unsigned long long upgrades;
 
   /* sandbox environment: "K=V" strings, malloc'd, in insertion order */
