@@ -70,6 +70,12 @@ static struct {
   ProtobufCMessage *loaded;
 } H = {.prog_fd = -1, .state_fd = -1};
 
+#ifdef NDEBUG
+const int handover_asserts = 0;
+#else
+const int handover_asserts = 1;
+#endif
+
 static void hs_step(handover_state from, handover_state to) {
   if (H.state != from) {
     LOG_ERROR("handover: transition %s -> %s from state %s refused", hs_names[from], hs_names[to],

@@ -87,6 +87,9 @@ int handover_can_read(unsigned n);
 int handover_begin(int prog_fd, const char *to_version);
 /* 1 while a handover is under way (new Upgrade calls are refused). */
 int handover_busy(void);
+/* 1 when this build asserts on an illegal step of the lifecycle (no
+ * NDEBUG); a release build logs it and stays where it was. */
+extern const int handover_asserts;
 
 /* The new program: the state's descriptor from `--handover N` or
  * `--handover-rollback N` (*rollback = 1), or -1 when there is none. */

@@ -140,15 +140,16 @@ static int early_part_fails(void) {
 
 TEST(a_part_that_fails_early_fails_the_load) { ASSERT_EQ(in_child(early_part_fails, 0), 0); }
 
-/* The lifecycle's steps assert: a second load finds the state RESTORING. */
+/* The lifecycle's steps assert: a second load finds the state RESTORING
+ * (a release build, NDEBUG, logs and stays there). */
 static int load_twice(void) {
   char err[256] = "";
   handover_load(state_fd(1002, 0), 1, err, sizeof err);
   handover_load(state_fd(2, 0), 1, err, sizeof err);
-  return 0;
+  return handover_busy() ? 0 : 1;
 }
 
-TEST(an_illegal_step_asserts) { ASSERT_EQ(in_child(load_twice, 1), 128 + SIGABRT); }
+TEST(an_illegal_step_asserts) { ASSERT_EQ(in_child(load_twice, 1), handover_asserts ? 128 + SIGABRT : 0); }
 
 /* The schema must have the framework's fields. */
 static int wrong_schema(void) {
