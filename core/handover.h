@@ -31,8 +31,9 @@
 #include <uv.h>
 
 /* The state message and the formats of it this program writes (format)
- * and reads (format_min to format).  The message must have these fields,
- * which the framework fills and reads itself (handover_init checks them):
+ * and reads (format_min to format).  The message must have these proto3
+ * fields (no `optional`), which the framework fills and reads itself
+ * (handover_init checks them):
  *   uint32 format, string version, uint64 upgrades (since boot, this one
  *   included), int32 prev_program_fd (the writer's program: rollback). */
 typedef struct handover_schema {
