@@ -216,7 +216,7 @@ build/dev/tests/failmalloc: tests/unit/failmalloc.c build/dev/libconch.a tests/u
 	$(Q)$(CC) $(BASEFLAGS) -Ibuild/dev/gen $(dev_CFLAGS) $< build/dev/libconch.a $(LIBS) -o $@
 
 unit: $(UNIT_BINS) build/dev/tests/failmalloc
-	@fail=0; tests/tools/check-layers.sh build/asan/obj || fail=1; tests/tools/check-links.sh || fail=1; tests/tools/check-sizes.sh || fail=1; echo "== include cycles"; for d in core server agent; do /usr/bin/python3 tests/tools/include-cycles.py $$d || fail=1; done; echo "== api doc"; /usr/bin/python3 tests/tools/check-api-doc.py || fail=1; tests/tools/test-check-api-doc.sh || fail=1; \
+	@fail=0; tests/tools/check-layers.sh build/asan/obj || fail=1; tests/tools/test-check-layers.sh build/asan/obj || fail=1; tests/tools/check-links.sh || fail=1; tests/tools/check-sizes.sh || fail=1; echo "== include cycles"; for d in core server agent; do /usr/bin/python3 tests/tools/include-cycles.py $$d || fail=1; done; echo "== api doc"; /usr/bin/python3 tests/tools/check-api-doc.py || fail=1; tests/tools/test-check-api-doc.sh || fail=1; \
 	for t in $^; do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 # The unit tests cross-built for arm64 (static, without the sanitizers, whose

@@ -70,6 +70,12 @@ static struct {
   ProtobufCMessage *loaded;
 } H = {.prog_fd = -1, .state_fd = -1};
 
+#ifdef NDEBUG
+const int handover_asserts = 0;
+#else
+const int handover_asserts = 1;
+#endif
+
 static void hs_step(handover_state from, handover_state to) {
   if (H.state != from) {
     LOG_ERROR("handover: transition %s -> %s from state %s refused", hs_names[from], hs_names[to],
@@ -80,10 +86,11 @@ static void hs_step(handover_state from, handover_state to) {
   H.state = to;
 }
 
-/* The offset of the schema's field name, which must be of type t. */
+/* The offset of the schema's field name, which must be a proto3 field of
+ * type t without presence (one value, always written when not zero). */
 static size_t hs_field_at(const char *name, ProtobufCType t) {
   const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(H.schema.desc, name);
-  if (!f || f->type != t || f->label == PROTOBUF_C_LABEL_REPEATED) {
+  if (!f || f->type != t || f->label != PROTOBUF_C_LABEL_NONE) {
     LOG_ERROR("handover: the state message has no field %s of the type the framework needs", name);
     abort(); /* a build that cannot be: tests/unit/test_handover.c */
   }
@@ -206,7 +213,7 @@ static void hs_exec(void) {
   protobuf_c_message_init(H.schema.desc, st);
   hs_head head = hs_head_of(st);
   *head.format = H.schema.format;
-#ifndef CONCH_STATIC /* test seams (tests/integration/test_upgrade.py): a format the next program cannot read; format 1 */
+#ifndef CONCH_STATIC /* test seams (tests/integration/test_upgrade*.py): a format the next program cannot read; format 1 */
   const char *fault = getenv("CONCH_FAULT");
   if (fault && strcmp(fault, "handover_format") == 0) *head.format = H.schema.format + 1000;
   if (fault && strcmp(fault, "handover_format_1") == 0) *head.format = 1;

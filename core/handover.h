@@ -31,8 +31,9 @@
 #include <uv.h>
 
 /* The state message and the formats of it this program writes (format)
- * and reads (format_min to format).  The message must have these fields,
- * which the framework fills and reads itself (handover_init checks them):
+ * and reads (format_min to format).  The message must have these proto3
+ * fields (no `optional`), which the framework fills and reads itself
+ * (handover_init checks them):
  *   uint32 format, string version, uint64 upgrades (since boot, this one
  *   included), int32 prev_program_fd (the writer's program: rollback). */
 typedef struct handover_schema {
@@ -87,6 +88,9 @@ int handover_can_read(unsigned n);
 int handover_begin(int prog_fd, const char *to_version);
 /* 1 while a handover is under way (new Upgrade calls are refused). */
 int handover_busy(void);
+/* 1 when this build asserts on an illegal step of the lifecycle (no
+ * NDEBUG); a release build logs it and stays where it was. */
+extern const int handover_asserts;
 
 /* The new program: the state's descriptor from `--handover N` or
  * `--handover-rollback N` (*rollback = 1), or -1 when there is none. */

@@ -55,11 +55,15 @@ static int state_fd(uint32_t f, int32_t keep) {
   return fd;
 }
 
-/* Runs fn in a child; its exit status, or 128 + the signal. */
-static int in_child(int (*fn)(void)) {
+/* Runs fn in a child; its exit status, or 128 + the signal.  quiet: its
+ * stderr (the assertion's message) to /dev/null. */
+static int in_child(int (*fn)(void), int quiet) {
   fflush(NULL);
   pid_t pid = fork();
-  if (pid == 0) _exit(fn());
+  if (pid == 0) {
+    if (quiet) freopen("/dev/null", "w", stderr);
+    _exit(fn());
+  }
   int ws = 0;
   waitpid(pid, &ws, 0);
   return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
@@ -104,7 +108,7 @@ static int load_and_finish(void) {
 
 TEST(load_restores_the_parts_in_order_then_commits) {
   conch.loop = uv_default_loop();
-  ASSERT_EQ(in_child(load_and_finish), 0);
+  ASSERT_EQ(in_child(load_and_finish, 0), 0);
 }
 
 static int unreadable_format(void) {
@@ -117,7 +121,7 @@ static int unreadable_format(void) {
   return 0;
 }
 
-TEST(a_format_it_cannot_read_is_refused) { ASSERT_EQ(in_child(unreadable_format), 0); }
+TEST(a_format_it_cannot_read_is_refused) { ASSERT_EQ(in_child(unreadable_format, 0), 0); }
 
 static int early_part_fails(void) {
   char err[256] = "";
@@ -134,17 +138,18 @@ static int early_part_fails(void) {
   return 0;
 }
 
-TEST(a_part_that_fails_early_fails_the_load) { ASSERT_EQ(in_child(early_part_fails), 0); }
+TEST(a_part_that_fails_early_fails_the_load) { ASSERT_EQ(in_child(early_part_fails, 0), 0); }
 
-/* The lifecycle's steps assert: a second load finds the state RESTORING. */
+/* The lifecycle's steps assert: a second load finds the state RESTORING
+ * (a release build, NDEBUG, logs and stays there). */
 static int load_twice(void) {
   char err[256] = "";
   handover_load(state_fd(1002, 0), 1, err, sizeof err);
   handover_load(state_fd(2, 0), 1, err, sizeof err);
-  return 0;
+  return handover_busy() ? 0 : 1;
 }
 
-TEST(an_illegal_step_asserts) { ASSERT_EQ(in_child(load_twice), 128 + SIGABRT); }
+TEST(an_illegal_step_asserts) { ASSERT_EQ(in_child(load_twice, 1), handover_asserts ? 128 + SIGABRT : 0); }
 
 /* The schema must have the framework's fields. */
 static int wrong_schema(void) {
@@ -153,7 +158,7 @@ static int wrong_schema(void) {
   return 0;
 }
 
-TEST(a_schema_without_the_fields_aborts) { ASSERT_EQ(in_child(wrong_schema), 128 + SIGABRT); }
+TEST(a_schema_without_the_fields_aborts) { ASSERT_EQ(in_child(wrong_schema, 1), 128 + SIGABRT); }
 
 int main(void) {
   RUN(formats_and_arguments);
