@@ -1,9 +1,7 @@
 /* callstate — see callstate.h. */
 #include "server/callstate.h"
 
-#include <assert.h>
-
-#include "core/log.h"
+#include "server/lifecycle.h"
 
 unsigned long call_state_taken[CALL_NSTATES][CALL_NEVENTS];
 unsigned long call_state_illegal;
@@ -36,8 +34,7 @@ call_state call_state_next(call_state from, call_event ev) {
 int call_state_step(call_state *s, call_event ev) {
   call_state to = call_state_next(*s, ev);
   if (to == X) {
-    LOG_ERROR("rpc_call: illegal transition %s from %s", call_event_name(ev), call_state_name(*s));
-    assert(!"illegal rpc_call transition");
+    lifecycle_refuse("rpc_call", call_event_name(ev), call_state_name(*s));
     call_state_illegal++;
     return -1;
   }
