@@ -10,8 +10,9 @@
 #include <nghttp2/nghttp2.h>
 
 #include "core/list.h"
-#include "server/h2.h"
 #include "server/h2check.h"
+#include "server/hx.h"
+#include "server/sink.h"
 
 typedef struct h2buf {
   struct h2buf *next;

@@ -6,6 +6,7 @@
 #include "core/daemon.h"
 #include "core/log.h"
 #include "proto/text.h"
+#include "server/h2.h"
 #include "server/h2_int.h"
 #include "server/lifecycle.h"
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "server/callstate.h"
+#include "server/lifecycle.h"
 #include "tests/unit/test.h"
 
 /* The table of docs/internals/connect.md, written out again. */
@@ -117,6 +118,57 @@ TEST(illegal_step_asserts) {
   }
 }
 
+/* The smaller lifecycles (input, output, the request's owner): each step
+ * the table does not hold asserts (debug) or is refused and counted. */
+struct small_step {
+  int which, from, to;
+};
+
+static int small_refused(void *arg) {
+  const struct small_step *t = arg;
+  int rc;
+  if (t->which == 0) {
+    call_input s = (call_input)t->from;
+    rc = call_input_step(&s, (call_input)t->to) == -1 && s == (call_input)t->from;
+  } else if (t->which == 1) {
+    call_output s = (call_output)t->from;
+    rc = call_output_step(&s, (call_output)t->to) == -1 && s == (call_output)t->from;
+  } else {
+    call_req s = (call_req)t->from;
+    rc = call_req_step(&s, (call_req)t->to) == -1 && s == (call_req)t->from;
+  }
+  return rc && lifecycle_refused == 1;
+}
+
+TEST(small_lifecycles) {
+  static const struct small_step bad[] = {
+    {0, IN_DELIVERED, IN_ENDED},         /* the body ended again */
+    {0, IN_OPEN, IN_DELIVERED},          /* its end delivered before it came */
+    {0, IN_ENDED, IN_ENDED},
+    {1, OUT_STARTED, OUT_UNARY},         /* a streaming call's answer set as unary */
+    {1, OUT_UNARY_GZ, OUT_UNARY},        /* set again after it was compressed */
+    {1, OUT_STARTED, OUT_STARTED},       /* the head sent twice */
+    {1, OUT_NONE, OUT_UNARY_GZ_TRIED},   /* compressed with no answer */
+    {2, REQ_KEPT, REQ_TAKEN},            /* taken when it may not be */
+    {2, REQ_TAKEN, REQ_TAKEN},           /* taken twice */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ASSERT_EQ(test_in_child(small_refused, (void *)&bad[i]), lifecycle_asserts ? 0 : 1);
+  call_input in = IN_OPEN;
+  ASSERT_EQ(call_input_step(&in, IN_ENDED), 0);
+  ASSERT_EQ(call_input_step(&in, IN_DELIVERED), 0);
+  ASSERT_EQ(in, IN_DELIVERED);
+  call_output out = OUT_NONE;
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY), 0);
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY), 0); /* sent again: replaced */
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY_GZ_TRIED), 0);
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY_GZ), 0);
+  call_req r = REQ_KEPT;
+  ASSERT_EQ(call_req_step(&r, REQ_TAKABLE), 0);
+  ASSERT_EQ(call_req_step(&r, REQ_TAKEN), 0);
+  ASSERT_EQ(call_req_step(&r, REQ_KEPT), 0);
+}
+
 TEST(names) {
   ASSERT_STR_EQ(call_state_name(CALL_READING), "READING");
   ASSERT_STR_EQ(call_state_name(CALL_CANCEL_HELD), "CANCEL_HELD");
@@ -131,6 +183,7 @@ int main(void) {
   RUN(table_is_the_documented_one);
   RUN(every_legal_step_taken_and_counted);
   RUN(illegal_step_asserts);
+  RUN(small_lifecycles);
   RUN(names);
   return test_summary();
 }
