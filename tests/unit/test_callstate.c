@@ -1,7 +1,9 @@
 /* test_callstate — the rpc_call lifecycle table (server/callstate.c): the
  * legal transitions are exactly those docs/internals/connect.md draws, an
  * illegal one asserts in a debug build (and is refused and counted in a
- * release build, NDEBUG: the library says which it is), and the names.  test_connect drives every legal
+ * release build, NDEBUG: the library says which it is), the same for the
+ * call's smaller lifecycles (input, output, the request's owner), and the
+ * names.  test_connect drives every legal
  * transition through real calls (every_legal_transition_driven). */
 #include <fcntl.h>
 #include <signal.h>

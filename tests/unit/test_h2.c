@@ -279,6 +279,32 @@ TEST(admission_fifo) {
   h2t_free(&t);
 }
 
+/* A request found malformed while it waits for admission (DATA past its
+ * content-length) is reset and leaves the FIFO: never dispatched, and the
+ * ones behind it go on in order. */
+TEST(malformed_while_queued) {
+  start(NULL, 0, 1);
+  for (int i = 0; i < 16; i++) h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 16);
+  const char *cl[] = {"content-length", "4", NULL};
+  int32_t bad = h2t_request(&t, "POST", "/echo", cl, (const uint8_t *)"too long", 8);
+  int32_t good = h2t_request(&t, "POST", "/echo", NULL, (const uint8_t *)"ok", 2);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 16);
+  h2t_stream *st = h2t_st(&t, bad);
+  ASSERT(st->rst_recv);
+  ASSERT_EQ(st->close_err, NGHTTP2_PROTOCOL_ERROR);
+  hx_simple(tr_x[0].x, 200, NULL, "a", NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 17); /* the good one, not the reset one */
+  ASSERT_STR_EQ(tr_x[16].path, "/echo");
+  ASSERT_EQ(h2t_st(&t, good)->status, 200);
+  ASSERT_EQ(h2t_st(&t, good)->body_len, 2);
+  ASSERT(!t.m.closed);
+  h2t_free(&t);
+}
+
 /* hx_waiting: held answers that wait on the outside (SendInput) stop
  * counting, so requests behind them are dispatched at once — whether the
  * handler says so at its request's end (/wait) or later; a waiting stream
@@ -440,6 +466,7 @@ int main(void) {
   RUN(output_bound_stops_input);
   RUN(unauthenticated_streams);
   RUN(admission_fifo);
+  RUN(malformed_while_queued);
   RUN(waiting_answers_do_not_count);
   RUN(bulk_ends_with_the_stream);
   RUN(revoked);
