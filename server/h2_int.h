@@ -62,7 +62,7 @@ typedef struct h2s {
   nghttp2_nv *head; /* response head not yet submitted */
   size_t nhead;
   h2buf inl; /* the first queued write's node (a unary answer has one) */
-  int inl_used;
+  int inl_used; /* inl is in the queue */
   size_t reserved;    /* hx_room granted this much, not yet written */
   size_t room_n;      /* waiting for room for this much (in sc's FIFO) */
   list_node wlink;    /* in the room FIFO */

@@ -102,7 +102,6 @@ h2s *h2_stream_new(h2c *sc, int32_t id) {
   return st;
 }
 
-
 void h2_stream_close(h2s *st) {
   h2c *sc = st->sess;
   if (st->x.ended) { /* hx_end ran: its unsent bytes leave the count */
