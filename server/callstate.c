@@ -1,7 +1,7 @@
 /* callstate — see callstate.h. */
 #include "server/callstate.h"
 
-#include "server/lifecycle.h"
+#include "core/lifecycle.h"
 
 unsigned long call_state_taken[CALL_NSTATES][CALL_NEVENTS];
 unsigned long call_state_illegal;

@@ -8,7 +8,7 @@
 #include "proto/text.h"
 #include "server/h2.h"
 #include "server/h2_int.h"
-#include "server/lifecycle.h"
+#include "core/lifecycle.h"
 
 static const hx_ops h2_ops;
 

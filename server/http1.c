@@ -12,7 +12,7 @@
 #include "server/http1head.h"
 #include "server/hx.h"
 #include "core/log.h"
-#include "server/lifecycle.h"
+#include "core/lifecycle.h"
 #include "server/rpc.h"
 
 /* How the response's body goes out. */

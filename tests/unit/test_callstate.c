@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "server/callstate.h"
-#include "server/lifecycle.h"
+#include "core/lifecycle.h"
 #include "tests/unit/test.h"
 
 /* The table of docs/internals/connect.md, written out again. */

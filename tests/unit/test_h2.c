@@ -6,7 +6,7 @@
 #include "core/daemon.h"
 #include "server/h2_int.h"
 #include "server/http1.h"
-#include "server/lifecycle.h"
+#include "core/lifecycle.h"
 
 static const hserve serve = {tr_dispatch, http1_conn_init, h2_conn_init, h2_settings_valid};
 

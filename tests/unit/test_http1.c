@@ -6,7 +6,7 @@
 #include "core/daemon.h"
 #include "server/h2.h"
 #include "server/http1.h"
-#include "server/lifecycle.h"
+#include "core/lifecycle.h"
 
 static int h2_inits;
 static int count_h2_init(hsink *s, hx *up, uint8_t *body, size_t len) {

@@ -1,6 +1,7 @@
 /* lifecycle — what every lifecycle's one step function does with an
- * illegal transition (callstate.c for calls, h2stream.c for HTTP/2
- * streams and connections, http1.c for HTTP/1.1 connections).
+ * illegal transition (server/callstate.c for calls, server/h2stream.c for
+ * HTTP/2 streams and connections, server/http1.c for HTTP/1.1
+ * connections).
  *
  * An illegal transition is a bug of the layer: it is logged and asserts in
  * a debug build; a release build (NDEBUG: the static build) counts it in

@@ -1,5 +1,5 @@
 /* lifecycle — see lifecycle.h. */
-#include "server/lifecycle.h"
+#include "core/lifecycle.h"
 
 #include <assert.h>
 
