@@ -35,8 +35,9 @@ typedef enum h2s_state {
 } h2s_state;
 
 /* A stream in the admission count (sc->computing, H2_COMPUTING_MAX): not
- * yet, counted while its answer is being made, then never again. */
-typedef enum h2s_count { H2K_NONE, H2K_COUNTED, H2K_DONE } h2s_count;
+ * yet, counted while its answer is being made, then never again (changed
+ * only by h2stream.c's h2s_set_count, checked as the states are). */
+typedef enum h2s_count { H2K_NONE, H2K_COUNTED, H2K_DONE, H2K_NSTATES } h2s_count;
 
 typedef struct h2s {
   hx x; /* first: hx.tp points back here */
@@ -44,7 +45,7 @@ typedef struct h2s {
   list_node link; /* in sess->streams, newest first */
   int32_t id;
   h2s_state state; /* changed only by h2s_set_state */
-  h2s_count count;
+  h2s_count count;  /* its place in the admission count */
   size_t hbytes;
   int submitted;   /* the response head went to nghttp2 */
   int deferred;    /* its data provider said NGHTTP2_ERR_DEFERRED: resume it */

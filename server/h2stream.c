@@ -39,6 +39,15 @@ static const unsigned h2c_from[H2C_NSTATES] = {
                B(H2C_REVOKED) | B(H2C_GOAWAY),
 };
 
+/* The admission count: counted once, released once, never again. */
+static const unsigned h2k_from[H2K_NSTATES] = {
+  [H2K_NONE] = 0,
+  [H2K_COUNTED] = B(H2K_NONE),
+  [H2K_DONE] = B(H2K_NONE) | B(H2K_COUNTED),
+};
+
+static const char *const h2k_names[H2K_NSTATES] = {"NONE", "COUNTED", "DONE"};
+
 static const char *const h2s_names[H2S_NSTATES] = {"HEADERS", "QUEUED",  "QUEUED_IN", "OPEN",
                                                    "IN_ENDED", "IN_DONE", "REFUSED",   "BROKEN"};
 static const char *const h2c_names[H2C_NSTATES] = {"NEW",     "OPEN",  "PREFACE", "PREFACE_REVOKED",
@@ -60,6 +69,11 @@ int h2s_set_state(h2s *st, h2s_state to) {
   if (lifecycle_check("h2 stream", legal, (int)st->state, (int)to, h2s_names, H2S_NSTATES) != 0) return -1;
   st->state = to;
   return 0;
+}
+
+static void h2s_set_count(h2s *st, h2s_count to) {
+  if (lifecycle_check("h2 stream count", h2k_from[to], (int)st->count, (int)to, h2k_names, H2K_NSTATES) == 0)
+    st->count = to;
 }
 
 int h2c_set_state(h2c *sc, h2c_state to) {
@@ -173,7 +187,7 @@ void h2_stream_body(h2s *st, const uint8_t *d, size_t n, int count_window) {
  * responds (see H2_COMPUTING_MAX). */
 static void h2_compute(h2s *st) {
   if (st->count != H2K_NONE || st->x.responded || st->x.ended) return;
-  st->count = H2K_COUNTED;
+  h2s_set_count(st, H2K_COUNTED);
   st->sess->computing++;
 }
 
@@ -223,7 +237,7 @@ static int h2_can_admit(const h2c *sc) {
 /* The stream's answer is no longer being made (it responded or ended). */
 static void h2_uncompute(h2s *st) {
   if (st->count != H2K_COUNTED) return;
-  st->count = H2K_DONE;
+  h2s_set_count(st, H2K_DONE);
   st->sess->computing--;
   if (!list_empty(&st->sess->admit_fifo)) sink_defer(st->sess->c, h2_deferred);
 }
@@ -536,7 +550,7 @@ static int h2_room(hx *x, size_t n) {
 static void h2_waiting(hx *x) {
   h2s *st = x->tp;
   h2_uncompute(st);
-  st->count = H2K_DONE; /* never counted again */
+  if (st->count == H2K_NONE) h2s_set_count(st, H2K_DONE); /* never counted again */
 }
 
 static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_outq, h2_room, h2_waiting};
