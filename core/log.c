@@ -325,6 +325,13 @@ static void con_setup(void) {
     if (fl >= 0) fcntl(STDERR_FILENO, F_SETFL, fl | O_NONBLOCK);
     fd = STDERR_FILENO;
   }
+  if (fd != STDERR_FILENO) { /* out of the low numbers, which callers reason about (a closed one stays free) */
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 64);
+    if (high >= 0) {
+      close(fd);
+      fd = high;
+    }
+  }
   lg.con_fd = fd;
   lg.con_pollable = 1;
   lg.con_ready = 1;
