@@ -188,6 +188,23 @@ def test_log_stream_json_kept_while_nobody_listens():
     assert all(l.startswith("{") for l in err.splitlines() if l), err[-2000:]
 
 
+def test_log_stream_tcp():
+    """--log-stream tcp:IP:PORT: the same JSON lines over TCP."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    ls.settimeout(20)
+    a = Agent("--log-stream", f"tcp:127.0.0.1:{ls.getsockname()[1]}")
+    try:
+        c, _ = ls.accept()
+        lines = read_lines(c, lambda o: "standalone" in o["msg"])
+        assert lines[-1]["level"] == "info" and lines[-1]["pid"] == str(a.proc.pid), lines[-1]
+        c.close()
+    finally:
+        ls.close()
+        a.stop()
+
+
 def test_log_stream_bad_spec():
     r = subprocess.run([BIN, "serve", "--log-stream", "tcp:nohost"], capture_output=True, timeout=20)
     assert r.returncode == 2
