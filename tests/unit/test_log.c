@@ -1,11 +1,14 @@
 /* log: the JSON form (the message's k=v pairs as keys, through the one
- * escaper), and a console that does not take its bytes — whole lines
- * dropped and counted, the note once it drains.  stderr is a small pipe
- * here; the harness reports on a copy of the real one.  No loop: what the
- * pipe refuses waits in the queue until the next line. */
+ * escaper); a console that does not take its bytes — whole lines dropped
+ * and counted, the note once it drains (no loop yet: what the pipe refuses
+ * waits in the queue until the next line); the file written and rotated
+ * by a pool job once there is a loop.  stderr is a small pipe here; the
+ * harness reports on a copy of the real one. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/daemon.h"
@@ -85,6 +88,74 @@ TEST(stalled_console_drops_whole_lines) {
   ASSERT(lines > 20);
 }
 
+/* Does dir hold a name ending in suffix?  Its path into out. */
+static int find_suffix(const char *dir, const char *suffix, char *out, size_t n) {
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  int found = 0;
+  while (d && !found && (de = readdir(d)) != NULL) {
+    size_t l = strlen(de->d_name), sl = strlen(suffix);
+    if (l > sl && strcmp(de->d_name + l - sl, suffix) == 0) {
+      snprintf(out, n, "%s/%s", dir, de->d_name);
+      found = 1;
+    }
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+static int file_has(const char *path, const char *text) {
+  static char buf[4096];
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return 0;
+  off_t size = lseek(fd, 0, SEEK_END);
+  ssize_t r = pread(fd, buf, sizeof buf - 1, size > (off_t)sizeof buf - 1 ? size - (off_t)sizeof buf + 1 : 0);
+  close(fd);
+  buf[r > 0 ? r : 0] = 0;
+  return r > 0 && memmem(buf, (size_t)r, text, strlen(text)) != NULL;
+}
+
+static void on_alive(uv_timer_t *t) { (void)t; }
+
+/* With the loop: the file is written by a pool job, which renames it at
+ * 10 MiB and opens the path anew (0600). */
+TEST(file_written_and_rotated_in_the_pool) {
+  static char buf[1 << 16];
+  char dir[] = "/tmp/conch-logtest-XXXXXX", path[128], rotated[300];
+  ASSERT(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/conch-init.log", dir);
+  int fd = open(path, O_CREAT | O_WRONLY, 0644);
+  ASSERT(fd >= 0 && ftruncate(fd, (10 << 20) - 10) == 0);
+  close(fd);
+  ASSERT_EQ(log_open_file(path), 0);
+  struct stat st;
+  ASSERT(stat(path, &st) == 0 && (st.st_mode & 07777) == 0600);
+  conch.loop = uv_default_loop();
+  uv_timer_t alive; /* the loop runs while something holds it (the agent's listener does) */
+  uv_timer_init(conch.loop, &alive);
+  uv_timer_start(&alive, on_alive, 1000000, 0);
+  LOG_INFO("the line past 10 MiB");
+  for (int i = 0; i < 500 && !find_suffix(dir, ".log.1", rotated, sizeof rotated); i++) {
+    uv_run(conch.loop, UV_RUN_NOWAIT);
+    usleep(10000);
+    drain(buf, sizeof buf);
+  }
+  ASSERT(find_suffix(dir, ".log.1", rotated, sizeof rotated));
+  ASSERT(file_has(rotated, "the line past 10 MiB"));
+  LOG_INFO("the first line of the new file");
+  for (int i = 0; i < 500 && !file_has(path, "the first line of the new file"); i++) {
+    uv_run(conch.loop, UV_RUN_NOWAIT);
+    usleep(10000);
+  }
+  ASSERT(file_has(path, "the first line of the new file") && !file_has(path, "past 10 MiB"));
+  ASSERT(stat(path, &st) == 0 && (st.st_mode & 07777) == 0600 && st.st_size < 4096);
+  uv_close((uv_handle_t *)&alive, NULL);
+  uv_run(conch.loop, UV_RUN_NOWAIT);
+  unlink(rotated);
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
   int saved = dup(STDERR_FILENO), p[2];
   FILE *real = fdopen(saved, "w");
@@ -100,5 +171,6 @@ int main(void) {
   log_set_json_escaper(text_json_string);
   RUN(json_form);
   RUN(stalled_console_drops_whole_lines);
+  RUN(file_written_and_rotated_in_the_pool);
   return test_summary();
 }
