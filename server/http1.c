@@ -73,7 +73,7 @@ static void h1_next(hsink *c);
 static const unsigned h1_from[H1_NSTATES] = {
   [H1_IDLE] = B(H1_HELD) | B(H1_DONE),
   [H1_HELD] = B(H1_IDLE),
-  [H1_HEAD] = B(H1_IDLE) | B(H1_HELD), /* HELD: reading is paused, but a read may be in already */
+  [H1_HEAD] = B(H1_IDLE), /* a read that arrives while HELD waits in pend (h1_on_read) */
   [H1_UPGRADE] = B(H1_HEAD),
   [H1_BODY] = B(H1_HEAD),
   [H1_DONE] = B(H1_BODY),
@@ -598,8 +598,8 @@ static void h1_next(hsink *c) {
 
 static void h1_on_read(hsink *c, const uint8_t *d, size_t n) {
   h1 *s = c->p;
-  if (s->pend_len || h1_parse_stopped(s) || s->body_paused) {
-    /* should not happen (reading is paused); keep it anyway */
+  if (s->pend_len || s->state == H1_HELD || h1_parse_stopped(s) || s->body_paused) {
+    /* should not happen (reading is paused); keep it for h1_next */
     uint8_t *np = realloc(s->pend, s->pend_off + s->pend_len + n);
     if (!np) {
       sink_close(c);
