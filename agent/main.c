@@ -179,6 +179,7 @@ static void main_register_services(void) {
   router_add_http("/metrics", metrics_serve);
   const rpc_method *m = fs_service_methods(conch.loop, &n);
   router_register(m, n);
+  router_add_http("/files", fs_http_serve);
   m = net_service_methods(conch.loop, &n);
   router_register(m, n);
   m = upgrade_service_methods(&n);

@@ -371,6 +371,10 @@ static void h1_flush_head(h1 *s, uv_buf_t *bufs, unsigned *nb, void **owned, uns
 static const char *h1_reason(int st) {
   switch (st) {
     case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 304: return "Not Modified";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -380,6 +384,7 @@ static const char *h1_reason(int st) {
     case 409: return "Conflict";
     case 413: return "Payload Too Large";
     case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";
@@ -388,6 +393,7 @@ static const char *h1_reason(int st) {
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
     case 505: return "HTTP Version Not Supported";
+    case 507: return "Insufficient Storage";
     default: return "Status";
   }
 }
@@ -406,15 +412,16 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
     w = snprintf(s->head + len, cap - len, "%s: %s\r\n", h[i].name, h[i].value);
     len += (size_t)w;
   }
-  if (len < cap) {
+  int bodyless = status == 204 || status == 304; /* RFC 9110: no length field */
+  if (len < cap && !bodyless) {
     if (clen >= 0)
       w = snprintf(s->head + len, cap - len, "Content-Length: %lld\r\n", (long long)clen);
     else
       w = snprintf(s->head + len, cap - len, "Transfer-Encoding: chunked\r\n");
     len += (size_t)w;
   }
-  s->chunked = clen < 0;
-  s->head_only = strcmp(x->method, "HEAD") == 0;
+  s->chunked = clen < 0 && !bodyless;
+  s->head_only = strcmp(x->method, "HEAD") == 0 || bodyless;
   /* a response that ends before the request body is in: keep reading and
    * dropping the body, then go on with keep-alive (or close if asked) */
   if (len < cap) {

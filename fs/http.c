@@ -1,0 +1,806 @@
+/* fs/http — /files over plain HTTP (api.md §9 "Files over plain HTTP"):
+ * GET/HEAD a file's raw bytes (validators, one range, conditionals),
+ * PUT/POST a raw body written whole or not at all (fs/atomic.h),
+ * OPTIONS for CORS; the token or a signed URL, and the user, through
+ * rpc_http_admit (server/rpc.h).
+ *
+ * GET: the open and fstat run in the pool as the request's user.  A
+ * regular file with a size (not on a pseudo filesystem) is sent from its
+ * offset: zero copy where the transport can (rpc_http_write_file), else
+ * FH_CHUNK reads in the pool, each after rpc_http_room said the transport
+ * and the memory budget have room for it.  Other files stream until EOF
+ * (chunked): FIFOs and pollable devices read on the loop when uv_poll says
+ * so (a FIFO without a writer waits and blocks nothing); devices that
+ * cannot be polled (/dev/zero) read in the pool, until the client leaves.
+ *
+ * PUT/POST: the temp file is opened in the pool, then the body is read:
+ * bytes gather in a buffer handed to a pool write at FH_IN_HIGH while the
+ * next one fills; the body pauses while both are full, so an upload holds
+ * about 2 x FH_IN_HIGH.  At the body's end the commit runs; a peer that
+ * leaves before removes the temp file (in the pool).
+ *
+ * The lifecycle is fh->phase, changed by fh_to() only. */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "core/log.h"
+#include "fs/atomic.h"
+#include "fs/handlers.h"
+#include "fs/path.h"
+#include "fs/query.h"
+#include "fs/service.h"
+#include "proto/text.h"
+
+#define FH_CHUNK (256u * 1024)
+#define FH_IN_HIGH (512u * 1024)
+
+typedef enum fh_phase {
+  FH_ADMIT,   /* token / signature and user being checked */
+  FH_OPEN,    /* pool: open (GET) or temp file (PUT) */
+  FH_SEND,    /* GET: answer streaming */
+  FH_RECV,    /* PUT: body arriving, pool writes */
+  FH_COMMIT,  /* PUT: pool commit */
+  FH_CLEANUP, /* the peer left: pool work finishing, temp file removed */
+} fh_phase;
+
+typedef struct fs_http {
+  rpc_http *r; /* NULL once the exchange is gone (answered or aborted) */
+  fh_phase phase;
+  int put;     /* PUT/POST, else GET/HEAD */
+  int head;
+  fs_query q;
+  const rpc_ident *id; /* a hold: the request's user, for pool work */
+  int busy;            /* a pool job is out */
+  atomic_int canceled;
+  fs_status st;
+  /* GET */
+  int fd;
+  struct stat sb;
+  int sized;            /* Content-Length known: [pos, end) is sent */
+  uint64_t pos, end;
+  int pollable, poll_init, polling;
+  uv_poll_t poll;
+  uint8_t *buf; /* the chunk being read */
+  size_t n;
+  int eof;
+  int zero_copy; /* the transport takes file ranges */
+  /* PUT */
+  fs_atomic at;
+  uint8_t *in;    /* filling */
+  size_t in_len, in_cap;
+  uint8_t *wbuf;  /* being written by the pool */
+  size_t wlen;
+  size_t held;    /* budget_take'n for in and wbuf */
+  int body_end, paused;
+  uint64_t bytes;
+} fs_http;
+
+static void fh_to(fs_http *h, fh_phase from, fh_phase to) {
+  assert(h->phase == from);
+  (void)from;
+  h->phase = to;
+}
+
+static const rpc_http_hdr fh_cors[] = {
+    {"access-control-allow-origin", "*"},
+    {"access-control-expose-headers", "ETag, Content-Range, Content-Length, Content-Disposition"},
+};
+#define FH_NCORS (sizeof fh_cors / sizeof fh_cors[0])
+
+/* ---------------------------------------------------------------- freeing */
+
+static void fh_free(fs_http *h) {
+  if (h->fd >= 0) close(h->fd);
+  free(h->buf);
+  free(h->in);
+  free(h->wbuf);
+  budget_give(h->held);
+  fs_query_free(&h->q);
+  fs_status_clear(&h->st);
+  rpc_ident_release(h->id);
+  free(h);
+}
+
+static void fh_on_poll_closed(uv_handle_t *p) { fh_free(p->data); }
+
+/* Nothing of h is in use any more (no pool job, the exchange gone). */
+static void fh_destroy(fs_http *h) {
+  if (h->poll_init) {
+    h->poll_init = 0;
+    uv_close((uv_handle_t *)&h->poll, fh_on_poll_closed);
+    return;
+  }
+  fh_free(h);
+}
+
+/* ---------------------------------------------------------------- answers */
+
+static void fh_done(fs_http *h) {
+  rpc_http *r = h->r;
+  h->r = NULL;
+  if (h->polling) uv_poll_stop(&h->poll);
+  h->polling = 0;
+  rpc_http_end(r);
+}
+
+/* A small whole answer (JSON), then the end of the exchange. */
+static void fh_answer(fs_http *h, int status, const char *body, const rpc_http_hdr *extra, size_t nextra) {
+  rpc_http_hdr hh[8];
+  size_t n = 0;
+  hh[n++] = (rpc_http_hdr){"content-type", "application/json"};
+  for (size_t i = 0; i < FH_NCORS; i++) hh[n++] = fh_cors[i];
+  for (size_t i = 0; i < nextra && n < 8; i++) hh[n++] = extra[i];
+  size_t bl = strlen(body);
+  rpc_http_respond(h->r, status, hh, n, (int64_t)bl);
+  if (bl && strcmp(rpc_http_method(h->r), "HEAD") != 0) {
+    char *b = strdup(body);
+    if (b) rpc_http_write(h->r, b, (uint8_t *)b, bl);
+  }
+  fh_done(h);
+}
+
+/* {"code":…,"message":…} with Connect's status for the code; the
+ * exchange ends.  ENOSPC is 507 (api.md). */
+static void fh_error_x(fs_http *h, int status, rpc_code code, const char *msg, const rpc_http_hdr *extra,
+                       size_t nextra) {
+  if (!msg) msg = "out of memory";
+  if (!status) status = rpc_code_http_status(code);
+  if (strstr(msg, ": no space left on device")) {
+    status = 507;
+    code = RPC_RESOURCE_EXHAUSTED;
+    msg = "no space left on device";
+  }
+  size_t ml = strlen(msg);
+  char *body = malloc(TEXT_JSON_MAX(ml) + 64);
+  if (!body) {
+    fh_answer(h, 500, "", NULL, 0);
+    return;
+  }
+  int k = sprintf(body, "{\"code\":\"%s\",\"message\":", rpc_code_name(code));
+  k += (int)text_json_string(body + k, msg, ml);
+  strcpy(body + k, "}");
+  LOG_DEBUG("files %s %s: %d %s", rpc_http_method(h->r), h->q.path ? h->q.path : "-", status, msg);
+  fh_answer(h, status, body, extra, nextra);
+  free(body);
+}
+
+static void fh_error(fs_http *h, rpc_code code, const char *msg) { fh_error_x(h, 0, code, msg, NULL, 0); }
+
+static void fh_error_st(fs_http *h) { fh_error(h, h->st.code, h->st.msg); }
+
+/* A pool job as the request's user; 0, or -1 (answered). */
+static int fh_submit(fs_http *h, void (*run)(void *), void (*done)(void *, int)) {
+  h->busy = 1;
+  if (rpc_work_submit_as(h->id, run, done, h) == NULL) {
+    h->busy = 0;
+    return -1;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- GET */
+
+static void fh_pump(fs_http *h);
+static void fh_on_poll(uv_poll_t *p, int status, int events);
+
+static void fh_open_run(void *data) {
+  fs_http *h = data;
+  const char *p = h->q.path;
+  int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT || e == ENOTDIR)
+      fs_status_set(&h->st, RPC_NOT_FOUND, "file not found: %s", p);
+    else
+      fs_status_os(&h->st, "open file", p, e);
+    return;
+  }
+  if (fstat(fd, &h->sb) != 0) {
+    fs_status_os(&h->st, "stat file", p, errno);
+    close(fd);
+    return;
+  }
+  if (S_ISDIR(h->sb.st_mode)) {
+    fs_status_set(&h->st, RPC_INVALID_ARGUMENT, "path is a directory: %s", p);
+    close(fd);
+    return;
+  }
+  h->fd = fd;
+  if (S_ISREG(h->sb.st_mode) || S_ISBLK(h->sb.st_mode)) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    h->sized = S_ISREG(h->sb.st_mode) && !fs_pseudo_fs(fd);
+  }
+}
+
+/* RFC 9110 IMF-fixdate */
+static void fh_http_date(time_t t, char out[40]) {
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  static const char *const days[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static const char *const mons[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                     "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  snprintf(out, 40, "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday], tm.tm_mday,
+           mons[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+/* An IMF-fixdate; -1 when it is not one. */
+static int64_t fh_parse_date(const char *s) {
+  static const char mons[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+  char wd[4], mon[4];
+  int d, y, H, M, S, n = 0;
+  if (!s || sscanf(s, "%3s, %d %3s %d %d:%d:%d GMT%n", wd, &d, mon, &y, &H, &M, &S, &n) != 7 || !n ||
+      s[n] != 0)
+    return -1;
+  const char *m = strstr(mons, mon);
+  if (!m || (m - mons) % 3 || strlen(mon) != 3) return -1;
+  struct tm tm = {.tm_sec = S, .tm_min = M, .tm_hour = H, .tm_mday = d, .tm_mon = (int)(m - mons) / 3,
+                  .tm_year = y - 1900};
+  return (int64_t)timegm(&tm);
+}
+
+/* Does the If-None-Match list name etag (weak comparison)? */
+static int fh_etag_listed(const char *list, const char *etag) {
+  size_t el = strlen(etag);
+  const char *p = list;
+  while (*p) {
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    if (*p == '*') return 1;
+    if (p[0] == 'W' && p[1] == '/') p += 2;
+    if (strncmp(p, etag, el) == 0 && (p[el] == 0 || p[el] == ',' || p[el] == ' ' || p[el] == '\t'))
+      return 1;
+    while (*p && *p != ',') p++;
+  }
+  return 0;
+}
+
+/* Content-Disposition (RFC 6266): an ASCII filename, and filename* when
+ * the name is not plain ASCII. */
+static char *fh_disposition(const char *name) {
+  size_t n = strlen(name);
+  char *out = malloc(n * 4 + 64);
+  if (!out) return NULL;
+  int plain = 1;
+  char *o = out + sprintf(out, "attachment; filename=\"");
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '%') {
+      plain = plain && c >= 0x20 && c < 0x7f && c != '%' ? plain : 0;
+      *o++ = '_';
+    } else {
+      *o++ = (char)c;
+    }
+  }
+  *o++ = '"';
+  if (!plain) {
+    o += sprintf(o, "; filename*=UTF-8''");
+    for (size_t i = 0; i < n; i++) {
+      unsigned char c = (unsigned char)name[i];
+      if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+          strchr("!#$&+-.^_`|~", c))
+        *o++ = (char)c;
+      else
+        o += sprintf(o, "%%%02X", c);
+    }
+  }
+  *o = 0;
+  return out;
+}
+
+typedef enum { FH_RANGE_NONE, FH_RANGE_OK, FH_RANGE_BAD } fh_range;
+
+/* One byte range of size bytes: `a-b`, `a-` or `-n`.  NONE for a header
+ * that is absent, malformed or names several ranges (the whole file). */
+static fh_range fh_parse_range(const char *v, uint64_t size, uint64_t *a, uint64_t *b) {
+  if (!v || strncmp(v, "bytes=", 6) != 0 || strchr(v, ',')) return FH_RANGE_NONE;
+  const char *p = v + 6;
+  while (*p == ' ') p++;
+  char *e;
+  if (*p == '-') {
+    if (p[1] < '0' || p[1] > '9') return FH_RANGE_NONE;
+    errno = 0;
+    unsigned long long k = strtoull(p + 1, &e, 10);
+    if (errno || *e) return FH_RANGE_NONE;
+    if (k == 0 || size == 0) return FH_RANGE_BAD;
+    *a = k >= size ? 0 : size - k;
+    *b = size - 1;
+    return FH_RANGE_OK;
+  }
+  if (*p < '0' || *p > '9') return FH_RANGE_NONE;
+  errno = 0;
+  unsigned long long x = strtoull(p, &e, 10);
+  if (errno || *e != '-') return FH_RANGE_NONE;
+  p = e + 1;
+  unsigned long long y = UINT64_MAX;
+  if (*p) {
+    if (*p < '0' || *p > '9') return FH_RANGE_NONE;
+    y = strtoull(p, &e, 10);
+    if (errno || *e || y < x) return FH_RANGE_NONE;
+  }
+  if (x >= size) return FH_RANGE_BAD;
+  *a = x;
+  *b = y >= size ? size - 1 : y;
+  return FH_RANGE_OK;
+}
+
+static void fh_get_opened(void *data, int canceled) {
+  fs_http *h = data;
+  h->busy = 0;
+  if (!h->r) {
+    fh_destroy(h);
+    return;
+  }
+  if (canceled) fs_status_set(&h->st, RPC_INTERNAL, "file download was canceled");
+  if (h->st.code != RPC_OK) {
+    fh_error_st(h);
+    fh_destroy(h);
+    return;
+  }
+  rpc_http *r = h->r;
+  const struct stat *sb = &h->sb;
+  char etag[80], lm[40], crange[80];
+  snprintf(etag, sizeof etag, "\"%" PRIx64 "-%" PRIx64 "-%" PRIx64 "\"", (uint64_t)sb->st_ino,
+           (uint64_t)sb->st_size,
+           (uint64_t)sb->st_mtim.tv_sec * 1000000000u + (uint64_t)sb->st_mtim.tv_nsec);
+  fh_http_date(sb->st_mtim.tv_sec, lm);
+  char *disp = fh_disposition(fs_path_base(h->q.path));
+  rpc_http_hdr hh[16];
+  size_t n = 0;
+  for (size_t i = 0; i < FH_NCORS; i++) hh[n++] = fh_cors[i];
+  hh[n++] = (rpc_http_hdr){"etag", etag};
+  hh[n++] = (rpc_http_hdr){"last-modified", lm};
+  if (h->sized) hh[n++] = (rpc_http_hdr){"accept-ranges", "bytes"};
+  /* RFC 9110 §13.2.2: If-None-Match, else If-Modified-Since */
+  const char *inm = rpc_http_header(r, "if-none-match");
+  int64_t ims = fh_parse_date(rpc_http_header(r, "if-modified-since"));
+  if ((inm && fh_etag_listed(inm, etag)) || (!inm && ims >= 0 && sb->st_mtim.tv_sec <= ims)) {
+    rpc_http_respond(r, 304, hh, n, 0);
+    fh_done(h);
+    free(disp);
+    fh_destroy(h);
+    return;
+  }
+  if (disp) hh[n++] = (rpc_http_hdr){"content-disposition", disp};
+  hh[n++] = (rpc_http_hdr){"content-type", "application/octet-stream"};
+  int status = 200;
+  if (h->sized) {
+    uint64_t size = (uint64_t)sb->st_size, a = 0, b = 0;
+    const char *ir = rpc_http_header(r, "if-range");
+    fh_range rg = fh_parse_range(rpc_http_header(r, "range"), size, &a, &b);
+    if (rg != FH_RANGE_NONE && ir && strcmp(ir, etag) != 0 && strcmp(ir, lm) != 0) rg = FH_RANGE_NONE;
+    h->pos = 0;
+    h->end = size;
+    if (rg == FH_RANGE_BAD) {
+      snprintf(crange, sizeof crange, "bytes */%" PRIu64, size);
+      rpc_http_hdr cr = {"content-range", crange};
+      free(disp);
+      fh_error_x(h, 416, RPC_OUT_OF_RANGE, "range not satisfiable", &cr, 1);
+      fh_destroy(h);
+      return;
+    }
+    if (rg == FH_RANGE_OK) {
+      status = 206;
+      h->pos = a;
+      h->end = b + 1;
+      snprintf(crange, sizeof crange, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, a, b, size);
+      hh[n++] = (rpc_http_hdr){"content-range", crange};
+    }
+  }
+  rpc_http_respond(r, status, hh, n, h->sized ? (int64_t)(h->end - h->pos) : -1);
+  free(disp);
+  if (h->head) {
+    fh_done(h);
+    fh_destroy(h);
+    return;
+  }
+  fh_to(h, FH_OPEN, FH_SEND);
+  if (!h->sized && !S_ISBLK(sb->st_mode) && uv_poll_init(fs_loop, &h->poll, h->fd) == 0) {
+    h->poll_init = 1;
+    h->poll.data = h;
+    h->pollable = 1;
+  }
+  h->zero_copy = h->sized;
+  fh_pump(h);
+}
+
+static void fh_read_run(void *data) {
+  fs_http *h = data;
+  size_t want = FH_CHUNK;
+  if (h->sized && h->end - h->pos < want) want = (size_t)(h->end - h->pos);
+  h->n = 0;
+  while (h->n < want) {
+    ssize_t r = h->sized ? pread(h->fd, h->buf + h->n, want - h->n, (off_t)(h->pos + h->n))
+                         : read(h->fd, h->buf + h->n, want - h->n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fs_status_os(&h->st, "read file", h->q.path, errno);
+      return;
+    }
+    if (r == 0) {
+      h->eof = 1;
+      if (h->sized) fs_status_set(&h->st, RPC_DATA_LOSS, "file changed during download: %s", h->q.path);
+      return;
+    }
+    h->n += (size_t)r;
+    if (!h->sized) break; /* a device or pipe: what it has now */
+  }
+}
+
+/* Hand the chunk read to the transport. */
+static int fh_send_buf(fs_http *h) {
+  uint8_t *b = h->buf;
+  size_t n = h->n;
+  h->buf = NULL;
+  h->n = 0;
+  h->pos += n;
+  if (!n) {
+    free(b);
+    return 0;
+  }
+  return rpc_http_write(h->r, b, b, n);
+}
+
+static void fh_read_done(void *data, int canceled) {
+  fs_http *h = data;
+  h->busy = 0;
+  if (!h->r) {
+    fh_destroy(h);
+    return;
+  }
+  if (canceled || h->st.code != RPC_OK) {
+    /* the head is out: all that is left is to cut the answer short */
+    LOG_WARN("files GET %s: %s", h->q.path, h->st.msg ? h->st.msg : "canceled");
+    rpc_http_abort(h->r);
+    h->r = NULL;
+    fh_destroy(h);
+    return;
+  }
+  if (fh_send_buf(h) != 0) {
+    rpc_http_abort(h->r);
+    h->r = NULL;
+    fh_destroy(h);
+    return;
+  }
+  fh_pump(h);
+}
+
+/* The next piece of a GET's answer, once there is room for it. */
+static void fh_pump(fs_http *h) {
+  if (!h->r || h->busy) return;
+  if ((h->sized && h->pos >= h->end) || h->eof) {
+    fh_done(h);
+    fh_destroy(h);
+    return;
+  }
+  if (!rpc_http_room(h->r, FH_CHUNK)) {
+    if (h->polling) uv_poll_stop(&h->poll);
+    h->polling = 0;
+    return; /* on_drain comes back */
+  }
+  if (h->zero_copy) {
+    size_t n = h->end - h->pos > (1u << 30) ? (1u << 30) : (size_t)(h->end - h->pos);
+    int z = rpc_http_write_file(h->r, h->fd, h->pos, n);
+    if (z == 0) {
+      h->pos += n;
+      fh_pump(h);
+      return;
+    }
+    if (z < 0) {
+      rpc_http_abort(h->r);
+      h->r = NULL;
+      fh_destroy(h);
+      return;
+    }
+    h->zero_copy = 0; /* not on this transport */
+  }
+  if (!h->buf && !(h->buf = malloc(FH_CHUNK))) {
+    rpc_http_abort(h->r);
+    h->r = NULL;
+    fh_destroy(h);
+    return;
+  }
+  if (h->pollable) {
+    if (!h->polling && uv_poll_start(&h->poll, UV_READABLE | UV_DISCONNECT, fh_on_poll) == 0)
+      h->polling = 1;
+    return;
+  }
+  if (fh_submit(h, fh_read_run, fh_read_done) != 0) {
+    rpc_http_abort(h->r);
+    h->r = NULL;
+    fh_destroy(h);
+  }
+}
+
+/* A FIFO or pollable device has bytes (or hung up): one non-blocking read. */
+static void fh_on_poll(uv_poll_t *p, int status, int events) {
+  fs_http *h = p->data;
+  (void)events;
+  if (!h->r) return;
+  ssize_t r = status < 0 ? -1 : read(h->fd, h->buf, FH_CHUNK);
+  if (r < 0 && (errno == EAGAIN || errno == EINTR) && status >= 0) return;
+  if (r <= 0) {
+    h->eof = 1;
+    fh_pump(h);
+    return;
+  }
+  h->n = (size_t)r;
+  if (fh_send_buf(h) != 0) {
+    rpc_http_abort(h->r);
+    h->r = NULL;
+    uv_poll_stop(&h->poll);
+    h->polling = 0;
+    fh_destroy(h);
+    return;
+  }
+  fh_pump(h);
+}
+
+/* ---------------------------------------------------------------- PUT */
+
+static void fh_put_kick(fs_http *h);
+
+static void fh_put_open_run(void *data) {
+  fs_http *h = data;
+  fs_atomic_open(&h->at, &h->st);
+}
+
+static void fh_put_write_run(void *data) {
+  fs_http *h = data;
+  if (atomic_load(&h->canceled)) {
+    fs_atomic_abort(&h->at);
+    return;
+  }
+  if (h->wlen && fs_atomic_write(&h->at, h->wbuf, h->wlen, &h->st) < 0) return;
+  h->bytes += h->wlen;
+  if (h->phase == FH_COMMIT) fs_atomic_commit(&h->at, &h->st);
+}
+
+static void fh_cleanup_run(void *data) {
+  fs_http *h = data;
+  fs_atomic_abort(&h->at);
+}
+
+static void fh_cleanup_done(void *data, int canceled) {
+  fs_http *h = data;
+  (void)canceled;
+  h->busy = 0;
+  fh_destroy(h);
+}
+
+/* The exchange is gone (answered or aborted): no temp file may stay. */
+static void fh_put_dispose(fs_http *h) {
+  if (h->busy) return; /* its done comes back here */
+  if (fs_atomic_has_temp(&h->at)) {
+    if (h->phase != FH_CLEANUP) fh_to(h, h->phase, FH_CLEANUP);
+    if (fh_submit(h, fh_cleanup_run, fh_cleanup_done) == 0) return;
+    fs_atomic_abort(&h->at); /* cannot queue: here */
+  }
+  fh_destroy(h);
+}
+
+static void fh_put_fail(fs_http *h) {
+  atomic_store(&h->canceled, 1);
+  fh_error_st(h);
+  fh_put_dispose(h);
+}
+
+static void fh_put_done(void *data, int canceled) {
+  fs_http *h = data;
+  h->busy = 0;
+  free(h->wbuf);
+  h->wbuf = NULL;
+  h->wlen = 0;
+  if (!h->r) {
+    fh_put_dispose(h);
+    return;
+  }
+  if (canceled && h->st.code == RPC_OK) fs_status_set(&h->st, RPC_INTERNAL, "file upload was canceled");
+  if (h->st.code != RPC_OK) {
+    fh_put_fail(h);
+    return;
+  }
+  if (h->phase == FH_OPEN) {
+    fh_to(h, FH_OPEN, FH_RECV);
+    rpc_http_pause_body(h->r, 0);
+    fh_put_kick(h);
+    return;
+  }
+  if (h->phase == FH_COMMIT) {
+    size_t pl = strlen(h->q.path);
+    char *body = malloc(TEXT_JSON_MAX(pl) + 64);
+    if (!body) {
+      fh_error(h, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      fh_destroy(h);
+      return;
+    }
+    int k = sprintf(body, "{\"path\":");
+    k += (int)text_json_string(body + k, h->q.path, pl);
+    sprintf(body + k, ",\"size\":%" PRIu64 "}", h->bytes);
+    LOG_INFO("files %s %s: %" PRIu64 " bytes", rpc_http_method(h->r), h->q.path, h->bytes);
+    fh_answer(h, h->at.replaced ? 200 : 201, body, NULL, 0);
+    free(body);
+    fh_destroy(h);
+    return;
+  }
+  fh_put_kick(h);
+}
+
+/* Hand the filled buffer to the pool when it is not busy (at FH_IN_HIGH,
+ * or at the body's end with the commit); pause the body while both
+ * buffers are full. */
+static void fh_put_kick(fs_http *h) {
+  if (!h->r || h->phase != FH_RECV) return;
+  if (!h->busy && (h->in_len >= FH_IN_HIGH || h->body_end)) {
+    h->wbuf = h->in;
+    h->wlen = h->in_len;
+    h->in = NULL;
+    h->in_len = h->in_cap = 0;
+    if (h->body_end) fh_to(h, FH_RECV, FH_COMMIT);
+    if (fh_submit(h, fh_put_write_run, fh_put_done) != 0) {
+      fs_status_set(&h->st, RPC_INTERNAL, "queue file write failed");
+      fh_put_fail(h);
+      return;
+    }
+  }
+  int full = h->busy && h->in_len >= FH_IN_HIGH;
+  if (full != h->paused && h->phase == FH_RECV) {
+    h->paused = full;
+    rpc_http_pause_body(h->r, full);
+  }
+}
+
+static void fh_on_body(rpc_http *r, const uint8_t *d, size_t n) {
+  fs_http *h = rpc_http_data(r);
+  if (!h->r || h->phase != FH_RECV || !n) return;
+  if (h->in_len + n > h->in_cap) {
+    size_t cap = h->in_cap ? h->in_cap : FH_IN_HIGH;
+    while (cap < h->in_len + n) cap *= 2;
+    if (budget_take(cap - h->in_cap) != 0) {
+      fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "memory budget exhausted");
+      fh_put_fail(h);
+      return;
+    }
+    uint8_t *nb = realloc(h->in, cap);
+    if (!nb) {
+      budget_give(cap - h->in_cap);
+      fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      fh_put_fail(h);
+      return;
+    }
+    h->held += cap - h->in_cap;
+    h->in = nb;
+    h->in_cap = cap;
+  }
+  memcpy(h->in + h->in_len, d, n);
+  h->in_len += n;
+  fh_put_kick(h);
+}
+
+static void fh_on_body_end(rpc_http *r) {
+  fs_http *h = rpc_http_data(r);
+  if (!h->r || !h->put) return;
+  h->body_end = 1;
+  fh_put_kick(h);
+}
+
+/* ---------------------------------------------------------------- common */
+
+static void fh_on_abort(rpc_http *r) {
+  fs_http *h = rpc_http_data(r);
+  h->r = NULL;
+  atomic_store(&h->canceled, 1);
+  if (h->polling) uv_poll_stop(&h->poll);
+  h->polling = 0;
+  if (h->phase == FH_ADMIT) {
+    fh_destroy(h);
+    return;
+  }
+  if (h->put) {
+    fh_put_dispose(h);
+    return;
+  }
+  if (!h->busy) fh_destroy(h);
+}
+
+static void fh_on_drain(rpc_http *r) { fh_pump(rpc_http_data(r)); }
+
+static const rpc_http_handler fh_handler = {fh_on_body, fh_on_body_end, fh_on_abort, fh_on_drain};
+
+static void fh_ready(rpc_http *r, rpc_code code, const char *msg) {
+  fs_http *h = rpc_http_data(r);
+  if (code != RPC_OK) {
+    fh_error(h, code, msg);
+    fh_destroy(h);
+    return;
+  }
+  h->id = rpc_ident_hold(rpc_http_ident(r));
+  fh_to(h, FH_ADMIT, FH_OPEN);
+  if (h->put) {
+    fs_atomic_init(&h->at, h->q.path, &h->canceled);
+    if (fh_submit(h, fh_put_open_run, fh_put_done) != 0) {
+      fh_error(h, RPC_INTERNAL, "queue file upload failed");
+      fh_destroy(h);
+    }
+    return;
+  }
+  if (fh_submit(h, fh_open_run, fh_get_opened) != 0) {
+    fh_error(h, RPC_INTERNAL, "queue file download failed");
+    fh_destroy(h);
+  }
+}
+
+void fs_http_serve(rpc_http *r) {
+  fs_http *h = calloc(1, sizeof *h);
+  if (!h) {
+    rpc_http_open(r, &fh_handler, NULL); /* answers 500 when it fails too */
+    return;
+  }
+  h->fd = -1;
+  atomic_init(&h->canceled, 0);
+  if (rpc_http_open(r, &fh_handler, h) != 0) {
+    free(h);
+    return;
+  }
+  h->r = r;
+  const char *m = rpc_http_method(r);
+  if (strcmp(m, "OPTIONS") == 0) {
+    rpc_http_hdr hh[] = {
+        {"access-control-allow-origin", "*"},
+        {"access-control-allow-methods", "GET, HEAD, PUT, POST"},
+        {"access-control-allow-headers", "content-type, range, conch-init-token, conch-init-user"},
+        {"access-control-max-age", "7200"},
+    };
+    rpc_http_respond(r, 204, hh, sizeof hh / sizeof hh[0], 0);
+    fh_done(h);
+    fh_destroy(h);
+    return;
+  }
+  h->head = strcmp(m, "HEAD") == 0;
+  h->put = strcmp(m, "PUT") == 0 || strcmp(m, "POST") == 0;
+  if (!h->head && !h->put && strcmp(m, "GET") != 0) {
+    rpc_http_hdr allow = {"allow", "GET, HEAD, PUT, POST, OPTIONS"};
+    fh_answer(h, 405, "{\"code\":\"unimplemented\",\"message\":\"method not allowed\"}", &allow, 1);
+    fh_destroy(h);
+    return;
+  }
+  char err[200];
+  if (fs_query_parse(rpc_http_query(r), &h->q, err, sizeof err) != 0) {
+    fh_error(h, RPC_INVALID_ARGUMENT, err);
+    fh_destroy(h);
+    return;
+  }
+  const char *op = h->put ? "http file upload" : "http file download";
+  if (fs_path_check(h->q.path ? h->q.path : "", h->q.path_len, op, err, sizeof err) != 0) {
+    fh_error(h, RPC_INVALID_ARGUMENT, err);
+    fh_destroy(h);
+    return;
+  }
+  if (h->put && strcmp(m, "POST") == 0) {
+    const char *ct = rpc_http_header(r, "content-type");
+    if (ct && strncasecmp(ct, "multipart/form-data", 19) == 0) {
+      fh_error(h, RPC_UNIMPLEMENTED, "multipart/form-data uploads are not supported yet");
+      fh_destroy(h);
+      return;
+    }
+  }
+  rpc_http_auth a = {0};
+  if (h->q.signature) {
+    a.sign_method = h->put ? "PUT" : "GET";
+    a.path = h->q.path;
+    a.expires = h->q.expires;
+    a.signature = h->q.signature;
+  }
+  a.user = h->q.username;
+  rpc_http_admit(r, &a, fh_ready);
+}
