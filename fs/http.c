@@ -37,6 +37,7 @@
 #include "core/log.h"
 #include "fs/atomic.h"
 #include "fs/handlers.h"
+#include "fs/multipart.h"
 #include "fs/path.h"
 #include "fs/query.h"
 #include "fs/service.h"
@@ -84,6 +85,18 @@ typedef struct fs_http {
   size_t held;    /* budget_take'n for in and wbuf */
   int body_end, paused;
   uint64_t bytes;
+  /* POST multipart/form-data */
+  int mp;
+  fs_mp mpp;
+  uint8_t *pend; /* body bytes not yet parsed */
+  size_t pend_len, pend_off, pend_cap;
+  fs_mp_event saved; /* an event that waits for the pool */
+  int has_saved;
+  int mp_file;    /* the current part is a file being written */
+  char *target;   /* its path */
+  enum { MPO_OPEN, MPO_WRITE, MPO_COMMIT } op;
+  char *results;  /* ",{"path":…,"size":…}" entries */
+  size_t rlen;
 } fs_http;
 
 static void fh_to(fs_http *h, fh_phase from, fh_phase to) {
@@ -105,6 +118,10 @@ static void fh_free(fs_http *h) {
   free(h->buf);
   free(h->in);
   free(h->wbuf);
+  free(h->pend);
+  free(h->target);
+  free(h->results);
+  if (h->mp) fs_mp_free(&h->mpp);
   budget_give(h->held);
   fs_query_free(&h->q);
   fs_status_clear(&h->st);
@@ -660,38 +677,233 @@ static void fh_put_kick(fs_http *h) {
   }
 }
 
+/* Room for need more bytes in *buf (counted in the memory budget); 0, or
+ * -1 with h->st set. */
+static int fh_grow(fs_http *h, uint8_t **buf, size_t *cap, size_t used, size_t need) {
+  if (used + need <= *cap) return 0;
+  size_t nc = *cap ? *cap : FH_IN_HIGH;
+  while (nc < used + need) nc *= 2;
+  if (budget_take(nc - *cap) != 0) {
+    fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "memory budget exhausted");
+    return -1;
+  }
+  uint8_t *nb = realloc(*buf, nc);
+  if (!nb) {
+    budget_give(nc - *cap);
+    fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return -1;
+  }
+  h->held += nc - *cap;
+  *buf = nb;
+  *cap = nc;
+  return 0;
+}
+
+static void fh_mp_body(fs_http *h, const uint8_t *d, size_t n);
+
 static void fh_on_body(rpc_http *r, const uint8_t *d, size_t n) {
   fs_http *h = rpc_http_data(r);
   if (!h->r || h->phase != FH_RECV || !n) return;
-  if (h->in_len + n > h->in_cap) {
-    size_t cap = h->in_cap ? h->in_cap : FH_IN_HIGH;
-    while (cap < h->in_len + n) cap *= 2;
-    if (budget_take(cap - h->in_cap) != 0) {
-      fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "memory budget exhausted");
-      fh_put_fail(h);
-      return;
-    }
-    uint8_t *nb = realloc(h->in, cap);
-    if (!nb) {
-      budget_give(cap - h->in_cap);
-      fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
-      fh_put_fail(h);
-      return;
-    }
-    h->held += cap - h->in_cap;
-    h->in = nb;
-    h->in_cap = cap;
+  if (h->mp) {
+    fh_mp_body(h, d, n);
+    return;
+  }
+  if (fh_grow(h, &h->in, &h->in_cap, h->in_len, n) != 0) {
+    fh_put_fail(h);
+    return;
   }
   memcpy(h->in + h->in_len, d, n);
   h->in_len += n;
   fh_put_kick(h);
 }
 
+/* ---------------------------------------------------------------- multipart */
+
+static void fh_mp_pump(fs_http *h);
+
+static void fh_mp_run(void *data) {
+  fs_http *h = data;
+  if (atomic_load(&h->canceled)) {
+    fs_atomic_abort(&h->at);
+    return;
+  }
+  if (h->op == MPO_OPEN) {
+    fs_atomic_open(&h->at, &h->st);
+    return;
+  }
+  if (h->wlen && fs_atomic_write(&h->at, h->wbuf, h->wlen, &h->st) < 0) return;
+  h->bytes += h->wlen;
+  if (h->op == MPO_COMMIT) fs_atomic_commit(&h->at, &h->st);
+}
+
+static void fh_mp_done(void *data, int canceled) {
+  fs_http *h = data;
+  h->busy = 0;
+  free(h->wbuf);
+  h->wbuf = NULL;
+  h->wlen = 0;
+  if (!h->r) {
+    fh_put_dispose(h);
+    return;
+  }
+  if (canceled && h->st.code == RPC_OK) fs_status_set(&h->st, RPC_INTERNAL, "file upload was canceled");
+  if (h->st.code != RPC_OK) {
+    fh_put_fail(h);
+    return;
+  }
+  if (h->op == MPO_COMMIT) {
+    size_t pl = strlen(h->target);
+    char *nr = realloc(h->results, h->rlen + TEXT_JSON_MAX(pl) + 48);
+    if (!nr) {
+      fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      fh_put_fail(h);
+      return;
+    }
+    h->results = nr;
+    h->rlen += (size_t)sprintf(nr + h->rlen, "%s{\"path\":", h->rlen ? "," : "");
+    h->rlen += text_json_string(nr + h->rlen, h->target, pl);
+    h->rlen += (size_t)sprintf(nr + h->rlen, ",\"size\":%" PRIu64 "}", h->bytes);
+    LOG_INFO("files POST %s: %" PRIu64 " bytes", h->target, h->bytes);
+    h->mp_file = 0;
+  }
+  fh_mp_pump(h);
+}
+
+/* The pool takes h->in (op: MPO_WRITE or MPO_COMMIT) or opens h->target. */
+static int fh_mp_submit(fs_http *h, int op) {
+  h->op = op;
+  if (op != MPO_OPEN) {
+    h->wbuf = h->in;
+    h->wlen = h->in_len;
+    h->in = NULL;
+    h->in_len = h->in_cap = 0;
+  }
+  if (fh_submit(h, fh_mp_run, fh_mp_done) != 0) {
+    fs_status_set(&h->st, RPC_INTERNAL, "queue file write failed");
+    fh_put_fail(h);
+    return -1;
+  }
+  return 0;
+}
+
+/* A part with a file name: where it goes, or a 400 (nothing of it written). */
+static int fh_mp_part(fs_http *h) {
+  const char *base = fs_mp_basename(h->mpp.filename);
+  if (!base) {
+    fs_status_set(&h->st, RPC_INVALID_ARGUMENT, "invalid file name in multipart body: \"%.200s\"",
+                  h->mpp.filename);
+    fh_put_fail(h);
+    return -1;
+  }
+  const char *dir = h->q.path;
+  free(h->target);
+  size_t dl = strlen(dir);
+  if (dl == 1) dl = 0; /* "/" */
+  if (!(h->target = malloc(dl + strlen(base) + 2))) {
+    fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    fh_put_fail(h);
+    return -1;
+  }
+  sprintf(h->target, "%.*s/%s", (int)dl, dir, base);
+  h->mp_file = 1;
+  h->bytes = 0;
+  fs_atomic_init(&h->at, h->target, &h->canceled);
+  return fh_mp_submit(h, MPO_OPEN);
+}
+
+/* Parse what is pending as far as the pool lets it go: data gathers in
+ * h->in (written at FH_IN_HIGH), a part's start and end wait until the
+ * pool is free.  The body is paused while parsed bytes wait. */
+static void fh_mp_pump(fs_http *h) {
+  while (h->r) {
+    if (!h->has_saved) {
+      if (h->in_len >= FH_IN_HIGH) {
+        if (h->busy || fh_mp_submit(h, MPO_WRITE) != 0) break;
+        continue;
+      }
+      size_t avail = h->pend_len - h->pend_off, used;
+      if (!avail) {
+        if (h->body_end) {
+          fs_status_set(&h->st, RPC_INVALID_ARGUMENT, "invalid multipart body: cut short");
+          fh_put_fail(h);
+          return;
+        }
+        h->pend_len = h->pend_off = 0;
+        break;
+      }
+      const uint8_t *d;
+      size_t dl;
+      fs_mp_event ev = fs_mp_next(&h->mpp, h->pend + h->pend_off, avail, &used, &d, &dl);
+      h->pend_off += used;
+      if (ev == FS_MP_NEED) continue;
+      if (ev == FS_MP_DATA) {
+        if (!h->mp_file) continue;
+        if (fh_grow(h, &h->in, &h->in_cap, h->in_len, dl) != 0) {
+          fh_put_fail(h);
+          return;
+        }
+        memcpy(h->in + h->in_len, d, dl);
+        h->in_len += dl;
+        continue;
+      }
+      h->saved = ev;
+      h->has_saved = 1;
+    }
+    if (h->saved == FS_MP_ERROR) {
+      fs_status_set(&h->st, RPC_INVALID_ARGUMENT, "%s", h->mpp.err);
+      fh_put_fail(h);
+      return;
+    }
+    if (h->busy) break;
+    h->has_saved = 0;
+    if (h->saved == FS_MP_PART) {
+      if (h->mpp.filename && fh_mp_part(h) != 0) return;
+    } else if (h->saved == FS_MP_PART_END) {
+      if (h->mp_file && fh_mp_submit(h, MPO_COMMIT) != 0) return;
+    } else if (h->saved == FS_MP_END) {
+      char *body = malloc(h->rlen + 16);
+      if (!body) {
+        fh_error(h, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      } else {
+        sprintf(body, "{\"files\":[%.*s]}", (int)h->rlen, h->results ? h->results : "");
+        fh_answer(h, 200, body, NULL, 0);
+        free(body);
+      }
+      fh_destroy(h);
+      return;
+    }
+  }
+  if (!h->r) return;
+  int wait = h->has_saved || h->pend_off < h->pend_len;
+  if (wait != h->paused) {
+    h->paused = wait;
+    rpc_http_pause_body(h->r, wait);
+  }
+}
+
+static void fh_mp_body(fs_http *h, const uint8_t *d, size_t n) {
+  if (h->pend_off) { /* what was parsed goes */
+    memmove(h->pend, h->pend + h->pend_off, h->pend_len - h->pend_off);
+    h->pend_len -= h->pend_off;
+    h->pend_off = 0;
+  }
+  if (fh_grow(h, &h->pend, &h->pend_cap, h->pend_len, n) != 0) {
+    fh_put_fail(h);
+    return;
+  }
+  memcpy(h->pend + h->pend_len, d, n);
+  h->pend_len += n;
+  fh_mp_pump(h);
+}
+
 static void fh_on_body_end(rpc_http *r) {
   fs_http *h = rpc_http_data(r);
   if (!h->r || !h->put) return;
   h->body_end = 1;
-  fh_put_kick(h);
+  if (h->mp)
+    fh_mp_pump(h);
+  else
+    fh_put_kick(h);
 }
 
 /* ---------------------------------------------------------------- common */
@@ -726,6 +938,12 @@ static void fh_ready(rpc_http *r, rpc_code code, const char *msg) {
   }
   h->id = rpc_ident_hold(rpc_http_ident(r));
   fh_to(h, FH_ADMIT, FH_OPEN);
+  if (h->mp) {
+    fh_to(h, FH_OPEN, FH_RECV);
+    rpc_http_pause_body(r, 0);
+    fh_mp_pump(h);
+    return;
+  }
   if (h->put) {
     fs_atomic_init(&h->at, h->q.path, &h->canceled);
     if (fh_submit(h, fh_put_open_run, fh_put_done) != 0) {
@@ -748,6 +966,7 @@ void fs_http_serve(rpc_http *r) {
   }
   h->fd = -1;
   atomic_init(&h->canceled, 0);
+  fs_atomic_init(&h->at, NULL, &h->canceled); /* no temp file yet */
   if (rpc_http_open(r, &fh_handler, h) != 0) {
     free(h);
     return;
@@ -789,9 +1008,12 @@ void fs_http_serve(rpc_http *r) {
   if (h->put && strcmp(m, "POST") == 0) {
     const char *ct = rpc_http_header(r, "content-type");
     if (ct && strncasecmp(ct, "multipart/form-data", 19) == 0) {
-      fh_error(h, RPC_UNIMPLEMENTED, "multipart/form-data uploads are not supported yet");
-      fh_destroy(h);
-      return;
+      if (fs_mp_init(&h->mpp, ct, err, sizeof err) != 0) {
+        fh_error(h, RPC_INVALID_ARGUMENT, err);
+        fh_destroy(h);
+        return;
+      }
+      h->mp = 1;
     }
   }
   rpc_http_auth a = {0};

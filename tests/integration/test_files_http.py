@@ -393,3 +393,60 @@ def test_replaced_token_voids_signed_urls(tmp_path):
     finally:
         text = s.stop()
         assert sanitizer_report(text) is None
+
+
+# ---------------------------------------------------------------- multipart
+
+def mp_body(boundary, parts):
+    out = b""
+    for disp, data in parts:
+        out += f"--{boundary}\r\nContent-Disposition: form-data; {disp}\r\n\r\n".encode() + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode()
+
+
+def test_multipart_with_curl(srv, d):
+    a, b = os.urandom(3000), os.urandom(2_200_000)
+    write(f"{d}/a.bin", a)
+    write(f"{d}/b.bin", b)
+    tok = f"conch-init-token: {srv.token}"
+    r = curl("-F", f"one=@{d}/a.bin", "-F", f"two=@{d}/b.bin;filename=../x/y/two.bin", "-F", "field=value",
+             "-H", tok, srv.url + q(f"{d}/up"))
+    assert json.loads(r.stdout) == {"files": [{"path": f"{d}/up/a.bin", "size": 3000},
+                                              {"path": f"{d}/up/two.bin", "size": len(b)}]}
+    assert open(f"{d}/up/a.bin", "rb").read() == a and open(f"{d}/up/two.bin", "rb").read() == b
+    assert sorted(os.listdir(f"{d}/up")) == ["a.bin", "two.bin"]
+    r = curl("--http2-prior-knowledge", "-F", f"f=@{d}/a.bin;filename=h2.bin", "-H", tok, srv.url + q(f"{d}/up"))
+    assert json.loads(r.stdout)["files"][0]["path"] == f"{d}/up/h2.bin"
+
+
+@pytest.mark.parametrize("disp", ['name="f"; filename=".."', 'name="f"; filename="."', 'name="f"; filename=""',
+                                  'name="f"; filename="a/"', 'name="f"; filename="/"',
+                                  "name=\"f\"; filename*=UTF-8''a%00b"])
+def test_multipart_bad_names(srv, d, disp):
+    body = mp_body("BND", [(disp, b"data")])
+    st, h, got = req(srv, "POST", q(f"{d}/m"), {"Content-Type": "multipart/form-data; boundary=BND"}, body=body)
+    assert st == 400 and json.loads(got)["code"] == "invalid_argument", got
+    assert json.loads(got)["message"].startswith("invalid file name in multipart body: ")
+    assert os.listdir(d) == [] or os.listdir(f"{d}/m") == []
+
+
+def test_multipart_malformed_and_cut(srv, d):
+    ct = {"Content-Type": "multipart/form-data; boundary=BND"}
+    st, h, got = req(srv, "POST", q(f"{d}/m"), {"Content-Type": "multipart/form-data"}, body=b"x")
+    assert (st, json.loads(got)["message"]) == (400, "invalid multipart body: missing or invalid boundary")
+    whole = mp_body("BND", [('name="a"; filename="done.txt"', b"complete")])
+    st, h, got = req(srv, "POST", q(f"{d}/m"), ct, body=whole[:-20])
+    assert (st, json.loads(got)["message"]) == (400, "invalid multipart body: cut short")
+    # a connection cut in the second part keeps the first file, nothing of the second
+    body = mp_body("BND", [('name="a"; filename="first.txt"', b"first"),
+                           ('name="b"; filename="second.bin"', b"z" * 3_000_000)])
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(f"POST {q(f'{d}/c')} HTTP/1.1\r\nHost: x\r\nconch-init-token: {srv.token}\r\n"
+              f"Content-Type: multipart/form-data; boundary=BND\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+              + body[:1_500_000])
+    deadline = time.time() + 10
+    while time.time() < deadline and not os.path.exists(f"{d}/c/first.txt"):
+        time.sleep(0.05)
+    s.close()
+    time.sleep(1)
+    assert os.listdir(f"{d}/c") == ["first.txt"] and open(f"{d}/c/first.txt", "rb").read() == b"first"
