@@ -500,17 +500,10 @@ static void fh_pump(fs_http *h) {
     fh_destroy(h);
     return;
   }
-  if (!rpc_http_room(h->r, FH_CHUNK)) {
-    if (h->polling) uv_poll_stop(&h->poll);
-    h->polling = 0;
-    return; /* on_drain comes back */
-  }
   if (h->zero_copy) {
-    size_t n = h->end - h->pos > (1u << 30) ? (1u << 30) : (size_t)(h->end - h->pos);
-    int z = rpc_http_write_file(h->r, h->fd, h->pos, n);
-    if (z == 0) {
-      h->pos += n;
-      fh_pump(h);
+    int z = rpc_http_write_file(h->r, h->fd, h->pos, h->end - h->pos);
+    if (z == 0) { /* on_drain once it is all sent */
+      h->pos = h->end;
       return;
     }
     if (z < 0) {
@@ -520,6 +513,11 @@ static void fh_pump(fs_http *h) {
       return;
     }
     h->zero_copy = 0; /* not on this transport */
+  }
+  if (!rpc_http_room(h->r, FH_CHUNK)) {
+    if (h->polling) uv_poll_stop(&h->poll);
+    h->polling = 0;
+    return; /* on_drain comes back */
   }
   if (!h->buf && !(h->buf = malloc(FH_CHUNK))) {
     rpc_http_abort(h->r);

@@ -525,8 +525,28 @@ static int h1_room(hx *x, size_t n) {
   return 0;
 }
 
+/* The file range is sent: the exchange may go on. */
+static void h1_file_done(void *arg) {
+  h1 *s = arg;
+  hx *x = s->x;
+  if (x && !x->ended && x->h && x->h->on_drain) x->h->on_drain(x);
+}
+
+/* The head goes out first (as a write), then the range by the kernel. */
+static int h1_write_file(hx *x, int fd, uint64_t off, uint64_t len) {
+  h1 *s = x->tp;
+  if (!s->c->ops->sendfile || s->chunked || s->head_only) return 1;
+  uv_buf_t bufs[1];
+  void *owned[1];
+  unsigned nb = 0, no = 0;
+  h1_flush_head(s, bufs, &nb, owned, &no);
+  if (nb && sink_write(s->c, bufs, nb, owned, no) != 0) return -1;
+  return s->c->ops->sendfile(s->c, fd, off, len, h1_file_done, s) == 0 ? 0 : -1;
+}
+
 /* waiting: NULL — one request at a time, nothing else waits behind it */
-static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room, NULL};
+static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room, NULL,
+                              h1_write_file};
 
 /* ---------------------------------------------------------------- driving */
 

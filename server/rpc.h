@@ -339,11 +339,12 @@ int rpc_http_respond(rpc_http *r, int status, const rpc_http_hdr *h, size_t n, i
 /* len bytes at data held by owner (bufref.h), released once written or at
  * once on failure.  0 or -1. */
 int rpc_http_write(rpc_http *r, void *owner, const uint8_t *data, size_t len);
-/* Send len bytes of fd from offset off; the transport dups fd and sends
- * them without a copy through user space where it can (HTTP/1.1:
- * sendfile), else returns 1 and the caller sends them itself.  0 queued,
- * -1 failed. */
-int rpc_http_write_file(rpc_http *r, int fd, uint64_t off, size_t len);
+/* Send len bytes of fd from offset off (after the head and what was
+ * written before) without a copy through user space where the transport
+ * can (HTTP/1.1: sendfile, in the thread pool; fd is dup'd): 0 started,
+ * and on_drain runs once they all left; 1 not on this transport (nothing
+ * done: send them yourself); -1 failed. */
+int rpc_http_write_file(rpc_http *r, int fd, uint64_t off, uint64_t len);
 int rpc_http_end(rpc_http *r);
 /* Cut the answer short (after its head: a read error, a file that
  * shrank): the connection is closed; r is gone, and the service's

@@ -209,9 +209,11 @@ int rpc_http_write(rpc_http *r, void *owner, const uint8_t *data, size_t len) {
   return hx_write_owned(r, owner, data, len);
 }
 
-int rpc_http_write_file(rpc_http *r, int fd, uint64_t off, size_t len) {
-  (void)r, (void)fd, (void)off, (void)len;
-  return 1;
+int rpc_http_write_file(rpc_http *r, int fd, uint64_t off, uint64_t len) {
+  rh *s = rh_of(r);
+  int z = hx_write_file(r, fd, off, len);
+  if (z == 0) s->room_wait = 1; /* its end comes as on_drain */
+  return z;
 }
 
 int rpc_http_end(rpc_http *r) {

@@ -450,3 +450,27 @@ def test_multipart_malformed_and_cut(srv, d):
     s.close()
     time.sleep(1)
     assert os.listdir(f"{d}/c") == ["first.txt"] and open(f"{d}/c/first.txt", "rb").read() == b"first"
+
+
+def test_zero_copy_client_leaves_and_slow_reader(srv, d):
+    """HTTP/1.1 sends a sized file with sendfile: a client that stops
+    reading holds nothing in the agent; one that leaves midway ends it."""
+    with open(f"{d}/sparse", "wb") as f:
+        f.truncate(64 << 20)
+    for leave_after in (1 << 20, 20 << 20):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        s.sendall(f"GET {q(f'{d}/sparse')} HTTP/1.1\r\nHost: x\r\nconch-init-token: {srv.token}\r\n\r\n".encode())
+        got = 0
+        while got < leave_after:
+            b = s.recv(1 << 16)
+            assert b
+            got += len(b)
+        time.sleep(0.5)  # not reading: the kernel's buffers fill, the agent waits
+        st, _, _ = req(srv, "GET", "/health", token=False)
+        assert st == 200
+        s.close()
+    st, h, body = req(srv, "GET", q(f"{d}/sparse"), {"Range": "bytes=-5"})
+    assert (st, body) == (206, b"\0" * 5)
+    st, h, body = req(srv, "GET", q(f"{d}/sparse"))
+    assert st == 200 and len(body) == 64 << 20
