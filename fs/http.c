@@ -44,7 +44,8 @@
 #include "proto/text.h"
 
 #define FH_CHUNK (256u * 1024)
-#define FH_IN_HIGH (512u * 1024)
+#define FH_IN_HIGH (1024u * 1024)
+#define FH_IN_CAP (2 * FH_IN_HIGH)
 
 typedef enum fh_phase {
   FH_ADMIT,   /* token / signature and user being checked */
@@ -81,7 +82,9 @@ typedef struct fs_http {
   uint8_t *in;    /* filling */
   size_t in_len, in_cap;
   uint8_t *wbuf;  /* being written by the pool */
-  size_t wlen;
+  size_t wlen, wcap;
+  uint8_t *spare; /* the last one written, filled next (no malloc per MiB) */
+  size_t spare_cap;
   size_t held;    /* budget_take'n for in and wbuf */
   int body_end, paused;
   uint64_t bytes;
@@ -118,6 +121,7 @@ static void fh_free(fs_http *h) {
   free(h->buf);
   free(h->in);
   free(h->wbuf);
+  free(h->spare);
   free(h->pend);
   free(h->target);
   free(h->results);
@@ -195,6 +199,20 @@ static void fh_error_x(fs_http *h, int status, rpc_code code, const char *msg, c
 static void fh_error(fs_http *h, rpc_code code, const char *msg) { fh_error_x(h, 0, code, msg, NULL, 0); }
 
 static void fh_error_st(fs_http *h) { fh_error(h, h->st.code, h->st.msg); }
+
+/* The buffer the pool wrote is kept for the next fill. */
+static void fh_keep_spare(fs_http *h) {
+  if (h->wbuf && !h->spare) {
+    h->spare = h->wbuf;
+    h->spare_cap = h->wcap;
+  } else if (h->wbuf) {
+    free(h->wbuf);
+    budget_give(h->wcap);
+    h->held -= h->wcap;
+  }
+  h->wbuf = NULL;
+  h->wlen = h->wcap = 0;
+}
 
 /* A pool job as the request's user; 0, or -1 (answered). */
 static int fh_submit(fs_http *h, void (*run)(void *), void (*done)(void *, int)) {
@@ -613,9 +631,7 @@ static void fh_put_fail(fs_http *h) {
 static void fh_put_done(void *data, int canceled) {
   fs_http *h = data;
   h->busy = 0;
-  free(h->wbuf);
-  h->wbuf = NULL;
-  h->wlen = 0;
+  fh_keep_spare(h);
   if (!h->r) {
     fh_put_dispose(h);
     return;
@@ -659,8 +675,12 @@ static void fh_put_kick(fs_http *h) {
   if (!h->busy && (h->in_len >= FH_IN_HIGH || h->body_end)) {
     h->wbuf = h->in;
     h->wlen = h->in_len;
-    h->in = NULL;
-    h->in_len = h->in_cap = 0;
+    h->wcap = h->in_cap;
+    h->in = h->spare; /* the buffer written last time, if any */
+    h->in_cap = h->spare_cap;
+    h->in_len = 0;
+    h->spare = NULL;
+    h->spare_cap = 0;
     if (h->body_end) fh_to(h, FH_RECV, FH_COMMIT);
     if (fh_submit(h, fh_put_write_run, fh_put_done) != 0) {
       fs_status_set(&h->st, RPC_INTERNAL, "queue file write failed");
@@ -706,13 +726,28 @@ static void fh_on_body(rpc_http *r, const uint8_t *d, size_t n) {
     fh_mp_body(h, d, n);
     return;
   }
-  if (fh_grow(h, &h->in, &h->in_cap, h->in_len, n) != 0) {
-    fh_put_fail(h);
-    return;
+  if (d != h->in + h->in_len || h->in_len + n > h->in_cap) { /* else read there: fh_body_into */
+    if (fh_grow(h, &h->in, &h->in_cap, h->in_len, n) != 0) {
+      fh_put_fail(h);
+      return;
+    }
+    memcpy(h->in + h->in_len, d, n);
   }
-  memcpy(h->in + h->in_len, d, n);
   h->in_len += n;
   fh_put_kick(h);
+}
+
+/* A raw upload's next bytes may be read straight into the buffer that
+ * fills (up to FH_IN_CAP). */
+static uint8_t *fh_body_into(rpc_http *r, size_t *len) {
+  fs_http *h = rpc_http_data(r);
+  if (!h || !h->r || h->phase != FH_RECV || h->mp || h->in_len >= FH_IN_HIGH) return NULL;
+  if (h->in_cap < FH_IN_CAP && fh_grow(h, &h->in, &h->in_cap, h->in_len, FH_IN_CAP - h->in_len) != 0) {
+    fs_status_clear(&h->st); /* only a missed shortcut: on_body copies */
+    return NULL;
+  }
+  *len = h->in_cap - h->in_len;
+  return h->in + h->in_len;
 }
 
 /* ---------------------------------------------------------------- multipart */
@@ -737,9 +772,7 @@ static void fh_mp_run(void *data) {
 static void fh_mp_done(void *data, int canceled) {
   fs_http *h = data;
   h->busy = 0;
-  free(h->wbuf);
-  h->wbuf = NULL;
-  h->wlen = 0;
+  fh_keep_spare(h);
   if (!h->r) {
     fh_put_dispose(h);
     return;
@@ -773,8 +806,12 @@ static int fh_mp_submit(fs_http *h, int op) {
   if (op != MPO_OPEN) {
     h->wbuf = h->in;
     h->wlen = h->in_len;
-    h->in = NULL;
-    h->in_len = h->in_cap = 0;
+    h->wcap = h->in_cap;
+    h->in = h->spare; /* the buffer written last time, if any */
+    h->in_cap = h->spare_cap;
+    h->in_len = 0;
+    h->spare = NULL;
+    h->spare_cap = 0;
   }
   if (fh_submit(h, fh_mp_run, fh_mp_done) != 0) {
     fs_status_set(&h->st, RPC_INTERNAL, "queue file write failed");
@@ -925,7 +962,9 @@ static void fh_on_abort(rpc_http *r) {
 
 static void fh_on_drain(rpc_http *r) { fh_pump(rpc_http_data(r)); }
 
-static const rpc_http_handler fh_handler = {fh_on_body, fh_on_body_end, fh_on_abort, fh_on_drain};
+static uint8_t *fh_body_into(rpc_http *r, size_t *len);
+static const rpc_http_handler fh_handler = {fh_on_body, fh_on_body_end, fh_on_abort, fh_on_drain,
+                                            fh_body_into};
 
 static void fh_ready(rpc_http *r, rpc_code code, const char *msg) {
   fs_http *h = rpc_http_data(r);

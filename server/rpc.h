@@ -305,8 +305,12 @@ typedef struct rpc_http_handler {
   void (*on_body_end)(rpc_http *r);
   /* the peer went away before rpc_http_end: r is gone when it returns */
   void (*on_abort)(rpc_http *r);
-  /* rpc_http_room said no and there is room now: ask again */
+  /* rpc_http_room said no and there is room now: ask again (or a file
+   * range of rpc_http_write_file was sent) */
   void (*on_drain)(rpc_http *r);
+  /* Optional: the service's memory where the next *len body bytes may be
+   * read (or NULL); they then come to on_body at that address. */
+  uint8_t *(*body_into)(rpc_http *r, size_t *len);
 } rpc_http_handler;
 
 /* Take the request over (from the route's function, at once); the body is

@@ -65,7 +65,12 @@ static void rh_on_drain(hx *x) {
   if (s->h->on_drain) s->h->on_drain(x);
 }
 
-static const hx_handler rh_handler = {rh_on_body, rh_on_body_end, rh_on_abort, rh_on_drain, NULL};
+static uint8_t *rh_body_into(hx *x, size_t *len) {
+  rh *s = x->hdata;
+  return s->h->body_into ? s->h->body_into(x, len) : NULL;
+}
+
+static const hx_handler rh_handler = {rh_on_body, rh_on_body_end, rh_on_abort, rh_on_drain, rh_body_into};
 
 static void rh_budget_wake(budget_waiter *w) {
   rh *s = (rh *)((char *)w - offsetof(rh, bw));
