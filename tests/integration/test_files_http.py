@@ -474,3 +474,86 @@ def test_zero_copy_client_leaves_and_slow_reader(srv, d):
     assert (st, body) == (206, b"\0" * 5)
     st, h, body = req(srv, "GET", q(f"{d}/sparse"))
     assert st == 200 and len(body) == 64 << 20
+
+
+# ---------------------------------------------------------------- a real browser
+
+def png_encode(w, h, pixel):
+    """An RGB PNG of w x h whose pixel (x, y) is pixel(x, y)."""
+    import struct
+    import zlib
+    raw = b"".join(b"\0" + b"".join(bytes(pixel(x, y)) for x in range(w)) for y in range(h))
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def png_decode(data):
+    """(w, h, rows of RGB(A) tuples) of an 8-bit RGB/RGBA non-interlaced PNG."""
+    import struct
+    import zlib
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w = 8, b"", 0
+    while pos < len(data):
+        n, t = struct.unpack(">I4s", data[pos:pos + 8])
+        d = data[pos + 8:pos + 8 + n]
+        if t == b"IHDR":
+            w, h, depth, ctype, _, _, inter = struct.unpack(">IIBBBBB", d)
+            assert depth == 8 and ctype in (2, 6) and inter == 0, (depth, ctype, inter)
+            bpp = 3 if ctype == 2 else 4
+        elif t == b"IDAT":
+            idat += d
+        pos += 12 + n
+    raw, stride, prev, rows, i = zlib.decompress(idat), w * bpp, bytearray(w * bpp), [], 0
+    for _ in range(h):
+        f, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
+        i += 1 + stride
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            if f == 1:
+                line[x] = (line[x] + a) & 255
+            elif f == 2:
+                line[x] = (line[x] + b) & 255
+            elif f == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[k:k + 3]) for k in range(0, stride, bpp)])
+        prev = line
+    return w, h, rows
+
+
+def test_chromium_shows_a_signed_png(srv, d):
+    """Headless Chromium opens a page whose <img> is a signed URL of a PNG
+    uploaded with PUT; its screenshot shows the image's four colours."""
+    quad = {(0, 0): (220, 20, 60), (1, 0): (30, 144, 255), (0, 1): (50, 205, 50), (1, 1): (255, 215, 0)}
+    png = png_encode(80, 80, lambda x, y: quad[(x // 40, y // 40)])
+    st, _, _ = req(srv, "PUT", q(f"{d}/pic.png"), body=png)
+    assert st == 201
+    url = srv.url + signed(srv.token, "GET", f"{d}/pic.png")
+    page = f"{d}/page.html"
+    with open(page, "w") as f:
+        f.write('<!doctype html><html><body style="margin:0;background:#fff">'
+                f'<img src="{url.replace("&", "&amp;")}" style="position:absolute;left:10px;top:10px">'
+                '</body></html>')
+    shot, profile = f"{d}/shot.png", f"{d}/profile"
+    r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+                        "--hide-scrollbars", "--force-device-scale-factor=1", "--window-size=200,200",
+                        "--virtual-time-budget=3000", f"--screenshot={shot}", "file://" + page],
+                       capture_output=True, timeout=120)
+    assert os.path.exists(shot), r.stderr.decode(errors="replace")[-3000:]
+    w, h, rows = png_decode(open(shot, "rb").read())
+    assert (w, h) == (200, 200)
+
+    def near(a, b):
+        return all(abs(x - y) <= 3 for x, y in zip(a, b))
+    for (qx, qy), colour in quad.items():
+        for x, y in ((qx * 40 + 12, qy * 40 + 12), (qx * 40 + 45, qy * 40 + 45), (qx * 40 + 30, qy * 40 + 30)):
+            assert near(rows[y][x], colour), ((x, y), rows[y][x], colour)
+    assert near(rows[5][5], (255, 255, 255)) and near(rows[150][150], (255, 255, 255))
