@@ -557,3 +557,62 @@ def test_chromium_shows_a_signed_png(srv, d):
         for x, y in ((qx * 40 + 12, qy * 40 + 12), (qx * 40 + 45, qy * 40 + 45), (qx * 40 + 30, qy * 40 + 30)):
             assert near(rows[y][x], colour), ((x, y), rows[y][x], colour)
     assert near(rows[5][5], (255, 255, 255)) and near(rows[150][150], (255, 255, 255))
+
+
+# ---------------------------------------------------------------- the docs, as written
+
+def md_blocks(text, lang):
+    out, cur = [], None
+    for line in text.splitlines():
+        if cur is None and line.strip() == f"```{lang}":
+            cur = []
+        elif cur is not None and line.strip() == "```":
+            out.append("\n".join(cur))
+            cur = None
+        elif cur is not None:
+            cur.append(line)
+    return out
+
+
+def test_api_md_examples_run(srv, tmp_path):
+    """docs/api.md's shell definitions, its /files examples (curl, the
+    openssl signature) and its Python signed URL, and `frame` with a message
+    far over the argument limit, run as written."""
+    doc = open(os.path.join(ROOT, "docs", "api.md")).read()
+    defs = md_blocks(doc, "sh")[0]
+    assert defs.startswith("U=http://127.0.0.1:4064 TOKEN=my-token")
+    defs = defs.replace("U=http://127.0.0.1:4064 TOKEN=my-token", f"U={srv.url} TOKEN={srv.token}", 1)
+    sec = doc[doc.index("\n## Files over plain HTTP\n"):]
+    sec = sec[:sec.index("\n## ", 5)]
+    big = doc[doc.index("A message of any size goes through standard input"):]
+    shells = md_blocks(sec, "sh") + md_blocks(big, "sh")[:1]
+    with open(tmp_path / "notes.txt", "w") as f:
+        f.write("hello\n")
+    for i, block in enumerate(shells):
+        r = subprocess.run(["bash", "-c", "set -eo pipefail\n" + defs + "\n" + block], cwd=tmp_path,
+                           capture_output=True, timeout=60)
+        assert r.returncode == 0, (block, r.stderr)
+        want = [line[2:] for line in block.splitlines() if line.startswith("# {")]
+        got = r.stdout.decode().splitlines()
+        assert got[-len(want):] == want if want else True, (block, got)
+        if "openssl" in block:
+            assert r.stdout == b"hello\n", r.stdout
+    assert open(tmp_path / "hostname", "rb").read() == open("/etc/hostname", "rb").read()
+    assert open("/tmp/api-demo/numbers.copy").read() == open("/tmp/api-demo/numbers").read()
+    [py] = md_blocks(sec, "python")
+    env = dict(os.environ, CONCH_URL=srv.url, CONCH_TOKEN=srv.token)
+    r = subprocess.run(["/usr/bin/python3", "-c", py], capture_output=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout.decode().strip() == repr(open("/etc/hostname", "rb").read()), r
+
+
+def test_help_names_docs_that_exist_and_unknown_command():
+    from conftest import BIN
+    r = subprocess.run([BIN, "--help"], capture_output=True, timeout=30)
+    assert r.returncode == 0
+    import re
+    docs = re.findall(r"(README\.md|docs/[\w/]+\.md)", r.stdout.decode())
+    assert "docs/api.md" in docs and "boot.md" not in r.stdout.decode()
+    for p in docs:
+        assert os.path.exists(os.path.join(ROOT, p)), p
+    r = subprocess.run([BIN, "bogus"], capture_output=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.decode().startswith('conch-init: unknown command "bogus"')
