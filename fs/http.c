@@ -41,6 +41,7 @@
 #include "fs/path.h"
 #include "fs/query.h"
 #include "fs/service.h"
+#include "proto/gzip.h"
 #include "proto/text.h"
 
 #define FH_CHUNK (256u * 1024)
@@ -77,6 +78,11 @@ typedef struct fs_http {
   size_t n;
   int eof;
   int zero_copy; /* the transport takes file ranges */
+  gz_stream *gz;  /* GET: gzip on the fly; PUT: the body is gunzipped */
+  uint8_t *zb;    /* GET: the gzip of the chunk read */
+  size_t zn, zcap;
+  size_t zraw; /* file bytes behind the gzip in buf */
+  int gz_done;  /* the gzip stream's end was made */
   /* PUT */
   fs_atomic at;
   uint8_t *in;    /* filling */
@@ -122,6 +128,8 @@ static void fh_free(fs_http *h) {
   free(h->in);
   free(h->wbuf);
   free(h->spare);
+  free(h->zb);
+  gz_stream_free(h->gz);
   free(h->pend);
   free(h->target);
   free(h->results);
@@ -385,9 +393,11 @@ static void fh_get_opened(void *data, int canceled) {
   rpc_http *r = h->r;
   const struct stat *sb = &h->sb;
   char etag[80], lm[40], crange[80];
-  snprintf(etag, sizeof etag, "\"%" PRIx64 "-%" PRIx64 "-%" PRIx64 "\"", (uint64_t)sb->st_ino,
+  /* gzip when asked, for the whole file (a range is of the identity bytes) */
+  int gz = gz_accepted(rpc_http_header(r, "accept-encoding")) && !rpc_http_header(r, "range");
+  snprintf(etag, sizeof etag, "\"%" PRIx64 "-%" PRIx64 "-%" PRIx64 "%s\"", (uint64_t)sb->st_ino,
            (uint64_t)sb->st_size,
-           (uint64_t)sb->st_mtim.tv_sec * 1000000000u + (uint64_t)sb->st_mtim.tv_nsec);
+           (uint64_t)sb->st_mtim.tv_sec * 1000000000u + (uint64_t)sb->st_mtim.tv_nsec, gz ? "-gzip" : "");
   fh_http_date(sb->st_mtim.tv_sec, lm);
   char *disp = fh_disposition(fs_path_base(h->q.path));
   rpc_http_hdr hh[16];
@@ -396,6 +406,7 @@ static void fh_get_opened(void *data, int canceled) {
   hh[n++] = (rpc_http_hdr){"etag", etag};
   hh[n++] = (rpc_http_hdr){"last-modified", lm};
   if (h->sized) hh[n++] = (rpc_http_hdr){"accept-ranges", "bytes"};
+  hh[n++] = (rpc_http_hdr){"vary", "Accept-Encoding"};
   /* RFC 9110 §13.2.2: If-None-Match, else If-Modified-Since */
   const char *inm = rpc_http_header(r, "if-none-match");
   int64_t ims = fh_parse_date(rpc_http_header(r, "if-modified-since"));
@@ -409,7 +420,17 @@ static void fh_get_opened(void *data, int canceled) {
   if (disp) hh[n++] = (rpc_http_hdr){"content-disposition", disp};
   hh[n++] = (rpc_http_hdr){"content-type", "application/octet-stream"};
   int status = 200;
-  if (h->sized) {
+  if (gz) {
+    hh[n++] = (rpc_http_hdr){"content-encoding", "gzip"};
+    if (!(h->gz = gz_stream_new(1, 1))) {
+      free(disp);
+      fh_error(h, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      fh_destroy(h);
+      return;
+    }
+    h->pos = 0;
+    h->end = (uint64_t)sb->st_size;
+  } else if (h->sized) {
     uint64_t size = (uint64_t)sb->st_size, a = 0, b = 0;
     const char *ir = rpc_http_header(r, "if-range");
     fh_range rg = fh_parse_range(rpc_http_header(r, "range"), size, &a, &b);
@@ -432,7 +453,7 @@ static void fh_get_opened(void *data, int canceled) {
       hh[n++] = (rpc_http_hdr){"content-range", crange};
     }
   }
-  rpc_http_respond(r, status, hh, n, h->sized ? (int64_t)(h->end - h->pos) : -1);
+  rpc_http_respond(r, status, hh, n, h->sized && !gz ? (int64_t)(h->end - h->pos) : -1);
   free(disp);
   if (h->head) {
     fh_done(h);
@@ -445,12 +466,52 @@ static void fh_get_opened(void *data, int canceled) {
     h->poll.data = h;
     h->pollable = 1;
   }
-  h->zero_copy = h->sized;
+  h->zero_copy = h->sized && !gz;
   fh_pump(h);
 }
 
+static int fh_zb_sink(void *arg, const uint8_t *p, size_t n) {
+  fs_http *h = arg;
+  if (h->zn + n > h->zcap) {
+    size_t cap = (h->zn + n) * 2;
+    uint8_t *nb = realloc(h->zb, cap);
+    if (!nb) return -1;
+    h->zb = nb;
+    h->zcap = cap;
+  }
+  memcpy(h->zb + h->zn, p, n);
+  h->zn += n;
+  return 0;
+}
+
+/* GET with gzip: buf's n bytes become their gzip (the last chunk ends the
+ * stream).  Pool thread, or the loop for a FIFO's small reads. */
+static void fh_gzip_chunk(fs_http *h) {
+  int last = h->sized ? h->pos + h->n >= h->end : h->eof;
+  h->zn = 0;
+  if (gz_stream_feed(h->gz, h->buf, h->n, last, fh_zb_sink, h) != GZ_OK) {
+    fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  h->gz_done = last;
+  uint8_t *t = h->buf; /* the gzip goes out in buf's place */
+  h->buf = h->zb;
+  h->zb = t;
+  h->zcap = FH_CHUNK;
+  size_t raw = h->n;
+  h->n = h->zn;
+  h->zraw = raw;
+}
+
+static void fh_read_fill(fs_http *h);
+
 static void fh_read_run(void *data) {
   fs_http *h = data;
+  fh_read_fill(h);
+  if (h->gz && h->st.code == RPC_OK) fh_gzip_chunk(h);
+}
+
+static void fh_read_fill(fs_http *h) {
   size_t want = FH_CHUNK;
   if (h->sized && h->end - h->pos < want) want = (size_t)(h->end - h->pos);
   h->n = 0;
@@ -478,7 +539,7 @@ static int fh_send_buf(fs_http *h) {
   size_t n = h->n;
   h->buf = NULL;
   h->n = 0;
-  h->pos += n;
+  h->pos += h->gz ? h->zraw : n;
   if (!n) {
     free(b);
     return 0;
@@ -513,7 +574,7 @@ static void fh_read_done(void *data, int canceled) {
 /* The next piece of a GET's answer, once there is room for it. */
 static void fh_pump(fs_http *h) {
   if (!h->r || h->busy) return;
-  if ((h->sized && h->pos >= h->end) || h->eof) {
+  if (h->gz ? h->gz_done : (h->sized && h->pos >= h->end) || h->eof) {
     fh_done(h);
     fh_destroy(h);
     return;
@@ -564,11 +625,16 @@ static void fh_on_poll(uv_poll_t *p, int status, int events) {
   if (r < 0 && (errno == EAGAIN || errno == EINTR) && status >= 0) return;
   if (r <= 0) {
     h->eof = 1;
-    fh_pump(h);
-    return;
+    h->n = 0;
+    if (!h->gz) {
+      fh_pump(h);
+      return;
+    }
+  } else {
+    h->n = (size_t)r;
   }
-  h->n = (size_t)r;
-  if (fh_send_buf(h) != 0) {
+  if (h->gz) fh_gzip_chunk(h); /* a FIFO's read: small, on the loop */
+  if (h->st.code != RPC_OK || fh_send_buf(h) != 0) {
     rpc_http_abort(h->r);
     h->r = NULL;
     uv_poll_stop(&h->poll);
@@ -588,15 +654,33 @@ static void fh_put_open_run(void *data) {
   fs_atomic_open(&h->at, &h->st);
 }
 
+static int fh_gunzip_sink(void *arg, const uint8_t *p, size_t n) {
+  fs_http *h = arg;
+  if (fs_atomic_write(&h->at, p, n, &h->st) < 0) return -1;
+  h->bytes += n;
+  return 0;
+}
+
 static void fh_put_write_run(void *data) {
   fs_http *h = data;
+  int last = h->phase == FH_COMMIT;
   if (atomic_load(&h->canceled)) {
     fs_atomic_abort(&h->at);
     return;
   }
-  if (h->wlen && fs_atomic_write(&h->at, h->wbuf, h->wlen, &h->st) < 0) return;
-  h->bytes += h->wlen;
-  if (h->phase == FH_COMMIT) fs_atomic_commit(&h->at, &h->st);
+  if (h->gz) { /* Content-Encoding: gzip: the file gets what it decodes to */
+    gz_result g = gz_stream_feed(h->gz, h->wbuf, h->wlen, last, fh_gunzip_sink, h);
+    if (g == GZ_TOO_BIG) return; /* the write failed: st set, temp file gone */
+    if (g != GZ_OK) {
+      fs_status_set(&h->st, RPC_INVALID_ARGUMENT, "invalid gzip body");
+      fs_atomic_abort(&h->at);
+      return;
+    }
+  } else {
+    if (h->wlen && fs_atomic_write(&h->at, h->wbuf, h->wlen, &h->st) < 0) return;
+    h->bytes += h->wlen;
+  }
+  if (last) fs_atomic_commit(&h->at, &h->st);
 }
 
 static void fh_cleanup_run(void *data) {
@@ -1041,6 +1125,22 @@ void fs_http_serve(rpc_http *r) {
     fh_error(h, RPC_INVALID_ARGUMENT, err);
     fh_destroy(h);
     return;
+  }
+  const char *ce = rpc_http_header(r, "content-encoding");
+  if (h->put && ce && strcasecmp(ce, "identity") != 0) {
+    const char *ct = rpc_http_header(r, "content-type");
+    if (strcasecmp(ce, "gzip") != 0 || (ct && strncasecmp(ct, "multipart/form-data", 19) == 0)) {
+      char e[120];
+      snprintf(e, sizeof e, "unsupported content encoding: %.60s", ce);
+      fh_error_x(h, 415, RPC_INVALID_ARGUMENT, e, NULL, 0);
+      fh_destroy(h);
+      return;
+    }
+    if (!(h->gz = gz_stream_new(0, 0))) {
+      fh_error(h, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      fh_destroy(h);
+      return;
+    }
   }
   if (h->put && strcmp(m, "POST") == 0) {
     const char *ct = rpc_http_header(r, "content-type");

@@ -616,3 +616,46 @@ def test_help_names_docs_that_exist_and_unknown_command():
         assert os.path.exists(os.path.join(ROOT, p)), p
     r = subprocess.run([BIN, "bogus"], capture_output=True, timeout=30)
     assert r.returncode == 2 and r.stderr.decode().startswith('conch-init: unknown command "bogus"')
+
+
+# ---------------------------------------------------------------- gzip
+
+def test_gzip_both_ways(srv, d):
+    import gzip
+    data = b"".join(b"line %d\n" % i for i in range(300_000))
+    write(f"{d}/t", data)
+    tok = f"conch-init-token: {srv.token}"
+    for extra in ([], ["--http2-prior-knowledge"]):
+        r = curl(*extra, "--compressed", "-D", f"{d}/h", "-o", f"{d}/o", "-H", tok, srv.url + q(f"{d}/t"))
+        head = open(f"{d}/h").read().lower()
+        assert "content-encoding: gzip" in head and "vary: accept-encoding" in head and "\ncontent-length:" not in head
+        assert open(f"{d}/o", "rb").read() == data
+    st, h, body = req(srv, "GET", q(f"{d}/t"), {"Accept-Encoding": "gzip"})
+    assert st == 200 and h["content-encoding"] == "gzip" and h["etag"].endswith('-gzip"') and h["vary"] == "Accept-Encoding"
+    assert gzip.decompress(body) == data and len(body) < len(data) // 3
+    st, h2, _ = req(srv, "GET", q(f"{d}/t"), {"Accept-Encoding": "gzip", "If-None-Match": h["etag"]})
+    assert st == 304
+    st, h3, body = req(srv, "GET", q(f"{d}/t"))
+    assert "content-encoding" not in h3 and h3["etag"] != h["etag"] and h3["vary"] == "Accept-Encoding"
+    st, h4, body = req(srv, "GET", q(f"{d}/t"), {"Accept-Encoding": "gzip", "Range": "bytes=0-9"})
+    assert (st, body) == (206, data[:10]) and "content-encoding" not in h4  # a range: identity
+    write(f"{d}/empty", b"")
+    st, _, body = req(srv, "GET", q(f"{d}/empty"), {"Accept-Encoding": "gzip"})
+    assert st == 200 and gzip.decompress(body) == b""
+    os.mkfifo(f"{d}/fifo")
+    p = subprocess.Popen(["sh", "-c", f"sleep 0.3; seq 1000 > {d}/fifo"])
+    st, _, body = req(srv, "GET", q(f"{d}/fifo"), {"Accept-Encoding": "gzip"})
+    p.wait()
+    assert gzip.decompress(body) == subprocess.run(["seq", "1000"], capture_output=True).stdout
+    # uploads: Content-Encoding gzip, whole and chunked
+    z = gzip.compress(data)
+    write(f"{d}/t.gz", z)
+    st, _, body = req(srv, "PUT", q(f"{d}/u1"), {"Content-Encoding": "gzip"}, body=z)
+    assert st == 201 and json.loads(body)["size"] == len(data) and open(f"{d}/u1", "rb").read() == data
+    r = curl("-T", "-", "-H", "Content-Encoding: gzip", "-H", tok, srv.url + q(f"{d}/u2"), input=z + gzip.compress(b"more"))
+    assert json.loads(r.stdout)["size"] == len(data) + 4 and open(f"{d}/u2", "rb").read() == data + b"more"
+    st, _, body = req(srv, "PUT", q(f"{d}/u3"), {"Content-Encoding": "gzip"}, body=z[:-10])
+    assert (st, json.loads(body)["message"]) == (400, "invalid gzip body") and not os.path.exists(f"{d}/u3")
+    st, _, body = req(srv, "PUT", q(f"{d}/u4"), {"Content-Encoding": "br"}, body=b"x")
+    assert (st, json.loads(body)) == (415, {"code": "invalid_argument", "message": "unsupported content encoding: br"})
+    assert not os.path.exists(f"{d}/u4")
