@@ -659,3 +659,17 @@ def test_gzip_both_ways(srv, d):
     st, _, body = req(srv, "PUT", q(f"{d}/u4"), {"Content-Encoding": "br"}, body=b"x")
     assert (st, json.loads(body)) == (415, {"code": "invalid_argument", "message": "unsupported content encoding: br"})
     assert not os.path.exists(f"{d}/u4")
+
+
+def test_out_of_space_is_507_and_leaves_nothing(srv, d):
+    small = f"{d}/small"
+    os.makedirs(small)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small], check=True)
+    try:
+        write(f"{small}/keep", b"old")
+        for target in (f"{small}/new", f"{small}/keep"):
+            st, h, body = req(srv, "PUT", q(target), body=os.urandom(3_000_000))
+            assert (st, json.loads(body)) == (507, {"code": "resource_exhausted", "message": "no space left on device"})
+        assert os.listdir(small) == ["keep"] and open(f"{small}/keep", "rb").read() == b"old"
+    finally:
+        subprocess.run(["umount", small], check=True)
