@@ -37,6 +37,7 @@
 #include "core/log.h"
 #include "fs/atomic.h"
 #include "fs/handlers.h"
+#include "fs/httphdr.h"
 #include "fs/multipart.h"
 #include "fs/path.h"
 #include "fs/query.h"
@@ -267,116 +268,6 @@ static void fh_open_run(void *data) {
   }
 }
 
-/* RFC 9110 IMF-fixdate */
-static void fh_http_date(time_t t, char out[40]) {
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  static const char *const days[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
-  static const char *const mons[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                     "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-  snprintf(out, 40, "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday], tm.tm_mday,
-           mons[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
-}
-
-/* An IMF-fixdate; -1 when it is not one. */
-static int64_t fh_parse_date(const char *s) {
-  static const char mons[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
-  char wd[4], mon[4];
-  int d, y, H, M, S, n = 0;
-  if (!s || sscanf(s, "%3s, %d %3s %d %d:%d:%d GMT%n", wd, &d, mon, &y, &H, &M, &S, &n) != 7 || !n ||
-      s[n] != 0)
-    return -1;
-  const char *m = strstr(mons, mon);
-  if (!m || (m - mons) % 3 || strlen(mon) != 3) return -1;
-  struct tm tm = {.tm_sec = S, .tm_min = M, .tm_hour = H, .tm_mday = d, .tm_mon = (int)(m - mons) / 3,
-                  .tm_year = y - 1900};
-  return (int64_t)timegm(&tm);
-}
-
-/* Does the If-None-Match list name etag (weak comparison)? */
-static int fh_etag_listed(const char *list, const char *etag) {
-  size_t el = strlen(etag);
-  const char *p = list;
-  while (*p) {
-    while (*p == ' ' || *p == '\t' || *p == ',') p++;
-    if (*p == '*') return 1;
-    if (p[0] == 'W' && p[1] == '/') p += 2;
-    if (strncmp(p, etag, el) == 0 && (p[el] == 0 || p[el] == ',' || p[el] == ' ' || p[el] == '\t'))
-      return 1;
-    while (*p && *p != ',') p++;
-  }
-  return 0;
-}
-
-/* Content-Disposition (RFC 6266): an ASCII filename, and filename* when
- * the name is not plain ASCII. */
-static char *fh_disposition(const char *name) {
-  size_t n = strlen(name);
-  char *out = malloc(n * 4 + 64);
-  if (!out) return NULL;
-  int plain = 1;
-  char *o = out + sprintf(out, "attachment; filename=\"");
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)name[i];
-    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '%') {
-      plain = plain && c >= 0x20 && c < 0x7f && c != '%' ? plain : 0;
-      *o++ = '_';
-    } else {
-      *o++ = (char)c;
-    }
-  }
-  *o++ = '"';
-  if (!plain) {
-    o += sprintf(o, "; filename*=UTF-8''");
-    for (size_t i = 0; i < n; i++) {
-      unsigned char c = (unsigned char)name[i];
-      if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-          strchr("!#$&+-.^_`|~", c))
-        *o++ = (char)c;
-      else
-        o += sprintf(o, "%%%02X", c);
-    }
-  }
-  *o = 0;
-  return out;
-}
-
-typedef enum { FH_RANGE_NONE, FH_RANGE_OK, FH_RANGE_BAD } fh_range;
-
-/* One byte range of size bytes: `a-b`, `a-` or `-n`.  NONE for a header
- * that is absent, malformed or names several ranges (the whole file). */
-static fh_range fh_parse_range(const char *v, uint64_t size, uint64_t *a, uint64_t *b) {
-  if (!v || strncmp(v, "bytes=", 6) != 0 || strchr(v, ',')) return FH_RANGE_NONE;
-  const char *p = v + 6;
-  while (*p == ' ') p++;
-  char *e;
-  if (*p == '-') {
-    if (p[1] < '0' || p[1] > '9') return FH_RANGE_NONE;
-    errno = 0;
-    unsigned long long k = strtoull(p + 1, &e, 10);
-    if (errno || *e) return FH_RANGE_NONE;
-    if (k == 0 || size == 0) return FH_RANGE_BAD;
-    *a = k >= size ? 0 : size - k;
-    *b = size - 1;
-    return FH_RANGE_OK;
-  }
-  if (*p < '0' || *p > '9') return FH_RANGE_NONE;
-  errno = 0;
-  unsigned long long x = strtoull(p, &e, 10);
-  if (errno || *e != '-') return FH_RANGE_NONE;
-  p = e + 1;
-  unsigned long long y = UINT64_MAX;
-  if (*p) {
-    if (*p < '0' || *p > '9') return FH_RANGE_NONE;
-    y = strtoull(p, &e, 10);
-    if (errno || *e || y < x) return FH_RANGE_NONE;
-  }
-  if (x >= size) return FH_RANGE_BAD;
-  *a = x;
-  *b = y >= size ? size - 1 : y;
-  return FH_RANGE_OK;
-}
-
 static void fh_get_opened(void *data, int canceled) {
   fs_http *h = data;
   h->busy = 0;
@@ -398,8 +289,8 @@ static void fh_get_opened(void *data, int canceled) {
   snprintf(etag, sizeof etag, "\"%" PRIx64 "-%" PRIx64 "-%" PRIx64 "%s\"", (uint64_t)sb->st_ino,
            (uint64_t)sb->st_size,
            (uint64_t)sb->st_mtim.tv_sec * 1000000000u + (uint64_t)sb->st_mtim.tv_nsec, gz ? "-gzip" : "");
-  fh_http_date(sb->st_mtim.tv_sec, lm);
-  char *disp = fh_disposition(fs_path_base(h->q.path));
+  fs_http_date(sb->st_mtim.tv_sec, lm);
+  char *disp = fs_http_disposition(fs_path_base(h->q.path));
   rpc_http_hdr hh[16];
   size_t n = 0;
   for (size_t i = 0; i < FH_NCORS; i++) hh[n++] = fh_cors[i];
@@ -409,8 +300,8 @@ static void fh_get_opened(void *data, int canceled) {
   hh[n++] = (rpc_http_hdr){"vary", "Accept-Encoding"};
   /* RFC 9110 §13.2.2: If-None-Match, else If-Modified-Since */
   const char *inm = rpc_http_header(r, "if-none-match");
-  int64_t ims = fh_parse_date(rpc_http_header(r, "if-modified-since"));
-  if ((inm && fh_etag_listed(inm, etag)) || (!inm && ims >= 0 && sb->st_mtim.tv_sec <= ims)) {
+  int64_t ims = fs_http_parse_date(rpc_http_header(r, "if-modified-since"));
+  if ((inm && fs_http_etag_listed(inm, etag)) || (!inm && ims >= 0 && sb->st_mtim.tv_sec <= ims)) {
     rpc_http_respond(r, 304, hh, n, 0);
     fh_done(h);
     free(disp);
@@ -433,11 +324,11 @@ static void fh_get_opened(void *data, int canceled) {
   } else if (h->sized) {
     uint64_t size = (uint64_t)sb->st_size, a = 0, b = 0;
     const char *ir = rpc_http_header(r, "if-range");
-    fh_range rg = fh_parse_range(rpc_http_header(r, "range"), size, &a, &b);
-    if (rg != FH_RANGE_NONE && ir && strcmp(ir, etag) != 0 && strcmp(ir, lm) != 0) rg = FH_RANGE_NONE;
+    fs_http_rng rg = fs_http_range(rpc_http_header(r, "range"), size, &a, &b);
+    if (rg != FS_RANGE_NONE && ir && strcmp(ir, etag) != 0 && strcmp(ir, lm) != 0) rg = FS_RANGE_NONE;
     h->pos = 0;
     h->end = size;
-    if (rg == FH_RANGE_BAD) {
+    if (rg == FS_RANGE_BAD) {
       snprintf(crange, sizeof crange, "bytes */%" PRIu64, size);
       rpc_http_hdr cr = {"content-range", crange};
       free(disp);
@@ -445,7 +336,7 @@ static void fh_get_opened(void *data, int canceled) {
       fh_destroy(h);
       return;
     }
-    if (rg == FH_RANGE_OK) {
+    if (rg == FS_RANGE_OK) {
       status = 206;
       h->pos = a;
       h->end = b + 1;
@@ -1082,7 +973,11 @@ static void fh_ready(rpc_http *r, rpc_code code, const char *msg) {
 void fs_http_serve(rpc_http *r) {
   fs_http *h = calloc(1, sizeof *h);
   if (!h) {
-    rpc_http_open(r, &fh_handler, NULL); /* answers 500 when it fails too */
+    static const rpc_http_handler none;
+    if (rpc_http_open(r, &none, NULL) == 0) { /* else it answered 500 itself */
+      rpc_http_respond(r, 500, NULL, 0, 0);
+      rpc_http_end(r);
+    }
     return;
   }
   h->fd = -1;
