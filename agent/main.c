@@ -17,7 +17,8 @@
 #include <unistd.h>
 
 #include "core/daemon.h"
-#include "agent/handover.h"
+#include "agent/parts.h"
+#include "core/handover.h"
 #include "agent/metrics.h"
 #include "core/log.h"
 #include "server/router.h"
@@ -25,7 +26,6 @@
 #include "agent/upgrade.h"
 #include "server/users.h"
 #include "fs/service.h"
-#include "init/handover.h"
 #include "init/initproto.h"
 #include "net/service.h"
 #include "init/pid1.h"
@@ -210,39 +210,6 @@ static void main_register_services(void) {
   net_set_owner_lookup(proc_owner_lookup); /* net/ sees proc/ only through this hook */
 }
 
-/* The process table's part of an upgrade's state (proc/handover.c). */
-static const handover_part main_proc_part = {
-    .name = "processes",
-    .busy = proc_handover_busy,
-    .save = proc_handover_save,
-    .save_free = proc_handover_save_free,
-    .restore_early = proc_handover_restore_cgroups,
-    .restore = proc_handover_restore,
-    .resume = proc_handover_resume,
-};
-
-/* The ports' part: forwarders and relayed connections (net/relay.c). */
-static int main_net_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn) {
-  (void)now_mono;
-#ifndef CONCH_STATIC /* test seam: the ports part fails, in the rollback too (tests/integration/test_upgrade_state.py) */
-  const char *fault = getenv("CONCH_FAULT");
-  if (fault && strcmp(fault, "handover_ports") == 0) {
-    snprintf(err, errn, "CONCH_FAULT=handover_ports");
-    return -1;
-  }
-#endif
-  return net_handover_restore(st, err, errn);
-}
-
-static const handover_part main_net_part = {
-    .name = "ports",
-    .save = net_handover_save,
-    .save_free = net_handover_save_free,
-    .restore = main_net_restore,
-    .abandon = net_handover_abandon,
-    .resume = net_handover_resume,
-};
-
 /* `conch-init --handover-check N` (the Upgrade trial, api.md §9): 0 when
  * this program can restore handover state format N, else 1 with a line on
  * stderr; 2 for a usage error. */
@@ -398,11 +365,8 @@ int main(int argc, char **argv) {
     printf("conch-init %s\n", CONCH_VERSION);
     return 0;
   }
+  agent_handover_setup(argc, argv);
   if (argc >= 2 && strcmp(argv[1], "--handover-check") == 0) return main_handover_check(argc, argv);
-  handover_set_argv(argc, argv);
-  handover_add_part(&main_proc_part);
-  handover_add_part(&main_net_part);
-  init_handover_register();
   if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
     fputs(usage, stdout);
     return 0;

@@ -17,7 +17,7 @@
  * workloadMemoryMax, workloadPidsMax: the workload envelope's bounds (0:
  * none); oomKills: /proc/vmstat's oom_kill; version: CONCH_VERSION, the
  * program now serving; upgrades: upgrades in place since boot
- * (conch.upgrades, counted by agent/handover.c).
+ * (conch.upgrades, counted by core/handover.c).
  */
 #ifndef CONCH_METRICS_H
 #define CONCH_METRICS_H

@@ -31,7 +31,8 @@
 #include <uv.h>
 
 #include "core/daemon.h"
-#include "agent/handover.h"
+#include "agent/parts.h"
+#include "core/handover.h"
 #include "core/log.h"
 #include "core/sha256.h"
 #include "fs/path.h"

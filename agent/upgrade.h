@@ -1,6 +1,6 @@
 /* upgrade — pb.AgentService/Upgrade, the front end of an upgrade in place
  * (api.md §9 "Upgrading the agent in place"; the state handover behind it:
- * agent/handover.h).
+ * core/handover.h, agent/parts.h).
  *
  *   size_t n;
  *   const rpc_method *m = upgrade_service_methods(&n);   // n == 1

@@ -19,7 +19,7 @@
 #define CONCH_TOKEN_MAX 4096
 
 struct rpc_method;   /* server/rpc.h */
-struct initproto;    /* init/initproto.c — the init protocol server */
+struct initproto;    /* init/initproto*.c — the init protocol server */
 struct pid1;         /* init/pid1.c — PID 1 boot state */
 struct server;       /* server/server.c — the TCP listener(s) */
 struct pool;         /* core/pool.c — batched thread-pool jobs */
@@ -46,7 +46,7 @@ typedef struct conch_daemon {
    * checks (a second one is refused) */
   int no_upgrade, init_no_upgrade;
   int upgrade_trying;
-  /* upgrades in place since boot (agent/handover.c; /metrics "upgrades") */
+  /* upgrades in place since boot (core/handover.c; /metrics "upgrades") */
   unsigned long long upgrades;
 
   /* sandbox environment: "K=V" strings, malloc'd, in insertion order */

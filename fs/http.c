@@ -34,6 +34,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "core/lifecycle.h"
 #include "core/log.h"
 #include "fs/atomic.h"
 #include "fs/handlers.h"
@@ -46,10 +47,21 @@
 #include "proto/gzip.h"
 #include "proto/text.h"
 
-void fh_to(fs_http *h, fh_phase from, fh_phase to) {
-  assert(h->phase == from);
-  (void)from;
-  h->phase = to;
+/* The phases each phase may be entered from. */
+static const unsigned fh_legal_from[] = {
+    [FH_ADMIT] = 0,
+    [FH_OPEN] = 1u << FH_ADMIT,
+    [FH_SEND] = 1u << FH_OPEN,
+    [FH_RECV] = 1u << FH_OPEN,
+    [FH_COMMIT] = 1u << FH_RECV,
+    [FH_CLEANUP] = 1u << FH_OPEN | 1u << FH_RECV | 1u << FH_COMMIT,
+};
+static const char *const fh_phase_names[] = {"admit", "open", "send", "recv", "commit", "cleanup"};
+
+void fh_to(fs_http *h, fh_phase to) {
+  if (lifecycle_check("files request", fh_legal_from[to], (int)h->phase, (int)to, fh_phase_names,
+                      (int)(sizeof fh_phase_names / sizeof *fh_phase_names)) == 0)
+    h->phase = to;
 }
 
 const rpc_http_hdr fh_cors[FH_NCORS] = {
@@ -201,9 +213,9 @@ static void fh_ready(rpc_http *r, rpc_code code, const char *msg) {
     return;
   }
   h->id = rpc_ident_hold(rpc_http_ident(r));
-  fh_to(h, FH_ADMIT, FH_OPEN);
+  fh_to(h, FH_OPEN);
   if (h->mp) {
-    fh_to(h, FH_OPEN, FH_RECV);
+    fh_to(h, FH_RECV);
     rpc_http_pause_body(r, 0);
     fh_mp_pump(h);
     return;

@@ -142,7 +142,7 @@ void fh_get_opened(void *data, int canceled) {
     fh_destroy(h);
     return;
   }
-  fh_to(h, FH_OPEN, FH_SEND);
+  fh_to(h, FH_SEND);
   if (!h->sized && !S_ISBLK(sb->st_mode) && uv_poll_init(fs_loop, &h->poll, h->fd) == 0) {
     h->poll_init = 1;
     h->poll.data = h;

@@ -85,7 +85,8 @@ struct fs_http {
 #define FH_NCORS 2
 extern const rpc_http_hdr fh_cors[FH_NCORS];
 
-void fh_to(fs_http *h, fh_phase from, fh_phase to);
+/* The one step of h->phase (core/lifecycle.h checks it). */
+void fh_to(fs_http *h, fh_phase to);
 void fh_destroy(fs_http *h);
 void fh_done(fs_http *h);
 void fh_answer(fs_http *h, int status, const char *body, const rpc_http_hdr *extra, size_t nextra);

@@ -79,7 +79,7 @@ static void fh_cleanup_done(void *data, int canceled) {
 void fh_put_dispose(fs_http *h) {
   if (h->busy) return; /* its done comes back here */
   if (fs_atomic_has_temp(&h->at)) {
-    if (h->phase != FH_CLEANUP) fh_to(h, h->phase, FH_CLEANUP);
+    if (h->phase != FH_CLEANUP) fh_to(h, FH_CLEANUP);
     if (fh_submit(h, fh_cleanup_run, fh_cleanup_done) == 0) return;
     fs_atomic_abort(&h->at); /* cannot queue: here */
   }
@@ -106,7 +106,7 @@ void fh_put_done(void *data, int canceled) {
     return;
   }
   if (h->phase == FH_OPEN) {
-    fh_to(h, FH_OPEN, FH_RECV);
+    fh_to(h, FH_RECV);
     rpc_http_pause_body(h->r, 0);
     fh_put_kick(h);
     return;
@@ -145,7 +145,7 @@ static void fh_put_kick(fs_http *h) {
     h->in_len = 0;
     h->spare = NULL;
     h->spare_cap = 0;
-    if (h->body_end) fh_to(h, FH_RECV, FH_COMMIT);
+    if (h->body_end) fh_to(h, FH_COMMIT);
     if (fh_submit(h, fh_put_write_run, fh_put_done) != 0) {
       fs_status_set(&h->st, RPC_INTERNAL, "queue file write failed");
       fh_put_fail(h);

@@ -1,6 +1,7 @@
 /* initmsg — the init message of boot.md §3: strict decoding, validation in
  * the specified order with the exact texts, the resolv.conf it implies, and
- * the response encoding.  Pure functions (no I/O); initproto.c drives them.
+ * the response encoding.  Pure functions (no I/O); the init protocol
+ * server (initproto*.c) drives them.
  *
  * Decoding mirrors the reference's Go decoder with unknown fields
  * disallowed: keys are case-sensitive; an unknown key, a wrong JSON type, a

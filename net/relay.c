@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/handover.h"
 #include "core/list.h"
 #include "core/log.h"
 #include "net/net.h"
@@ -515,8 +516,8 @@ void net_fwd_sync(net_fwd_want *want, size_t n) {
 /* ---- upgrade in place (net/service.h) ----
  * A forwarder is its listening socket; a relayed connection is its two
  * sockets and two pipes, whose bytes stay in the kernel across the exec:
- * the state names their descriptors (agent/handover.c clears their
- * close-on-exec) and the counts that say what each pipe holds. */
+ * the state names their descriptors (net_handover_keep_fds: the
+ * handover clears their close-on-exec) and the counts that say what each pipe holds. */
 
 static struct {
   Conch__Handover__Net net;
@@ -590,6 +591,22 @@ void net_handover_save_free(Conch__Handover__State *st) {
   free(ho.da);
   memset(&ho, 0, sizeof ho);
   st->net = NULL;
+}
+
+void net_handover_keep_fds(const Conch__Handover__State *st) {
+  if (!st->net) return;
+  for (size_t i = 0; i < st->net->n_forwarders; i++) handover_keep_fd(st->net->forwarders[i]->fd);
+  for (size_t i = 0; i < st->net->n_relays; i++) {
+    const Conch__Handover__Relay *r = st->net->relays[i];
+    const Conch__Handover__RelayDir *dirs[] = {r->up, r->down};
+    handover_keep_fd(r->client_fd);
+    handover_keep_fd(r->backend_fd);
+    for (int d = 0; d < 2; d++)
+      if (dirs[d]) {
+        handover_keep_fd(dirs[d]->pipe_r);
+        handover_keep_fd(dirs[d]->pipe_w);
+      }
+  }
 }
 
 /* Restore's progress: the state's first ho_taken_f forwarders and

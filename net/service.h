@@ -32,11 +32,11 @@ int net_forward_set(const char *addr);
 /* The address forwarded to, or NULL when forwarding is off. */
 const char *net_forward_get(void);
 
-/* Upgrade in place (agent/handover.h drives it, agent/main.c registers the
- * part): the forwarding address, every forwarder's listening socket and
+/* Upgrade in place (core/handover.h drives it, agent/parts.c registers
+ * the part): the forwarding address, every forwarder's listening socket and
  * every relayed connection (two sockets, two pipes) are carried across the
- * exec in the state's `net` (proto/handover.proto; agent/handover.c names
- * their descriptors).  save points into live memory until save_free;
+ * exec in the state's `net` (proto/handover.proto; keep_fds names their
+ * descriptors to the handover).  save points into live memory until save_free;
  * restore rebuilds them without starting anything (0, or -1 with err: a
  * rollback); resume starts them and the scans; abandon, see below. */
 typedef struct Conch__Handover__State Conch__Handover__State;
@@ -47,5 +47,6 @@ int net_handover_restore(const Conch__Handover__State *st, char *err, size_t err
  * descriptors of the forwarders and relays the restore did not take. */
 void net_handover_abandon(const Conch__Handover__State *st);
 void net_handover_resume(void);
+void net_handover_keep_fds(const Conch__Handover__State *st);
 
 #endif

@@ -123,7 +123,7 @@ void proc_cg_exited(struct proc_cg *cg, uint64_t deadline_ms, proc_cg_exit_cb on
  * base's cgroup.kill); the processes signalled (cgroup.kill: 0), or -errno. */
 int proc_cg_signal_all(int sig);
 
-/* ---- upgrade in place (proc/handover.c, agent/handover.h) ----
+/* ---- upgrade in place (proc/handover.c, core/handover.h) ----
  * What the hierarchy and each command's cgroup need to go on in the next
  * program: the descriptors (kept open across the exec), names, the seq,
  * the envelope, a lingering cgroup's deadline.  Loop thread only. */

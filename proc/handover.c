@@ -1,4 +1,4 @@
-/* handover — the process table across an upgrade in place (agent/handover.h,
+/* handover — the process table across an upgrade in place (core/handover.h,
  * proto/handover.proto; docs/guide/upgrade.md).
  *
  * Save (old program, loop, nothing in flight: proc_handover_busy() is 0):
@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/handover.h"
 #include "core/log.h"
 #include "proc/cgroup.h"
 #include "proc/input.h"
@@ -353,4 +354,19 @@ void proc_handover_resume(void) {
   free(ho_recs);
   ho_recs = NULL;
   ho_nrecs = 0;
+}
+
+void proc_handover_keep_fds(const Conch__Handover__State *st) {
+  if (st->cgroups) {
+    handover_keep_fd(st->cgroups->parent_fd);
+    handover_keep_fd(st->cgroups->base_fd);
+    handover_keep_fd(st->cgroups->spare_fd);
+  }
+  for (size_t i = 0; i < st->n_procs; i++) {
+    const hproc *p = st->procs[i];
+    for (size_t j = 0; j < p->n_out; j++) handover_keep_fd(p->out[j]->fd);
+    handover_keep_fd(p->in_fd);
+    handover_keep_fd(p->cgroup_fd);
+    handover_keep_fd(p->script_dfd);
+  }
 }

@@ -49,13 +49,15 @@ const rpc_method *proc_service_methods(size_t *n);
  * the loop turn ends) and start pid, else 0.  Loop only; net/'s owner hook. */
 int proc_owner_lookup(const char *cgroup, int32_t pgid, const char **tag, int32_t *command_pid);
 
-/* Upgrade in place (proc/handover.c; agent/handover.h drives it).
+/* Upgrade in place (proc/handover.c; core/handover.h drives it, agent/parts.c
+ * registers the part).
  * busy: a start, pool job or accounting read is in flight (wait).
  * save: the cgroups and every record into st (strings and bytes point
  * into the live table until save_free); 0 or -1 (out of memory).
  * restore_cgroups: before proc_init, which then keeps them.
  * restore: after proc_init, the records without any I/O (a rollback is
- * still possible); resume: start them. */
+ * still possible); resume: start them; keep_fds: name (handover_keep_fd)
+ * every descriptor st's cgroups and records hold. */
 typedef struct Conch__Handover__State Conch__Handover__State;
 int proc_handover_busy(void);
 int proc_handover_save(Conch__Handover__State *st);
@@ -63,5 +65,6 @@ void proc_handover_save_free(Conch__Handover__State *st);
 int proc_handover_restore_cgroups(uv_loop_t *loop, const Conch__Handover__State *st);
 int proc_handover_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn);
 void proc_handover_resume(void);
+void proc_handover_keep_fds(const Conch__Handover__State *st);
 
 #endif

@@ -1,9 +1,7 @@
 /* callstate — see callstate.h. */
 #include "server/callstate.h"
 
-#include <assert.h>
-
-#include "core/log.h"
+#include "core/lifecycle.h"
 
 unsigned long call_state_taken[CALL_NSTATES][CALL_NEVENTS];
 unsigned long call_state_illegal;
@@ -36,8 +34,7 @@ call_state call_state_next(call_state from, call_event ev) {
 int call_state_step(call_state *s, call_event ev) {
   call_state to = call_state_next(*s, ev);
   if (to == X) {
-    LOG_ERROR("rpc_call: illegal transition %s from %s", call_event_name(ev), call_state_name(*s));
-    assert(!"illegal rpc_call transition");
+    lifecycle_refuse("rpc_call", call_event_name(ev), call_state_name(*s));
     call_state_illegal++;
     return -1;
   }
@@ -45,6 +42,43 @@ int call_state_step(call_state *s, call_event ev) {
   *s = to;
   return 0;
 }
+
+#define B(s) (1u << (s))
+
+/* *_from[to]: the states `to` may follow. */
+static const unsigned input_from[IN_NSTATES] = {
+  [IN_OPEN] = 0, [IN_ENDED] = B(IN_OPEN), [IN_DELIVERED] = B(IN_ENDED),
+};
+static const char *const input_names[IN_NSTATES] = {"OPEN", "ENDED", "DELIVERED"};
+
+static const unsigned output_from[OUT_NSTATES] = {
+  [OUT_NONE] = 0,
+  [OUT_UNARY] = B(OUT_NONE) | B(OUT_UNARY),
+  [OUT_UNARY_GZ_TRIED] = B(OUT_UNARY),
+  [OUT_UNARY_GZ] = B(OUT_UNARY_GZ_TRIED),
+  [OUT_STARTED] = B(OUT_NONE),
+};
+static const char *const output_names[OUT_NSTATES] = {"NONE", "UNARY", "UNARY_GZ_TRIED", "UNARY_GZ",
+                                                      "STARTED"};
+
+static const unsigned req_from[REQ_NSTATES] = {
+  [REQ_KEPT] = B(REQ_KEPT) | B(REQ_TAKABLE) | B(REQ_TAKEN),
+  [REQ_TAKABLE] = B(REQ_KEPT),
+  [REQ_TAKEN] = B(REQ_TAKABLE),
+};
+static const char *const req_names[REQ_NSTATES] = {"KEPT", "TAKABLE", "TAKEN"};
+
+#define STEP(machine, from, names, n)                                                          \
+  do {                                                                                        \
+    unsigned legal = (unsigned)to < (n) ? from[to] : 0;                                       \
+    if (lifecycle_check(machine, legal, (int)*s, (int)to, names, (int)(n)) != 0) return -1;  \
+    *s = to;                                                                                  \
+    return 0;                                                                                 \
+  } while (0)
+
+int call_input_step(call_input *s, call_input to) { STEP("rpc_call input", input_from, input_names, IN_NSTATES); }
+int call_output_step(call_output *s, call_output to) { STEP("rpc_call output", output_from, output_names, OUT_NSTATES); }
+int call_req_step(call_req *s, call_req to) { STEP("rpc_call request", req_from, req_names, REQ_NSTATES); }
 
 const char *call_state_name(call_state s) {
   static const char *const names[] = {"READING", "SERVING", "CANCELLING", "CANCEL_HELD",

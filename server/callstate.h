@@ -34,6 +34,43 @@ typedef enum call_event {
   CALL_NEVENTS
 } call_event;
 
+/* Beside its state a call has three smaller lifecycles, each one enum
+ * changed only by its step below, which asserts the transition as
+ * call_state_step does (lifecycle.h); docs/internals/connect.md has the
+ * tables. */
+
+/* The request body, as the call has seen it. */
+typedef enum call_input {
+  IN_OPEN,      /* more may come */
+  IN_ENDED,     /* the transport's body end: all of it is in c->in */
+  IN_DELIVERED, /* its end went to the service (or failed the call) */
+  IN_NSTATES
+} call_input;
+
+/* The answer, as the call has made it. */
+typedef enum call_output {
+  OUT_NONE,           /* nothing yet */
+  OUT_UNARY,          /* Connect unary: the answer's message is set (sent again: replaced) */
+  OUT_UNARY_GZ_TRIED, /* ... its compression went to the pool, or failed */
+  OUT_UNARY_GZ,       /* ... it is compressed */
+  OUT_STARTED,        /* streaming: the response head went out */
+  OUT_NSTATES
+} call_output;
+
+/* The request message on_request is given. */
+typedef enum call_req {
+  REQ_KEPT,     /* the layer frees it (or there is none) */
+  REQ_TAKABLE,  /* inside on_request, malloc-decoded: rpc_take_request may take it */
+  REQ_TAKEN,    /* the service took it and frees it */
+  REQ_NSTATES
+} call_req;
+
+/* Move *s to `to`: 0, or -1 (and *s as it was) when `to` may not follow
+ * it. */
+int call_input_step(call_input *s, call_input to);
+int call_output_step(call_output *s, call_output to);
+int call_req_step(call_req *s, call_req to);
+
 /* The state event ev leads to from `from`, or CALL_NSTATES when ev is not
  * legal there.  Pure: the table alone. */
 call_state call_state_next(call_state from, call_event ev);

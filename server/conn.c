@@ -612,8 +612,8 @@ static void conn_op_trim(hsink *s) {
  * rest waits in our queue, where the connection's other answers can still
  * go ahead of it (HTTP/2) instead of behind a socket buffer of megabytes.
  * Not on every connection: the writes it splits cost a stream of small
- * events (process output) more CPU than it gains (tests/bench/README.md,
- * session 20).  0 gives the system's default (no limit) back. */
+ * events (process output) more CPU than it gains (docs/internals/profile.md,
+ * GetFileStream).  0 gives the system's default (no limit) back. */
 #define CONN_BULK_LOWAT (64 * 1024)
 
 static void conn_op_bulk(hsink *s, int on) {

@@ -75,8 +75,8 @@ void connect__maybe_free(rpc_call *c) {
 /* ---------------------------------------------------------------- output */
 
 static void start_stream(rpc_call *c, hx *x) {
-  if (c->started) return;
-  c->started = 1;
+  if (c->out == OUT_STARTED) return;
+  call_output_step(&c->out, OUT_STARTED);
   hx_header h[3] = {{"content-type", ct_for(c)}, {NULL, NULL}, {NULL, NULL}};
   size_t n = 1;
   if (c->w == W_GRPC || c->w == W_GRPC_WEB) h[n++] = (hx_header){"grpc-accept-encoding", "gzip"};
@@ -92,7 +92,7 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
   if (c->w == W_CONNECT_UNARY) {
     if (code == RPC_OK) {
       hx_header h[2] = {{"content-type", ct_for(c)}, {"content-encoding", "gzip"}};
-      if (!c->unary_set) { /* no message sent: the empty message */
+      if (c->out == OUT_NONE) { /* no message sent: the empty message */
         bufref_owner_free(c->unary_owner);
         c->unary_owner = c->unary_out = NULL;
         c->unary_off = c->unary_len = 0;
@@ -101,7 +101,7 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
           c->unary_len = 2;
         }
       }
-      hx_respond(x, 200, h, c->unary_gz == 1 ? 2 : 1, (int64_t)c->unary_len);
+      hx_respond(x, 200, h, c->out == OUT_UNARY_GZ ? 2 : 1, (int64_t)c->unary_len);
       if (c->unary_len) hx_write_owned(x, c->unary_owner, c->unary_out + c->unary_off, c->unary_len);
       else bufref_owner_free(c->unary_owner);
       c->unary_owner = c->unary_out = NULL;
@@ -130,9 +130,9 @@ static void call_render_end(rpc_call *c, rpc_code code, const char *msg) {
   hx_header tr[2] = {{"grpc-status", st}, {"grpc-message", pm ? pm : ""}};
   size_t ntr = (msg && *msg) ? 2 : 1;
   if (c->w == W_GRPC) {
-    if (!c->started) { /* trailers-only response */
+    if (c->out != OUT_STARTED) { /* trailers-only response */
       hx_header h[3] = {{"content-type", ct_for(c)}, tr[0], tr[1]};
-      c->started = 1;
+      call_output_step(&c->out, OUT_STARTED);
       hx_respond(x, 200, h, 1 + ntr, -1);
       hx_end(x, NULL, 0);
     } else {
@@ -247,7 +247,7 @@ static void call_gz_unary(gzq *q, uint8_t *z, size_t zl) {
   c->unary_owner = c->unary_out = z;
   c->unary_off = 0;
   c->unary_len = zl;
-  c->unary_gz = 1;
+  call_output_step(&c->out, OUT_UNARY_GZ);
 }
 
 static void call_on_soon(uv_timer_t *t);
@@ -273,10 +273,9 @@ static const gzq_ops call_gz_ops = {call_gz_write, call_gz_unary, call_gz_settle
 
 /* The unary answer, when it should be compressed (once). */
 static void gz_unary(rpc_call *c) {
-  if (!c->gzip_out || c->unary_gz || !c->unary_set || c->unary_len < GZQ_MIN ||
-      bufref_owner_is_ref(c->unary_owner))
+  if (!c->gzip_out || c->out != OUT_UNARY || c->unary_len < GZQ_MIN || bufref_owner_is_ref(c->unary_owner))
     return;
-  c->unary_gz = -1; /* tried */
+  call_output_step(&c->out, OUT_UNARY_GZ_TRIED);
   gzq_unary(&c->gzq, c->unary_out + c->unary_off, c->unary_len);
 }
 
@@ -300,7 +299,7 @@ int rpc_send_bytes_tail(rpc_call *c, void *owner, uint8_t *data, size_t len, con
     c->unary_out = data;
     c->unary_off = 0;
     c->unary_len = len;
-    c->unary_set = 1;
+    call_output_step(&c->out, OUT_UNARY);
     return 0;
   }
   int rc;

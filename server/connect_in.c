@@ -188,12 +188,11 @@ void connect__start_service(rpc_call *c, ProtobufCMessage *req, ProtobufCAllocat
   connect__step(c, CALL_EV_START);
   c->had_nul = c->req_nul;
   c->req = req; /* for rpc_take_request during the callback */
-  c->req_takable = a == NULL; /* not one decoded on the stack */
-  c->req_taken = 0;
+  if (a == NULL) call_req_step(&c->req_own, REQ_TAKABLE); /* not one decoded on the stack */
   c->m->on_request(c, req);
-  if (!c->req_taken && req) protobuf_c_message_free_unpacked(req, a);
+  if (c->req_own != REQ_TAKEN && req) protobuf_c_message_free_unpacked(req, a);
   c->req = NULL;
-  c->req_takable = c->req_taken = 0;
+  call_req_step(&c->req_own, REQ_KEPT);
 }
 
 ProtobufCMessage *rpc_take_request(rpc_call *c) {
@@ -202,8 +201,8 @@ ProtobufCMessage *rpc_take_request(rpc_call *c) {
     c->msg_cur = NULL;
     return m;
   }
-  if (!c->req_takable || c->req_taken || !c->req) return NULL;
-  c->req_taken = 1;
+  if (c->req_own != REQ_TAKABLE || !c->req) return NULL;
+  call_req_step(&c->req_own, REQ_TAKEN);
   return c->req;
 }
 
@@ -354,7 +353,7 @@ void connect__pump(rpc_call *c) {
   }
   call_split(c);
   if (c->input == IN_ENDED && !c->in_paused && !c->decode) {
-    c->input = IN_DELIVERED;
+    call_input_step(&c->input, IN_DELIVERED);
     size_t left = c->in_len + (c->big.data ? big_cut(c) + c->big.got : 0);
     if (left) {
       char e[160];
@@ -459,7 +458,7 @@ uint8_t *connect__on_body_into(hx *x, size_t *len) {
 void connect__on_body_end(hx *x) {
   rpc_call *c = x->hdata;
   if (call_over(c)) return;
-  c->input = IN_ENDED;
+  call_input_step(&c->input, IN_ENDED);
   if (c->w != W_CONNECT_UNARY) {
     connect__pump(c);
     return;

@@ -18,13 +18,6 @@
 
 typedef enum wire { W_CONNECT_UNARY, W_CONNECT_STREAM, W_GRPC, W_GRPC_WEB } wire;
 
-/* The request body, as the call has seen it. */
-typedef enum call_input {
-  IN_OPEN,      /* more may come */
-  IN_ENDED,     /* the transport's body end: all of it is in c->in */
-  IN_DELIVERED, /* its end went to the service (or failed the call) */
-} call_input;
-
 struct decode_job;
 
 struct rpc_call {
@@ -41,7 +34,7 @@ struct rpc_call {
   uint8_t *in;
   size_t in_len, in_cap;
   size_t msgs_in;
-  call_input input;
+  call_input input; /* changed only by call_input_step */
   int in_paused; /* the service's rpc_pause_input */
   /* the envelope at in[0]: where pbwire_find_big has walked; then (big.data)
    * its big bytes field, read into a block of its own (call_split) */
@@ -55,15 +48,13 @@ struct rpc_call {
   ProtobufCMessage *req; /* server streaming: the request until body end */
   int req_nul;
   struct decode_job *decode; /* a request decode in the pool (pool_decode): it holds the call */
-  int req_taken;    /* rpc_take_request: the service frees the request */
-  int req_takable;  /* inside on_request with a malloc-decoded request */
+  call_req req_own; /* who frees c->req (call_req_step) */
   ProtobufCMessage *msg_cur; /* inside on_message: the message, until taken */
   /* output */
   void *unary_owner; /* owner word (bufref.h) of the answer's bytes */
   uint8_t *unary_out;
   size_t unary_off, unary_len; /* the answer is unary_out[off, off+len) */
-  int unary_set;
-  int started; /* response head sent */
+  call_output out; /* changed only by call_output_step */
   /* the end, kept while HELD or FLUSHING */
   rpc_code end_code;
   char *end_msg;
@@ -75,7 +66,6 @@ struct rpc_call {
   users_wait uw;          /* queued while the user's files are read: no input goes on */
   /* response compression (api.md §9) */
   int gzip_out;               /* the client accepts gzip answers */
-  int unary_gz;               /* the unary answer: 1 compressed, -1 tried (out of memory) */
   gzq gzq;                    /* stream sends from the first pool deflate on, in order */
   budget_waiter bw; /* rpc_out_room refused for the daemon-wide budget: in its FIFO */
   size_t breserved; /* rpc_out_room granted this much: counted in conch.held until the next send */

@@ -9,9 +9,18 @@
 #include <strings.h>
 
 #include "core/daemon.h"
+#include "server/http1head.h"
 #include "server/hx.h"
 #include "core/log.h"
+#include "core/lifecycle.h"
 #include "server/rpc.h"
+
+/* How the response's body goes out. */
+typedef enum h1_framing {
+  H1_OUT_LENGTH,  /* Content-Length: back to back */
+  H1_OUT_CHUNKED, /* chunked encoding */
+  H1_OUT_NONE,    /* HEAD: the head says what a GET would get; no body bytes */
+} h1_framing;
 
 typedef struct h1 {
   hsink *c;
@@ -22,30 +31,24 @@ typedef struct h1 {
   size_t url_len;
   char *hname, *hval;
   size_t hname_len, hval_len;
-  int in_value;
-  int dispatched;   /* x handed to the router */
-  int msg_done;     /* request fully received */
+  h1_state state;   /* changed only by h1_set_state */
+  int in_value;     /* the parser is inside a header value */
   int keep_alive;
   int close_after;  /* close once the response is written */
   int close_asked;  /* ...and the request body is in: the handler asked (no RST over the answer) */
-  int chunked;      /* response uses chunked encoding */
-  int parser_paused;
+  h1_framing out;   /* the response's framing */
   int body_paused;
   int drain_armed;  /* outq went above HX_OUTQ_LOW */
-  int upgrade;      /* h2c upgrade requested and accepted */
   uint8_t *ubody;   /* body buffered for an h2c upgrade */
   size_t ubody_len, ubody_cap;
   uint8_t *pend;    /* bytes received but not parsed while paused: */
   size_t pend_off, pend_len; /* pend[off, off+len) */
   char head[1024];  /* response head waiting to go with the first body bytes */
   size_t head_len;
-  int in_execute;
-  int failed;       /* unparseable input: close once the answer is out */
-  int head_only;    /* HEAD: the response has no body bytes */
-  int out_wait;     /* next request held back: too much output queued */
+  int in_execute;   /* inside http_parser_execute */
   int room_wait;    /* hx_room said no: on_drain once the output left */
   size_t room_n;
-  int scan;         /* h1_scan state over the raw request head */
+  h1_scan_state scan; /* h1_scan over the raw request head */
 } h1;
 
 /* The next pipelined request is parsed only while less than this is
@@ -61,6 +64,51 @@ static const http_parser_settings h1_settings;
 static const hx_ops h1_ops;
 static void h1_dispatch(h1 *s);
 static void h1_next(hsink *c);
+
+/* ---------------------------------------------------------------- lifecycle */
+
+#define B(st) (1u << (st))
+
+/* h1_from[to]: the states `to` may follow. */
+static const unsigned h1_from[H1_NSTATES] = {
+  [H1_IDLE] = B(H1_HELD) | B(H1_DONE),
+  [H1_HELD] = B(H1_IDLE),
+  [H1_HEAD] = B(H1_IDLE) | B(H1_HELD), /* HELD: reading is paused, but a read may be in already */
+  [H1_UPGRADE] = B(H1_HEAD),
+  [H1_BODY] = B(H1_HEAD),
+  [H1_DONE] = B(H1_BODY),
+  [H1_CLOSING] = B(H1_IDLE) | B(H1_HELD) | B(H1_HEAD) | B(H1_UPGRADE) | B(H1_BODY) | B(H1_DONE),
+};
+
+static const char *const h1_names[H1_NSTATES] = {"IDLE", "HELD", "HEAD", "UPGRADE",
+                                                 "BODY", "DONE", "CLOSING"};
+
+int http1_state_legal(h1_state from, h1_state to) {
+  return (unsigned)from < H1_NSTATES && (unsigned)to < H1_NSTATES && (h1_from[to] >> from & 1u);
+}
+
+const char *http1_state_name(h1_state st) { return (unsigned)st < H1_NSTATES ? h1_names[st] : "?"; }
+
+/* The one place the state changes: -1 (and the state left as it was)
+ * when `to` may not follow it (lifecycle.h). */
+static int h1_set_state(h1 *s, h1_state to) {
+  unsigned legal = (unsigned)to < H1_NSTATES ? h1_from[to] : 0;
+  if (lifecycle_check("http1 connection", legal, (int)s->state, (int)to, h1_names, H1_NSTATES) != 0)
+    return -1;
+  s->state = to;
+  return 0;
+}
+
+int http1_state_try(h1_state from, h1_state to) {
+  h1 s = {.state = from};
+  return h1_set_state(&s, to) == 0 && s.state == to ? 0 : -1;
+}
+
+/* The handler has the request. */
+static int h1_dispatched(const h1 *s) { return s->state == H1_BODY || s->state == H1_DONE; }
+
+/* Parsing waits: the request is in, or nothing more is read. */
+static int h1_parse_stopped(const h1 *s) { return s->state == H1_DONE || s->state == H1_CLOSING; }
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -80,8 +128,9 @@ static void h1_reset_request(h1 *s) {
   s->ubody = NULL;
   s->url_len = s->hname_len = s->hval_len = s->ubody_len = s->ubody_cap = 0;
   s->header_bytes = 0;
-  s->in_value = s->dispatched = s->msg_done = s->chunked = 0;
-  s->body_paused = s->drain_armed = s->upgrade = s->room_wait = 0;
+  s->in_value = 0;
+  s->out = H1_OUT_LENGTH;
+  s->body_paused = s->drain_armed = s->room_wait = 0;
   s->head_len = 0;
   h1_free_x(s);
 }
@@ -100,13 +149,12 @@ static void h1_fail(h1 *s, int status, const char *reason) {
             reason);
   if (s->x) {
     hx *x = s->x;
-    int live = s->dispatched && !x->ended && x->h && x->h->on_abort;
+    int live = h1_dispatched(s) && !x->ended && x->h && x->h->on_abort;
     x->ended = 1;
     if (live) x->h->on_abort(x);
   }
   s->close_after = 1;
-  s->failed = 1;
-  s->parser_paused = 1;
+  h1_set_state(s, H1_CLOSING);
   sink_read_pause(s->c, 1);
   sink_defer(s->c, h1_next); /* closes once the answer is out */
 }
@@ -130,17 +178,6 @@ static int h1_count(h1 *s, size_t n) {
   return 0;
 }
 
-/* RFC 9110 token characters: what a field name may hold. */
-static int h1_is_token(const char *p, size_t n) {
-  if (n == 0) return 0;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)p[i];
-    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) continue;
-    if (!strchr("!#$%&'*+-.^_`|~", ch) || ch == 0) return 0;
-  }
-  return 1;
-}
-
 static int h1_commit_header(h1 *s) {
   if (!s->hname) return 0;
   if (!s->x) return -1;
@@ -157,53 +194,12 @@ static int h1_commit_header(h1 *s) {
   return r;
 }
 
-/* The raw request head, checked before http_parser sees it: it accepts
- * obs-fold continuation lines and lines ended by a bare LF (or CR), which
- * RFC 9112 lets a server reject and which proxies may read differently
- * (request smuggling).  Empty lines before the request line are skipped,
- * as http_parser does.  Returns 0, or -1 with *why set. */
-enum { SC_PRE, SC_LINE, SC_CR, SC_LSTART, SC_ENDCR, SC_DONE };
-
-static int h1_scan(h1 *s, const uint8_t *d, size_t n, const char **why) {
-  for (size_t i = 0; i < n && s->scan != SC_DONE; i++) {
-    uint8_t ch = d[i];
-    switch (s->scan) {
-      case SC_PRE:
-        if (ch != '\r' && ch != '\n') s->scan = SC_LINE;
-        break;
-      case SC_LINE:
-        if (ch == '\r') s->scan = SC_CR;
-        else if (ch == '\n') goto bare;
-        break;
-      case SC_CR:
-        if (ch != '\n') goto bare;
-        s->scan = SC_LSTART;
-        break;
-      case SC_LSTART:
-        if (ch == ' ' || ch == '\t') {
-          *why = "Bad Request: obsolete line folding";
-          return -1;
-        }
-        if (ch == '\n') goto bare;
-        s->scan = ch == '\r' ? SC_ENDCR : SC_LINE;
-        break;
-      case SC_ENDCR:
-        if (ch != '\n') goto bare;
-        s->scan = SC_DONE;
-        break;
-    }
-  }
-  return 0;
-bare:
-  *why = "Bad Request: line not ended by CRLF";
-  return -1;
-}
-
 /* ---------------------------------------------------------------- parser callbacks */
 
 static int h1_on_message_begin(http_parser *p) {
   h1 *s = p->data;
   h1_reset_request(s);
+  h1_set_state(s, H1_HEAD);
   s->x = calloc(1, sizeof *s->x);
   if (!s->x) return -1;
   s->x->content_length = -1;
@@ -235,45 +231,6 @@ static int h1_on_header_value(http_parser *p, const char *at, size_t n) {
   return h1_grow(&s->hval, &s->hval_len, at, n);
 }
 
-static int h1_token_in(const char *list, const char *tok) {
-  if (!list) return 0;
-  size_t tl = strlen(tok);
-  const char *p = list;
-  while (*p) {
-    while (*p == ' ' || *p == '\t' || *p == ',') p++;
-    const char *e = p;
-    while (*e && *e != ',') e++;
-    const char *te = e;
-    while (te > p && (te[-1] == ' ' || te[-1] == '\t')) te--;
-    if ((size_t)(te - p) == tl && strncasecmp(p, tok, tl) == 0) return 1;
-    p = e;
-  }
-  return 0;
-}
-
-static int h1_parse_target(hx *x, const char *url, size_t len) {
-  const char *path = url;
-  size_t plen = len;
-  if (len == 0) return -1;
-  if (url[0] != '/') {
-    struct http_parser_url u;
-    http_parser_url_init(&u);
-    if (http_parser_parse_url(url, len, 0, &u) != 0 || !(u.field_set & (1 << UF_PATH))) return -1;
-    path = url + u.field_data[UF_PATH].off;
-    plen = u.field_data[UF_PATH].len;
-    if (u.field_set & (1 << UF_QUERY))
-      x->query = hx_strdup(x, url + u.field_data[UF_QUERY].off, u.field_data[UF_QUERY].len);
-  } else {
-    const char *q = memchr(url, '?', len);
-    if (q) {
-      plen = (size_t)(q - url);
-      x->query = hx_strdup(x, q + 1, len - plen - 1);
-    }
-  }
-  x->path = hx_strdup(x, path, plen);
-  return x->path ? 0 : -1;
-}
-
 static void h1_send_continue(h1 *s) {
   static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
   sink_write_copy(s->c, cont, sizeof cont - 1);
@@ -302,7 +259,7 @@ static int h1_on_headers_complete(http_parser *p) {
       h1_fail(s, 400, "Bad Request: invalid HTTP2-Settings");
       return -1;
     }
-    s->upgrade = 1;
+    h1_set_state(s, H1_UPGRADE);
     sink_timer(s->c, HTTP1_IDLE_TIMEOUT_MS); /* the body must come, too */
     if (h1_token_in(hx_get(x, "expect"), "100-continue")) h1_send_continue(s);
     return 0;
@@ -313,7 +270,7 @@ static int h1_on_headers_complete(http_parser *p) {
 
 static int h1_on_body(http_parser *p, const char *at, size_t n) {
   h1 *s = p->data;
-  if (s->upgrade) {
+  if (s->state == H1_UPGRADE) {
     if (s->ubody_len + n > (size_t)RPC_MAX_MESSAGE + 64) {
       h1_fail(s, 413, "Payload Too Large");
       return -1;
@@ -340,7 +297,8 @@ static int h1_on_body(http_parser *p, const char *at, size_t n) {
 
 static int h1_on_message_complete(http_parser *p) {
   h1 *s = p->data;
-  s->msg_done = 1;
+  /* an upgrade switches at its end (h1_execute) */
+  if (s->state == H1_BODY) h1_set_state(s, H1_DONE);
   /* stop here: the next request waits until this response is done */
   http_parser_pause(p, 1);
   return 0;
@@ -368,36 +326,6 @@ static void h1_flush_head(h1 *s, uv_buf_t *bufs, unsigned *nb, void **owned, uns
   s->head_len = 0;
 }
 
-static const char *h1_reason(int st) {
-  switch (st) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 204: return "No Content";
-    case 206: return "Partial Content";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 416: return "Range Not Satisfiable";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    case 507: return "Insufficient Storage";
-    default: return "Status";
-  }
-}
-
 static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t clen) {
   h1 *s = x->tp;
   size_t cap = sizeof s->head, len = 0;
@@ -420,8 +348,9 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
       w = snprintf(s->head + len, cap - len, "Transfer-Encoding: chunked\r\n");
     len += (size_t)w;
   }
-  s->chunked = clen < 0 && !bodyless;
-  s->head_only = strcmp(x->method, "HEAD") == 0 || bodyless;
+  s->out = strcmp(x->method, "HEAD") == 0 || bodyless ? H1_OUT_NONE
+          : clen < 0                                 ? H1_OUT_CHUNKED
+                                                     : H1_OUT_LENGTH;
   /* a response that ends before the request body is in: keep reading and
    * dropping the body, then go on with keep-alive (or close if asked) */
   if (len < cap) {
@@ -436,7 +365,7 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
 /* The pieces go out as one chunk (chunked) or back to back. */
 static int h1_write(hx *x, const hx_part *parts, unsigned n) {
   h1 *s = x->tp;
-  if (s->head_only) { /* the head says what a GET would get; no body */
+  if (s->out == H1_OUT_NONE) { /* the head says what a GET would get; no body */
     for (unsigned i = 0; i < n; i++) bufref_owner_free(parts[i].owner);
     return 0;
   }
@@ -448,7 +377,7 @@ static int h1_write(hx *x, const hx_part *parts, unsigned n) {
   size_t len = 0;
   for (unsigned i = 0; i < n; i++) len += parts[i].len;
   h1_flush_head(s, bufs, &nb, owned, &no);
-  if (s->chunked) {
+  if (s->out == H1_OUT_CHUNKED) {
     szl = snprintf(sz, sizeof sz, "%zx\r\n", len);
     if (nb) { /* the head goes first: the size line cannot be the prefix */
       char *p = malloc((size_t)szl);
@@ -467,7 +396,7 @@ static int h1_write(hx *x, const hx_part *parts, unsigned n) {
     bufs[nb++] = uv_buf_init((char *)parts[i].data, (unsigned)parts[i].len);
     owned[no++] = parts[i].owner;
   }
-  if (s->chunked) bufs[nb++] = uv_buf_init("\r\n", 2);
+  if (s->out == H1_OUT_CHUNKED) bufs[nb++] = uv_buf_init("\r\n", 2);
   int r = sink_write_pre(s->c, sz, (size_t)szl, bufs, nb, owned, no);
   if (s->c->outq > HX_OUTQ_LOW) s->drain_armed = 1;
   return r;
@@ -481,14 +410,14 @@ static int h1_end(hx *x, const hx_header *trailers, size_t n) {
   void *owned[2];
   unsigned nb = 0, no = 0;
   h1_flush_head(s, bufs, &nb, owned, &no);
-  if (s->chunked && !s->head_only) bufs[nb++] = uv_buf_init("0\r\n\r\n", 5);
+  if (s->out == H1_OUT_CHUNKED) bufs[nb++] = uv_buf_init("0\r\n\r\n", 5);
   if (nb) sink_write(s->c, bufs, nb, owned, no);
   if (!s->keep_alive) s->close_after = 1;
   /* the rest of the request body is only thrown away now: bound the wait */
-  if (!s->msg_done) sink_timer(s->c, HTTP1_IDLE_TIMEOUT_MS);
+  if (s->state != H1_DONE) sink_timer(s->c, HTTP1_IDLE_TIMEOUT_MS);
   if (s->body_paused) {
     s->body_paused = 0;
-    if (!s->msg_done) sink_read_pause(s->c, 0);
+    if (s->state != H1_DONE) sink_read_pause(s->c, 0);
   }
   /* continue parsing (the rest of this body, then the next request) later,
    * from the loop, never inside the handler's call */
@@ -525,6 +454,7 @@ static int h1_room(hx *x, size_t n) {
   return 0;
 }
 
+/* waiting: NULL — one request at a time, nothing else waits behind it */
 /* The file range is sent: the exchange may go on. */
 static void h1_file_done(void *arg) {
   h1 *s = arg;
@@ -535,7 +465,7 @@ static void h1_file_done(void *arg) {
 /* The head goes out first (as a write), then the range by the kernel. */
 static int h1_write_file(hx *x, int fd, uint64_t off, uint64_t len) {
   h1 *s = x->tp;
-  if (!s->c->ops->sendfile || s->chunked || s->head_only) return 1;
+  if (!s->c->ops->sendfile || s->out != H1_OUT_LENGTH) return 1;
   uv_buf_t bufs[1];
   void *owned[1];
   unsigned nb = 0, no = 0;
@@ -544,7 +474,6 @@ static int h1_write_file(hx *x, int fd, uint64_t off, uint64_t len) {
   return s->c->ops->sendfile(s->c, fd, off, len, h1_file_done, s) == 0 ? 0 : -1;
 }
 
-/* waiting: NULL — one request at a time, nothing else waits behind it */
 static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room, NULL,
                               h1_write_file};
 
@@ -579,7 +508,7 @@ static void h1_dispatch(h1 *s) {
   hx *x = s->x;
   x->ops = &h1_ops;
   x->tp = s;
-  s->dispatched = 1;
+  h1_set_state(s, H1_BODY);
   sink_turn_request(s->c);
   s->c->serve->dispatch(x);
   if (!s->c->closing && !x->responded && h1_token_in(hx_get(x, "expect"), "100-continue"))
@@ -594,7 +523,7 @@ static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
   hsink *c = s->c;
   while (n > 0) {
     const char *why;
-    if (s->scan != SC_DONE && h1_scan(s, d, n, &why) != 0) {
+    if (s->scan != SC_DONE && h1_scan(&s->scan, d, n, &why) != 0) {
       if (!s->close_after) h1_fail(s, 400, why);
       return 0;
     }
@@ -607,12 +536,11 @@ static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
     n -= done;
     if (e == HPE_PAUSED) {
       http_parser_pause(&s->parser, 0);
-      if (s->msg_done) {
-        if (s->upgrade) {
-          h1_switch_to_h2(s, d, n);
-          return 0;
-        }
-        s->parser_paused = 1; /* until this exchange is over: h1_next */
+      if (s->state == H1_UPGRADE) { /* paused only by its message's end */
+        h1_switch_to_h2(s, d, n);
+        return 0;
+      }
+      if (s->state == H1_DONE) { /* parsing waits until this exchange is over: h1_next */
         hx *x = s->x;
         if (x && !x->ended && x->h && x->h->on_body_end) x->h->on_body_end(x);
         if (c->closing) return 0;
@@ -658,42 +586,42 @@ static int h1_execute(h1 *s, const uint8_t *d, size_t n, uint8_t *buf) {
 static void h1_next(hsink *c) {
   h1 *s = c->p;
   if (!s) return;
-  if (s->failed) {
+  if (s->state == H1_CLOSING) {
     if (c->outq == 0) sink_close(c); /* else h1_on_written closes */
     return;
   }
-  if (s->msg_done && s->x && s->x->ended) {
+  if (s->state == H1_DONE && s->x && s->x->ended) {
     if (s->close_after) {
       sink_read_pause(c, 1);
       if (c->outq == 0) sink_close(c);
       return;
     }
     h1_reset_request(s);
-    s->parser_paused = 0;
+    h1_set_state(s, H1_IDLE);
     s->scan = SC_PRE;
     sink_timer(c, HTTP1_IDLE_TIMEOUT_MS);
   }
-  if (s->parser_paused || s->body_paused) return;
+  if (h1_parse_stopped(s) || s->body_paused) return;
   /* between requests: parse the next one only once the answers so far
    * have (mostly) left; h1_on_written resumes */
   if (!s->x && c->outq > H1_PARSE_OUTQ) {
-    s->out_wait = 1;
+    if (s->state == H1_IDLE) h1_set_state(s, H1_HELD);
     sink_read_pause(c, 1);
     return;
   }
-  s->out_wait = 0;
+  if (s->state == H1_HELD) h1_set_state(s, H1_IDLE);
   uint8_t *p = s->pend;
   size_t off = s->pend_off, n = s->pend_len;
   s->pend = NULL;
   s->pend_off = s->pend_len = 0;
   if (!n || !h1_execute(s, p + off, n, p)) free(p);
   if (c->closing || c->p != s) return;
-  if (!s->pend_len && !s->parser_paused && !s->body_paused) sink_read_pause(c, 0);
+  if (!s->pend_len && !h1_parse_stopped(s) && !s->body_paused) sink_read_pause(c, 0);
 }
 
 static void h1_on_read(hsink *c, const uint8_t *d, size_t n) {
   h1 *s = c->p;
-  if (s->pend_len || s->parser_paused || s->body_paused) {
+  if (s->pend_len || h1_parse_stopped(s) || s->body_paused) {
     /* should not happen (reading is paused); keep it anyway */
     uint8_t *np = realloc(s->pend, s->pend_off + s->pend_len + n);
     if (!np) {
@@ -714,12 +642,12 @@ static void h1_on_written(hsink *c) {
   /* a body still coming is read and dropped first (h1_next closes at its
    * end, the idle timer bounds it): closing on unread bytes sends an RST
    * that can destroy the answer before the client reads it */
-  if (s->close_after && c->outq == 0 && (!s->x || s->x->ended) && !(s->close_asked && !s->msg_done)) {
+  if (s->close_after && c->outq == 0 && (!s->x || s->x->ended) && !(s->close_asked && s->state != H1_DONE)) {
     sink_close(c);
     return;
   }
-  if (s->out_wait && c->outq <= H1_PARSE_OUTQ) {
-    s->out_wait = 0;
+  if (s->state == H1_HELD && c->outq <= H1_PARSE_OUTQ) {
+    h1_set_state(s, H1_IDLE);
     sink_defer(c, h1_next);
     return;
   }
@@ -739,7 +667,7 @@ static void h1_on_written(hsink *c) {
 
 static void h1_on_timeout(hsink *c) {
   h1 *s = c->p;
-  if (s->x && s->dispatched && !s->x->ended) return; /* an exchange is running */
+  if (s->x && h1_dispatched(s) && !s->x->ended) return; /* an exchange is running */
   if (c->outq) { /* a response is still going out: no write timeout */
     sink_timer(c, HTTP1_IDLE_TIMEOUT_MS);
     return;
@@ -751,7 +679,7 @@ static void h1_on_timeout(hsink *c) {
 static void h1_on_close(hsink *c) {
   h1 *s = c->p;
   if (!s) return;
-  if (s->x && s->dispatched && !s->x->ended && s->x->h && s->x->h->on_abort) {
+  if (s->x && h1_dispatched(s) && !s->x->ended && s->x->h && s->x->h->on_abort) {
     s->x->ended = 1;
     s->x->h->on_abort(s->x);
   }
@@ -770,8 +698,7 @@ static void h1_on_close(hsink *c) {
 static uint8_t *h1_read_into(hsink *c, size_t *len) {
   h1 *s = c->p;
   hx *x = s ? s->x : NULL;
-  if (!x || s->scan != SC_DONE || !s->dispatched || s->msg_done || s->upgrade || s->failed ||
-      s->pend_len || s->parser_paused || s->body_paused || x->ended || !x->h ||
+  if (!x || s->scan != SC_DONE || s->state != H1_BODY || s->pend_len || s->body_paused || x->ended || !x->h ||
       !x->h->on_body || !x->h->body_into || (s->parser.flags & F_CHUNKED) ||
       HTTP_PARSER_ERRNO(&s->parser) != HPE_OK)
     return NULL;
@@ -792,9 +719,9 @@ static uint8_t *h1_read_into(hsink *c, size_t *len) {
  * once its output is written. */
 static void h1_on_revoked(hsink *c) {
   h1 *s = c->p;
-  if (!s || c->closing || s->failed) return; /* failed: closing once its answer is out */
+  if (!s || c->closing || s->state == H1_CLOSING) return; /* closing once its answer is out */
   s->keep_alive = 0;
-  if (s->x && s->dispatched) {
+  if (s->x && h1_dispatched(s)) {
     s->close_asked = 1; /* a body still coming is read first (h1_on_written) */
     if (!s->x->ended) return; /* h1_end sets close_after */
     s->close_after = 1; /* ended: h1_next closes */
@@ -802,7 +729,7 @@ static void h1_on_revoked(hsink *c) {
     return;
   }
   s->close_after = 1;
-  s->parser_paused = 1;
+  h1_set_state(s, H1_CLOSING);
   sink_read_pause(c, 1);
   h1_reset_request(s); /* a request head half read goes: never dispatched */
   if (c->outq == 0) sink_close(c); /* else h1_on_written closes */

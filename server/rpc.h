@@ -1,11 +1,12 @@
 /* rpc — the service-facing side of one RPC call.
  *
- * Services (fs/, proc/) see only this header of agent/ (and log.h, senv.h, list.h):
- * a call is a typed request (or a stream of them) in, protobuf messages and
- * one final status out; thread-pool work goes through rpc_work_submit, and
- * what else a service needs (its loop, its state) it gets from its own
- * init function, never from core/daemon.h, pool.h or slab.h
- * (tests/tools/check-layers.sh, run by `make unit`, fails otherwise).  Which
+ * Services (fs/, proc/, net/, reflect/) see only this header of server/
+ * (and core/ but daemon.h and pool.h): a call is a typed request (or a
+ * stream of them) in, protobuf messages and one final status out;
+ * thread-pool work goes through rpc_work_submit, and what else a service
+ * needs (its loop, its state) it gets from its own init function, never
+ * from core/daemon.h or core/pool.h (tests/tools/check-layers.sh, run by
+ * `make unit`, fails otherwise).  Which
  * HTTP version carries it (HTTP/1.1, h2c) and which RPC protocol frames it
  * (Connect unary/streaming, later gRPC, gRPC-Web) is the protocol layer's
  * business (server/connect.c, server/http1.c, server/h2.c).  Auth, content-type,

@@ -3,56 +3,19 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/fsuid.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include "core/daemon.h"
 #include "core/log.h"
+#include "core/pool.h"
+#include "server/ident.h"
 
 #define PASSWD_PATH "/etc/passwd"
 #define GROUP_PATH "/etc/group"
-
-const rpc_ident users_root = {.refs = 0, .uid = 0, .gid = 0, .implicit = 1, .has_entry = 1,
-                              .name = "root", .home = "/root"};
-
-/* ------------------------------------------------------------ identities */
-
-const rpc_ident *rpc_ident_hold(const rpc_ident *id) {
-  if (id && id->refs) ((rpc_ident *)id)->refs++;
-  return id;
-}
-
-void rpc_ident_release(const rpc_ident *id) {
-  if (id && id->refs && --((rpc_ident *)id)->refs == 0) free((void *)id);
-}
-
-/* One block: the struct, the groups, the two strings. */
-static rpc_ident *ident_new(uint32_t uid, uint32_t gid, const char *name, const char *home,
-                            const uint32_t *groups, size_t ngroups) {
-  size_t nl = strlen(name) + 1, hl = strlen(home) + 1;
-  rpc_ident *id = malloc(sizeof *id + ngroups * sizeof *groups + nl + hl);
-  if (!id) return NULL;
-  uint32_t *g = (uint32_t *)(id + 1);
-  char *s = (char *)(g + ngroups);
-  if (ngroups) memcpy(g, groups, ngroups * sizeof *groups);
-  memcpy(s, name, nl);
-  memcpy(s + nl, home, hl);
-  *id = (rpc_ident){.refs = 1, .uid = uid, .gid = gid, .name = s, .home = s + nl, .ngroups = ngroups,
-                    .groups = g};
-  return id;
-}
-
-const rpc_ident *rpc_ident_restored(const char *name, uint32_t uid, uint32_t gid) {
-  if (!name || !name[0]) return &users_root;
-  rpc_ident *id = ident_new(uid, gid, name, "/", NULL, 0);
-  return id ? id : &users_root;
-}
 
 /* ------------------------------------------------------------ the header */
 
@@ -387,6 +350,7 @@ static void watch_etc(void) {
 }
 
 typedef struct read_job {
+  pool_job job; /* first */
   unsigned gen; /* U.gen when it started */
   unsigned no;  /* its number (U.started) */
   snap old, now;
@@ -395,8 +359,8 @@ typedef struct read_job {
   users_tab *tab; /* read anew, or NULL: unchanged (or failed) */
 } read_job;
 
-static void read_run(void *data) {
-  read_job *j = data;
+static void read_run(pool_job *pj) {
+  read_job *j = (read_job *)pj;
   snap s;
   sig_of(PASSWD_PATH, &s.ps);
   sig_of(GROUP_PATH, &s.gs);
@@ -437,8 +401,8 @@ static void answer_waiters(unsigned no) {
     }
 }
 
-static void read_done(void *data, int canceled) {
-  read_job *j = data;
+static void read_done(pool_job *pj, int canceled) {
+  read_job *j = (read_job *)pj;
   unsigned gen = j->gen, no = j->no;
   int failed = j->failed || canceled;
   U.job = 0;
@@ -467,11 +431,7 @@ static int read_start(void) {
   j->old = U.sig;
   j->gen = U.gen;
   j->no = ++U.started;
-  if (!rpc_work_submit(NULL, read_run, read_done, j)) {
-    free(j);
-    U.started--;
-    return -1;
-  }
+  pool_submit(&j->job, read_run, read_done); /* as root, the loop's thread pool (core/pool.h) */
   U.job = 1;
   return 0;
 }
@@ -513,37 +473,4 @@ users_status users_resolve_now(const char *text, const rpc_ident **out) {
   users_status st = resolve_in(t, text, out, &miss);
   users_tab_free(t);
   return st;
-}
-
-/* ------------------------------------------------------------ a thread's fs identity */
-
-static pthread_once_t saved_once = PTHREAD_ONCE_INIT;
-static gid_t saved_groups[64];
-static int saved_n;
-
-/* root's own groups, as the threads started with them */
-static void save_groups(void) {
-  int n = getgroups(64, saved_groups);
-  saved_n = n < 0 ? 0 : n;
-}
-
-int rpc_fs_become(const rpc_ident *id) {
-  if (!id || (id->uid == 0 && id->gid == 0 && id->ngroups == 0)) return 0;
-  pthread_once(&saved_once, save_groups);
-  size_t n = id->ngroups < USERS_MAX_GROUPS ? id->ngroups : USERS_MAX_GROUPS;
-  if (syscall(SYS_setgroups, n, (const gid_t *)id->groups) != 0) return -1;
-  setfsgid(id->gid);
-  setfsuid(id->uid);
-  if ((uint32_t)setfsuid((uid_t)-1) != id->uid || (uint32_t)setfsgid((gid_t)-1) != id->gid) {
-    rpc_fs_restore();
-    return -1;
-  }
-  return 0;
-}
-
-void rpc_fs_restore(void) {
-  pthread_once(&saved_once, save_groups);
-  setfsuid(0);
-  setfsgid(0);
-  syscall(SYS_setgroups, (size_t)saved_n, saved_groups);
 }

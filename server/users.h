@@ -21,10 +21,9 @@
 #include <stdint.h>
 
 #include "core/list.h"
+#include "server/ident.h" /* users_root, USERS_MAX_GROUPS */
 #include "server/rpc.h"
 
-/* Supplementary groups kept at most (the kernel's NGROUPS_MAX). */
-#define USERS_MAX_GROUPS 65536
 /* Bytes read of each file at most: the rest of a bigger file is ignored. */
 #define USERS_MAX_FILE (4u << 20)
 /* The cache is compared with the files at least this often. */
@@ -76,9 +75,6 @@ static inline int users_waiting(const users_wait *w) { return list_linked(&w->li
  * message's defaultUser, from the pool): USERS_OK (a hold, or root's static
  * one), USERS_INVALID, USERS_UNKNOWN or USERS_ERROR. */
 users_status users_resolve_now(const char *text, const rpc_ident **out);
-
-/* The implicit root: nobody named a user. */
-extern const rpc_ident users_root;
 
 /* ---- the pure parts (unit-tested) ---- */
 typedef struct users_tab users_tab;

@@ -12,7 +12,7 @@
 # Prints the median of each figure over ROUNDS (default 7), new ÷ old, and
 # the median of the rounds' own new ÷ old (RAW=FILE keeps every sample).
 # Used to judge whether a special allocator, cache or memo earns its keep
-# (docs/internals/slab.md: at least 10 % on one of these).
+# (docs/internals/README.md: at least 10 % on one of these).
 set -u
 cd "$(dirname "$0")/../.."
 OLD=$1 NEW=$2 ROUNDS=${3:-7} N=${N:-20000} NRTT=${NRTT:-2000} NGAP=${NGAP:-20} N10K=${N10K:-100}

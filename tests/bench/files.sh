@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FileService benchmarks (issue 2).  Not part of `make check`.
+# FileService benchmarks.  Not part of `make check`.
 #
 #   * GetFileStream / PostFileStream of a 1 GiB file on tmpfs, HTTP/1.1 and
 #     h2c, against `nghttpd --no-tls` serving the same file to curl in the

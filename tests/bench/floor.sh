@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/bench/floor.sh — the StartProcess round trip against its floor
-# (docs/internals/profile.md, issue 20).  Not part of `make check`.
+# (docs/internals/profile.md).  Not part of `make check`.
 #
 # Interleaved in BLOCKS blocks of N/BLOCKS calls each (the load of a shared
 # machine drifts; statistics over the pooled samples; the order turns each block):

@@ -7,7 +7,7 @@
  * give powers of two.  Meant to show curl's own h2c upload ceiling; it
  * does not: blocking, one read and one flush at a time, it receives
  * slower than the agent, which also writes the file (profile.md,
- * PostFileStream, session 17).  Kept to reproduce that.
+ * PostFileStream).  Kept to reproduce that.
  *
  *   cc -O2 -o h2sink tests/bench/h2sink.c -lnghttp2
  *   ./h2sink [-w LOG2] [-W LOG2] PORT &

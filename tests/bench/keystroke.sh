@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Keystroke echo round trip through a PTY (issue 13).  Not part of `make check`.
+# Keystroke echo round trip through a PTY.  Not part of `make check`.
 #
 #   conch: SendInput{pid, pty: one byte} over HTTP/1.1 keep-alive (proto
 #     codec) → the data event carrying the echoed byte on the foreground

@@ -4,8 +4,7 @@
  * time, in one of four ways, and prints its own CPU time per answer:
  *
  *   map     2 MiB windows mmap'd + MADV_POPULATE_READ, written whole,
- *           unmapped (the agent's GetFileStream until session 20, in one
- *           thread)
+ *           unmapped (the agent's former GetFileStream, in one thread)
  *   sf      sendfile, 1 MiB per call
  *   maph2   map, with a 9-byte header before every 16 KiB as HTTP/2 DATA
  *           frames have (64 iovecs per writev, as the agent's h2c)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ports (issue 39): the forwarder's relay against a direct connection, and
+# Ports: the forwarder's relay against a direct connection, and
 # what discovery costs while it runs.  Root (a network namespace of its own).
 #
 #   1. 1 GiB from a loopback server to a client, ROUNDS times each way

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ProcessService benchmarks (issue 3).  Not part of `make check`.
+# ProcessService benchmarks.  Not part of `make check`.
 #
 #   * StartProcess round trip of /bin/true (foreground, connect+proto, one
 #     keep-alive connection, N sequential calls after a warm-up) over

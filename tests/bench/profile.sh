@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Counts behind docs/internals/profile.md (issue 20).  Not part of `make check`.
+# Counts behind docs/internals/profile.md.  Not part of `make check`.
 #
 # Counts, not times: syscalls, context switches, page faults and CPU time of
 # the server's threads per call / per MiB, from perf's software events and

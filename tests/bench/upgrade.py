@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The longest /health gap around an upgrade in place (issue 38): goal ≤ 100 ms.
+"""The longest /health gap around an upgrade in place: goal ≤ 100 ms.
 
 A prober asks GET /health over a new connection, again and again, and
 records when each answer arrived.  Around each of ROUNDS upgrades (the

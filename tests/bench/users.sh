@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# StartProcess as a user against as root (issue 42), same run: /bin/true,
+# StartProcess as a user against as root, same run: /bin/true,
 # foreground, connect+proto, one keep-alive connection (tests/bench/rtt.c),
 # the two interleaved in BLOCKS blocks so that the machine's drift hits
 # both; statistics over the pooled samples.  Goal: p50 as a user ≤ 1.05×

@@ -1,5 +1,5 @@
-"""One memory budget for everything held on behalf of clients (issue 23,
-rows 2-6), and JSON file chunks encoded off the loop.
+"""One memory budget for everything held on behalf of clients, and JSON
+file chunks encoded off the loop.
 
 Each attack runs against a private server (the ASan build, small
 quarantine) while test_hostile_io's monitor samples VmRSS from
@@ -27,8 +27,8 @@ pb = pytest.importorskip("agent_pb2")
 OUT_BOUND_KIB = 64 * 1024  # attacks that leave output unread
 # attacks that send input nobody reads: the 64 MiB budget plus what ASan
 # and the buffers in flight add — 40 one-shot stdins grew it by 88-95 MiB
-# (three runs each, 63b8fdb and fecfe9a) and once by 100 MiB in CI, so a
-# bound of 96 MiB failed on load alone; the old code grew by 439-601 MiB
+# (three runs each of two builds) and once by 100 MiB in CI, so a bound of
+# 96 MiB failed on load alone; without the budget it grew by 439-601 MiB
 IN_BOUND_KIB = 128 * 1024
 PROC = "/pb.ProcessService/"
 
@@ -76,7 +76,7 @@ def envelope(payload, flags=0):
     return bytes([flags]) + len(payload).to_bytes(4, "big") + payload
 
 
-# ---------------------------------------------------------------- row 6
+# ---------------------------------------------------------------- JSON downloads never read
 
 def h1_json_downloads_unread(att, srv, path, n):
     """n HTTP/1.1 connections, each a JSON GetFileStream of path, never read."""
@@ -108,7 +108,7 @@ def curl_json_downloads(att, srv, path, n):
         # niced: the curls stand in for clients on other machines; a hundred
         # of them at nice 0 (or 10) on this 2-core host left the loop
         # runnable ~60 ms between slices, the first probe past 1 s in 2 of 6
-        # runs on old and new binaries alike (perf sched, session 19)
+        # runs on old and new binaries alike (perf sched)
         p = subprocess.Popen(["nice", "-n", "19", "curl", "-s", "-o", "/dev/null", "--max-time", "120",
                               "-H", "Content-Type: application/connect+json",
                               "-H", "conch-init-token: " + srv.token, "--data-binary", "@-",
@@ -132,7 +132,7 @@ def curl_json_downloads(att, srv, path, n):
 
 
 def test_json_downloads_unread_are_bounded(srv, tmp_path):
-    """Row 6: 200 HTTP/1.1 connections asking a JSON GetFileStream of a
+    """200 HTTP/1.1 connections asking a JSON GetFileStream of a
     64 MiB file and never reading: together they hold at most half the
     memory budget (a download reads its next chunk only while less is
     held), and /health is answered within 1 s throughout (the old code
@@ -148,7 +148,7 @@ def test_json_downloads_unread_are_bounded(srv, tmp_path):
 
 
 def test_json_downloads_are_encoded_off_the_loop(tmp_path):
-    """Row 6: 200 HTTP/1.1 connections asking a JSON GetFileStream of a
+    """200 HTTP/1.1 connections asking a JSON GetFileStream of a
     64 MiB file and never reading, and 100 curls reading the same, with a
     budget (1 GiB) that does not hold them back: each 1 MiB chunk is
     base64/JSON-encoded in the thread pool, not on the loop, so /health is
@@ -169,7 +169,7 @@ def test_json_downloads_are_encoded_off_the_loop(tmp_path):
         finish(srv)
 
 
-# ---------------------------------------------------------------- row 4
+# ---------------------------------------------------------------- foreground output behind a held stream
 
 def h2_window_shut_streams(att, srv, path, reqs, ctype="application/connect+proto"):
     """One HTTP/2 connection, stream window 0: one streaming call per
@@ -189,7 +189,7 @@ def h2_window_shut_streams(att, srv, path, reqs, ctype="application/connect+prot
 
 
 def test_foreground_output_stops_while_the_stream_is_held(srv, tmp_path):
-    """Row 4: 100 foreground `head -c 64M /dev/zero` on one HTTP/2
+    """100 foreground `head -c 64M /dev/zero` on one HTTP/2
     connection whose stream window stays 0: once a stream holds a few
     hundred KiB its pipe is not read until the transport has room, so the
     connection holds a bounded total (the old code read each pipe until
@@ -213,7 +213,7 @@ def test_foreground_output_stops_while_the_stream_is_held(srv, tmp_path):
     still_serves(srv, tmp_path)
 
 
-# ---------------------------------------------------------------- row 5
+# ---------------------------------------------------------------- input for processes that never read
 
 BUSY_INPUT = b"server is busy: too much input queued for processes"
 BUSY_REQUEST = b"server is busy: too much request data buffered"
@@ -292,7 +292,7 @@ def h1_senders(att, srv, reqs, answers):
 
 @pytest.mark.parametrize("kind", ["send-input", "one-shot-stdin"])
 def test_input_for_processes_that_never_read_is_bounded_in_total(srv, kind, tmp_path):
-    """Row 5: 200 background `sleep` with stdin kept open, each sent two
+    """200 background `sleep` with stdin kept open, each sent two
     SendInput of 1 MiB; or 40 background `sleep` with 15 MiB of one-shot
     stdin.  The children never read: input queued for processes counts in
     the daemon-wide budget with everything else held for clients, and a
@@ -336,7 +336,7 @@ def test_input_for_processes_that_never_read_is_bounded_in_total(srv, kind, tmp_
     still_serves(srv, tmp_path)
 
 
-# ---------------------------------------------------------------- row 2
+# ---------------------------------------------------------------- WatchDir queues
 
 def long_root(tmp_path, length=3000):
     """A directory whose path is about `length` characters long."""
@@ -369,7 +369,7 @@ def inotify_fds(srv):
 
 
 def test_watch_queues_are_bounded_in_bytes(srv, tmp_path):
-    """Row 2: 100 WatchDir streams of a directory whose path is 3000
+    """100 WatchDir streams of a directory whose path is 3000
     characters long, on one HTTP/2 connection whose stream window stays 0,
     then 6000 files created in it.  Each stream's queue is bounded in bytes
     (item, name and full path counted), not only in events, and sending
@@ -445,7 +445,7 @@ def test_watch_queues_are_bounded_in_bytes(srv, tmp_path):
     still_serves(srv, tmp_path)
 
 
-# ---------------------------------------------------------------- row 3
+# ---------------------------------------------------------------- reflection streams
 
 REFLECT = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
 
@@ -488,7 +488,7 @@ def h2_big_reflection_requests(att, srv, nstreams, size):
 
 
 def test_reflection_reads_a_request_only_when_its_answer_has_room(srv, tmp_path):
-    """Row 3: 40 reflection streams on one HTTP/2 connection whose stream
+    """40 reflection streams on one HTTP/2 connection whose stream
     window stays 0, each sending a 15 MiB request (the answer echoes it as
     original_request).  A stream reads its request only once the
     connection has room for the answer: one such answer is held per

@@ -1,14 +1,14 @@
-"""Hostile paths against the file surface (issue 23 rows 1, 8, 9, 10).
+"""Hostile paths against the file surface.
 
-* Row 1: a cross-filesystem Move whose source a second client keeps
+* A cross-filesystem Move whose source a second client keeps
   swapping between a regular file and a FIFO must never block a pool
   thread (the copy opened the FIFO after checking it was a regular file);
   Stat and StartProcess still answer within 3 s after 20 s of it.
-* Row 8: Remove of a tree holding a bind mount of the same filesystem
+* Remove of a tree holding a bind mount of the same filesystem
   (same st_dev) never descends into the mount: the bind source stays.
-* Row 9: a cross-filesystem Move of a tree holding a mount refuses before
+* A cross-filesystem Move of a tree holding a mount refuses before
   it changes anything (no copy left, the source whole).
-* Row 10: an upload whose directory is renamed meanwhile, and a `content`
+* An upload whose directory is renamed meanwhile, and a `content`
   script whose cwd is renamed, leave no temp file behind.
 
 The server runs in a private mount namespace (`unshare -m`, propagation
@@ -86,7 +86,7 @@ def names(d, prefix):
         return []
 
 
-# ------------------------------------------------ row 8: Remove and mounts
+# ------------------------------------------------ Remove and mounts
 
 def test_remove_never_enters_a_bind_mount_of_the_same_fs(server, shm_dir):
     t = os.path.join(shm_dir, "t")
@@ -117,7 +117,7 @@ def test_remove_never_enters_a_bind_mount_of_the_same_fs(server, shm_dir):
     assert (st, ans) == (200, {}) and not os.path.exists(t) and os.path.isfile(os.path.join(src, "keep"))
 
 
-# ------------------------------------- row 9: cross-fs Move of a mount
+# ------------------------------------- cross-fs Move of a mount
 
 def tree_snapshot(root):
     out = []
@@ -167,7 +167,7 @@ def test_cross_fs_move_of_a_tree_holding_a_mount_changes_nothing(server, shm_dir
     assert tree_snapshot(dst) == before_tree and not os.path.exists(tree)
 
 
-# ------------------------------------------ row 10: temp files by descriptor
+# ------------------------------------------ temp files by descriptor
 
 def upload_with_rename(server, d, moved, finish):
     """An upload into d whose directory is renamed to moved after the first
@@ -243,7 +243,7 @@ def test_script_whose_cwd_is_renamed_is_removed(server, tmp_path):
     assert names(cwd2, "conch-script-") == []
 
 
-# ------------------------------------------ row 1: the Move/FIFO race
+# ------------------------------------------ the Move/FIFO race
 
 def test_move_source_swapped_for_a_fifo_never_wedges_the_pool(server, shm_dir, tmp_path):
     assert os.stat(shm_dir).st_dev != os.stat(tmp_path).st_dev, "need two filesystems"

@@ -14,7 +14,7 @@ a private server while a monitor samples VmRSS every 0.1 s and asks
 An attack stops early once the growth bound is passed (the old code grew by
 gigabytes; the machine is shared).  The ASan binary runs with a small
 quarantine (otherwise freed memory would count as held), and the test of
-memory coming back (row 10: glibc keeping freed memory) runs the dev build,
+memory coming back (glibc keeping freed memory) runs the dev build,
 whose allocator is glibc's (built here when missing).
 """
 import base64
@@ -347,11 +347,11 @@ def after_attack(srv, idle):
         back_to_idle(srv, idle)
 
 
-# ---------------------------------------------------------------- row 1
+# ---------------------------------------------------------------- HTTP/1.1 answers never read, without a token
 
 @pytest.mark.parametrize("kind", ["health", "unauthenticated-rpc"])
 def test_h1_pipelined_answers_never_read_without_token(hs, kind, tmp_path):
-    """Row 1: no token, one HTTP/1.1 connection pipelines requests that are
+    """No token, one HTTP/1.1 connection pipelines requests that are
     answered at once (/health, or an RPC refused with 401) and never reads.
     The server parses the next request only while little output is queued,
     and an unauthenticated connection past 64 KiB unsent is closed."""
@@ -369,7 +369,7 @@ def test_h1_pipelined_answers_never_read_without_token(hs, kind, tmp_path):
     after_attack(hs, idle)
 
 
-# ---------------------------------------------------------------- row 2
+# ---------------------------------------------------------------- HTTP/2 answers never read, without a token
 
 def grpc_block(token=None):
     block = h2_headers_block("POST", FS + "ListFiles", [(31, "application/grpc")])
@@ -381,7 +381,7 @@ def grpc_block(token=None):
 
 @pytest.mark.parametrize("kind", ["health", "grpc-no-token", "health-after-token"])
 def test_h2_headers_only_answers_never_read_without_token(hs, kind, tmp_path):
-    """Row 2: no token, HTTP/2 streams whose answer is a lone HEADERS frame
+    """No token, HTTP/2 streams whose answer is a lone HEADERS frame
     (GET /health with END_STREAM; gRPC without a token: trailers-only), the
     client never reads.  The unauthenticated connection is closed past
     64 KiB unsent.  health-after-token: the first request carries the
@@ -407,10 +407,10 @@ def test_h2_headers_only_answers_never_read_without_token(hs, kind, tmp_path):
     after_attack(hs, idle)
 
 
-# ---------------------------------------------------------------- row 3
+# ---------------------------------------------------------------- HTTP/1.1 large answers never read
 
 def test_h1_pipelined_large_answers_never_read(hs, tmp_path):
-    """Row 3: with the token, pipelined ListFiles of /usr/bin (~190 KB
+    """With the token, pipelined ListFiles of /usr/bin (~190 KB
     answers), never read: the next request is parsed only once the answers
     before it have (mostly) reached the kernel."""
     body = json.dumps({"path": "/usr/bin"}).encode()
@@ -427,7 +427,7 @@ def test_h1_pipelined_large_answers_never_read(hs, tmp_path):
     after_attack(hs, idle)
 
 
-# ---------------------------------------------------------------- row 4
+# ---------------------------------------------------------------- downloads behind windows held shut
 
 def h2_window_shut_downloads(att, srv, path, nstreams, codec="json"):
     """One HTTP/2 connection, stream window 0, nstreams GetFileStream calls
@@ -451,7 +451,7 @@ def h2_window_shut_downloads(att, srv, path, nstreams, codec="json"):
 
 @pytest.mark.parametrize("codec", ["json", "proto"])
 def test_h2_downloads_with_window_held_shut(hs, tmp_path, codec):
-    """Row 4: 4 connections x 128 GetFileStream streams of a 64 MiB file
+    """4 connections x 128 GetFileStream streams of a 64 MiB file
     with the HTTP/2 stream window held at 0.  A download reads its next
     chunk only once the previous one left for the window, and a connection
     holds about one chunk at a time whatever its number of streams."""
@@ -476,7 +476,7 @@ def test_h2_downloads_with_window_held_shut(hs, tmp_path, codec):
     assert sum(len(pb.FileChunk.FromString(e).content) for _, e in envs[:-1]) == 64 * MiB
 
 
-# ---------------------------------------------------------------- row 3 over HTTP/2
+# ---------------------------------------------------------------- HTTP/2 unary answers behind windows held shut
 
 def wide_dir(tmp_path, n=2000):
     """A directory whose ListFiles answer is about 0.5 MB of JSON."""
@@ -506,7 +506,7 @@ def h2_window_shut_lists(att, srv, path, nstreams=128):
 
 
 def test_h2_unary_answers_with_window_held_shut(hs, tmp_path):
-    """Row 3 over HTTP/2: 128 ListFiles of a 2000-entry directory (~0.5 MB
+    """128 ListFiles of a 2000-entry directory (~0.5 MB
     answers) on one connection whose stream window stays 0.  Complete
     requests are dispatched only while few answers are being made or held
     behind the window on their connection (the old code made and held all
@@ -514,7 +514,8 @@ def test_h2_unary_answers_with_window_held_shut(hs, tmp_path):
     wide = wide_dir(tmp_path)
     idle_rss(hs, tmp_path)
     # the idle: after one second of the same attack, once it has ended (the
-    # pool threads' malloc arenas at their working size; as in row 10)
+    # pool threads' malloc arenas at their working size; as in
+    # test_memory_comes_back_after_attacks)
     Attack(hs, [lambda a: h2_window_shut_lists(a, hs, wide)], seconds=1.0, bounded=False).run()
     time.sleep(1.5)
     idle = rss(hs)
@@ -560,7 +561,7 @@ def test_h2_waiting_requests_are_all_answered_once_the_window_opens(one, tmp_pat
         assert len(json.loads(st.body)["entries"]) == 2000
 
 
-# ---------------------------------------------------------------- row 7
+# ---------------------------------------------------------------- h2c upgrade with invalid HTTP2-Settings
 
 def settings_b64(*pairs):
     raw = b"".join(struct.pack(">HI", k, v) for k, v in pairs)
@@ -568,14 +569,14 @@ def settings_b64(*pairs):
 
 
 @pytest.mark.parametrize("pairs", [
-    [(4, 0xffffffff), (5, 1)],   # the issue's: window 2^32-1, max frame 1
+    [(4, 0xffffffff), (5, 1)],   # both at once: window 2^32-1, max frame 1
     [(4, 0x80000000)],           # INITIAL_WINDOW_SIZE over 2^31-1
     [(5, 1)],                    # MAX_FRAME_SIZE under 2^14
     [(5, 1 << 24)],              # MAX_FRAME_SIZE over 2^24-1
     [(2, 2)],                    # ENABLE_PUSH neither 0 nor 1
-], ids=["issue", "window", "frame-small", "frame-big", "push"])
+], ids=["window-and-frame", "window", "frame-small", "frame-big", "push"])
 def test_h2c_upgrade_with_invalid_settings_is_not_upgraded(one, pairs):
-    """Row 7: `Upgrade: h2c` whose HTTP2-Settings holds values HTTP/2 does
+    """`Upgrade: h2c` whose HTTP2-Settings holds values HTTP/2 does
     not allow: no 101 (then silence), a 400 at once."""
     s = socket.create_connection(("127.0.0.1", one.port), timeout=5)
     try:
@@ -639,7 +640,7 @@ def test_pipelined_request_after_a_good_one_is_checked_too(one):
     assert got.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 400 " in got, got
 
 
-# ---------------------------------------------------------------- row 9
+# ---------------------------------------------------------------- a file that shrinks while it downloads
 
 def chunked_body(raw):
     """Decode an HTTP/1.1 chunked body (raw: bytes after the head)."""
@@ -658,7 +659,7 @@ def changed_error(path):
 
 
 def test_json_download_of_a_shrinking_file_is_data_loss(one, tmp_path):
-    """Row 9, JSON codec: the file is truncated while the download streams
+    """JSON codec: the file is truncated while the download streams
     it (the client has stopped reading for a while).  The stream ends with
     data_loss `file changed during download: <path>`, not OK with fewer
     bytes."""
@@ -715,7 +716,7 @@ def open_window_expect_data_loss(c, sid, path):
 
 @pytest.mark.parametrize("codec", ["proto", "json"])
 def test_h2_download_of_a_shrinking_file_is_data_loss(one, tmp_path, codec):
-    """Row 9 over HTTP/2, both codecs end the same way.  Proto: the stream
+    """Over HTTP/2, both codecs end the same way.  Proto: the stream
     window admits exactly two chunks; the file shrinks while the server
     waits for credit, then the window opens: the next read ends before the
     file's size.  JSON: the window is shut from the
@@ -746,7 +747,7 @@ def test_h2_download_of_a_shrinking_file_is_data_loss(one, tmp_path, codec):
 
 
 def test_h2_download_of_a_file_that_grew_then_shrank_is_data_loss(one, tmp_path):
-    """Row 9, proto over HTTP/2: the size each chunk's read starts from is
+    """Proto over HTTP/2: the size each chunk's read starts from is
     the file's latest, not only its size at open.  8 MiB at open; after
     two chunks the file grows to 16 MiB and the third chunk is read; then
     it shrinks to 9 MiB — still above its size at open, yet the stream
@@ -782,7 +783,7 @@ def test_h2_download_of_a_file_that_grew_then_shrank_is_data_loss(one, tmp_path)
     assert got == data[:3 * MiB]
 
 
-# ---------------------------------------------------------------- row 10
+# ---------------------------------------------------------------- memory held behind shut windows, and memory coming back
 
 @pytest.fixture()
 def dev_server():
@@ -905,7 +906,7 @@ def big_lists(att, srv, nconn=8, per=32, path="/usr/bin"):
 
 
 def test_memory_comes_back_after_attacks(dev_server, tmp_path):
-    """Row 10 (dev build, glibc's allocator): rows 1-4 together, plus a
+    """Dev build, glibc's allocator: the four attacks above together, plus a
     legitimate peak of many concurrent large answers (ListFiles of /usr/bin
     and of a 10000-entry directory, read).  One second of it, then RSS is
     back within 16 MiB of the cold idle; four seconds more, then RSS is back

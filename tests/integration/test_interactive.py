@@ -1,4 +1,4 @@
-"""Interactive processes (api.md §9, issue 13): stdin_open, SendInput,
+"""Interactive processes (api.md §9): stdin_open, SendInput,
 StreamInput, CloseStdin and Update, end to end against the real binary.
 
 Terminal sessions (`sh -i`, `python3 -i` on a PTY) over HTTP/1.1

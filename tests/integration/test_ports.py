@@ -1,4 +1,4 @@
-"""NetworkService (api.md §9 "Ports", issue 39): ListPorts and WatchPorts
+"""NetworkService (api.md §9 "Ports"): ListPorts and WatchPorts
 against the real binary — every ListeningPort field for IPv4 and IPv6, a
 managed owner (a command started with StartProcess) and an unmanaged one
 (a listener this test holds), opened/closed events (also for a listener

@@ -1,4 +1,4 @@
-"""ProcessService end to end (api.md §6, issue 3): the seed examples over
+"""ProcessService end to end (api.md §6): the seed examples over
 HTTP/1.1 (JSON and proto) and HTTP/2 (curl --http2-prior-knowledge), and
 the behaviour tests — streaming, signals, timeouts, background fan-out,
 flow control, retention, keepalives, clean children, the reaper.

@@ -1,4 +1,4 @@
-"""Output that survives a disconnect (api.md §9, issue 22): `offset` on every
+"""Output that survives a disconnect (api.md §9): `offset` on every
 data event, the retained output of background processes, Connect with
 `replay` — over HTTP/1.1 and h2c, in the JSON and proto codecs.
 """

@@ -1,4 +1,4 @@
-"""The agent token where it belongs (issue 42, api.md §4 and §9).
+"""The agent token where it belongs (api.md §4 and §9).
 
 * `serve --token X` / `--token=X` / `CONCH_INIT_TOKEN=X`: X is in neither
   /proc/<pid>/cmdline nor /proc/<pid>/environ of the agent, and a started

@@ -371,7 +371,7 @@ def test_handover_check_option():
 def test_upgrade_answers(fresh_server):
     """Upgrade to the binary under test itself passes every check and answers
     {fromVersion, toVersion}.  Only the answer is asserted here: after it the
-    agent hands over to the new program (agent/handover.h), whose own tests
+    agent hands over to the new program (core/handover.h), whose own tests
     say what the agent is then."""
     c = Client(fresh_server.url, fresh_server.token)
     sha = hashlib.sha256(open(BIN, "rb").read()).hexdigest().upper()

@@ -1,4 +1,4 @@
-"""WatchDir against a hostile tree (issue 23, rows 7, 11 and 12): a watched
+"""WatchDir against a hostile tree: a watched
 directory swapped for a symlink to a directory outside is never followed;
 a tree deeper than a path can name is still watched, and one deeper than
 the walk's bound says so (an error, or an overflow) instead of going
@@ -78,7 +78,7 @@ def stream_curl(server, req, timeout=60):
     return msgs, end
 
 
-# ------------------------------------------------------------------ row 7
+# ------------------------------------------------------------------ a watched directory swapped for a symlink
 
 @pytest.mark.parametrize("kind", ["http1", "h2"])
 def test_watch_symlink_swap_never_followed(server, kind, tmp_path):
@@ -131,7 +131,7 @@ def test_watch_symlink_swap_never_followed(server, kind, tmp_path):
     wait_no_inotify(server.proc.pid)
 
 
-# ------------------------------------------------------------------ row 11
+# ------------------------------------------------------------------ deep trees, renames, directories moved out
 
 def test_watch_new_dir_of_renamed_parent_is_covered(server, tmp_path):
     """A directory made in a watched one that is renamed at once (before the
@@ -289,7 +289,7 @@ def test_watch_65k_moved_out_drops_linearly(server, tmp_path):
     wait_no_inotify(pid, timeout=30)
 
 
-# ------------------------------------------------------------------ row 12
+# ------------------------------------------------------------------ many streams, one inotify instance
 
 INIT1 = ("import ctypes, os, sys; c = ctypes.CDLL(None, use_errno=True); fd = c.inotify_init1(0); "
          "print(fd if fd >= 0 else os.strerror(ctypes.get_errno())); sys.exit(0 if fd >= 0 else 1)")

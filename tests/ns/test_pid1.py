@@ -1,4 +1,4 @@
-"""conch-init as PID 1 in namespaces (issue 4, "What must be shown").
+"""conch-init as PID 1 in namespaces, booted end to end.
 
 Boots a sandbox (see sandbox.py) once for the module and checks: layers and
 the ext4 writable layer, the init message over a unix listener (and the

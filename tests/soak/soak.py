@@ -110,7 +110,7 @@ def measure(pid):
             pass
     return {"fds": len(links), "threads": len(os.listdir(f"/proc/{pid}/task")),
             "rss_kib": status_kib(pid, "VmRSS"), "hwm_kib": status_kib(pid, "VmHWM"),
-            # sockets by kind, the spare command cgroup (proc/cgroup.c makes the
+            # sockets by kind, the spare command cgroup (proc/cgroup_spare.c makes the
             # next command's ahead) by its directory
             "fd_links": sorted(re.sub(r"/p\d+$", "/p*", re.sub(r"\[\d+\]", "[]", x)) for x in links)}
 

@@ -14,6 +14,10 @@
 #include <string.h>
 #include <stdint.h>
 #include <inttypes.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int test_passed_, test_failed_;
 static jmp_buf test_jmp_;
@@ -60,6 +64,24 @@ static jmp_buf test_jmp_;
   do {                                                                     \
     if (memcmp((a), (b), (n)) != 0) TEST_FAIL_("%s == %s (%zu bytes)", #a, #b, (size_t)(n)); \
   } while (0)
+
+/* fn(arg) in a child whose stderr is quiet (an illegal transition's log
+ * line and assert are expected there): 0 when it aborted (SIGABRT: a
+ * debug build's assert), 1 when fn returned nonzero, 2 when it returned 0. */
+static inline int test_in_child(int (*fn)(void *), void *arg) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, 2);
+    _exit(fn(arg) ? 1 : 2);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid) return 3;
+  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT) return 0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 4;
+}
 
 static int test_summary(void) {
   printf("%d passed, %d failed\n", test_passed_, test_failed_);

@@ -1,15 +1,14 @@
 /* test_callstate — the rpc_call lifecycle table (server/callstate.c): the
  * legal transitions are exactly those docs/internals/connect.md draws, an
  * illegal one asserts in a debug build (and is refused and counted in a
- * release build, NDEBUG: the library says which it is), and the names.  test_connect drives every legal
+ * release build, NDEBUG: the library says which it is), the same for the
+ * call's smaller lifecycles (input, output, the request's owner), and the
+ * names.  test_connect drives every legal
  * transition through real calls (every_legal_transition_driven). */
-#include <fcntl.h>
-#include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "server/callstate.h"
+#include "core/lifecycle.h"
 #include "tests/unit/test.h"
 
 /* The table of docs/internals/connect.md, written out again. */
@@ -80,29 +79,21 @@ TEST(every_legal_step_taken_and_counted) {
   }
 }
 
-/* One illegal step in a child: 0 when it aborted (SIGABRT), 1 when it
- * returned -1 with the state unchanged and the count up, 2 otherwise. */
-static int illegal_in_child(call_state from, call_event ev) {
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int null = open("/dev/null", O_WRONLY); /* quiet: the child's log line and assert are expected */
-    if (null >= 0) dup2(null, 2);
-    call_state s = from;
-    int rc = call_state_step(&s, ev);
-    _exit(rc == -1 && s == from && call_state_illegal == 1 ? 1 : 2);
-  }
-  int st = 0;
-  if (waitpid(pid, &st, 0) != pid) return 3;
-  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT) return 0;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 4;
+/* One illegal step (in a child: test_in_child): nonzero when it returned
+ * -1 with the state unchanged and the count up. */
+struct call_step {
+  call_state from;
+  call_event ev;
+};
+
+static int call_refused(void *arg) {
+  const struct call_step *t = arg;
+  call_state s = t->from;
+  return call_state_step(&s, t->ev) == -1 && s == t->from && call_state_illegal == 1;
 }
 
 TEST(illegal_step_asserts) {
-  static const struct {
-    call_state from;
-    call_event ev;
-  } bad[] = {
+  static const struct call_step bad[] = {
     {CALL_READING, CALL_EV_CANCEL},    /* no service to cancel yet */
     {CALL_SERVING, CALL_EV_START},     /* started twice */
     {CALL_ENDED, CALL_EV_END},         /* answered twice */
@@ -113,8 +104,59 @@ TEST(illegal_step_asserts) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT_EQ(call_state_next(bad[i].from, bad[i].ev), CALL_NSTATES);
     /* debug: assert(); release: refused and counted, PID 1 goes on */
-    ASSERT_EQ(illegal_in_child(bad[i].from, bad[i].ev), call_state_asserts ? 0 : 1);
+    ASSERT_EQ(test_in_child(call_refused, (void *)&bad[i]), call_state_asserts ? 0 : 1);
   }
+}
+
+/* The smaller lifecycles (input, output, the request's owner): each step
+ * the table does not hold asserts (debug) or is refused and counted. */
+struct small_step {
+  int which, from, to;
+};
+
+static int small_refused(void *arg) {
+  const struct small_step *t = arg;
+  int rc;
+  if (t->which == 0) {
+    call_input s = (call_input)t->from;
+    rc = call_input_step(&s, (call_input)t->to) == -1 && s == (call_input)t->from;
+  } else if (t->which == 1) {
+    call_output s = (call_output)t->from;
+    rc = call_output_step(&s, (call_output)t->to) == -1 && s == (call_output)t->from;
+  } else {
+    call_req s = (call_req)t->from;
+    rc = call_req_step(&s, (call_req)t->to) == -1 && s == (call_req)t->from;
+  }
+  return rc && lifecycle_refused == 1;
+}
+
+TEST(small_lifecycles) {
+  static const struct small_step bad[] = {
+    {0, IN_DELIVERED, IN_ENDED},         /* the body ended again */
+    {0, IN_OPEN, IN_DELIVERED},          /* its end delivered before it came */
+    {0, IN_ENDED, IN_ENDED},
+    {1, OUT_STARTED, OUT_UNARY},         /* a streaming call's answer set as unary */
+    {1, OUT_UNARY_GZ, OUT_UNARY},        /* set again after it was compressed */
+    {1, OUT_STARTED, OUT_STARTED},       /* the head sent twice */
+    {1, OUT_NONE, OUT_UNARY_GZ_TRIED},   /* compressed with no answer */
+    {2, REQ_KEPT, REQ_TAKEN},            /* taken when it may not be */
+    {2, REQ_TAKEN, REQ_TAKEN},           /* taken twice */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ASSERT_EQ(test_in_child(small_refused, (void *)&bad[i]), lifecycle_asserts ? 0 : 1);
+  call_input in = IN_OPEN;
+  ASSERT_EQ(call_input_step(&in, IN_ENDED), 0);
+  ASSERT_EQ(call_input_step(&in, IN_DELIVERED), 0);
+  ASSERT_EQ(in, IN_DELIVERED);
+  call_output out = OUT_NONE;
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY), 0);
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY), 0); /* sent again: replaced */
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY_GZ_TRIED), 0);
+  ASSERT_EQ(call_output_step(&out, OUT_UNARY_GZ), 0);
+  call_req r = REQ_KEPT;
+  ASSERT_EQ(call_req_step(&r, REQ_TAKABLE), 0);
+  ASSERT_EQ(call_req_step(&r, REQ_TAKEN), 0);
+  ASSERT_EQ(call_req_step(&r, REQ_KEPT), 0);
 }
 
 TEST(names) {
@@ -131,6 +173,7 @@ int main(void) {
   RUN(table_is_the_documented_one);
   RUN(every_legal_step_taken_and_counted);
   RUN(illegal_step_asserts);
+  RUN(small_lifecycles);
   RUN(names);
   return test_summary();
 }

@@ -4,7 +4,9 @@
 #include "tests/unit/h2client.h"
 
 #include "core/daemon.h"
+#include "server/h2_int.h"
 #include "server/http1.h"
+#include "core/lifecycle.h"
 
 static const hserve serve = {tr_dispatch, http1_conn_init, h2_conn_init, h2_settings_valid};
 
@@ -277,6 +279,32 @@ TEST(admission_fifo) {
   h2t_free(&t);
 }
 
+/* A request found malformed while it waits for admission (DATA past its
+ * content-length) is reset and leaves the FIFO: never dispatched, and the
+ * ones behind it go on in order. */
+TEST(malformed_while_queued) {
+  start(NULL, 0, 1);
+  for (int i = 0; i < 16; i++) h2t_request(&t, "GET", "/hold", NULL, NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 16);
+  const char *cl[] = {"content-length", "4", NULL};
+  int32_t bad = h2t_request(&t, "POST", "/echo", cl, (const uint8_t *)"too long", 8);
+  int32_t good = h2t_request(&t, "POST", "/echo", NULL, (const uint8_t *)"ok", 2);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 16);
+  h2t_stream *st = h2t_st(&t, bad);
+  ASSERT(st->rst_recv);
+  ASSERT_EQ(st->close_err, NGHTTP2_PROTOCOL_ERROR);
+  hx_simple(tr_x[0].x, 200, NULL, "a", NULL, 0);
+  h2t_pump(&t);
+  ASSERT_EQ(tr_n, 17); /* the good one, not the reset one */
+  ASSERT_STR_EQ(tr_x[16].path, "/echo");
+  ASSERT_EQ(h2t_st(&t, good)->status, 200);
+  ASSERT_EQ(h2t_st(&t, good)->body_len, 2);
+  ASSERT(!t.m.closed);
+  h2t_free(&t);
+}
+
 /* hx_waiting: held answers that wait on the outside (SendInput) stop
  * counting, so requests behind them are dispatched at once — whether the
  * handler says so at its request's end (/wait) or later; a waiting stream
@@ -371,6 +399,58 @@ TEST(revoked) {
   h2t_free(&t);
 }
 
+/* A stream's and a connection's lifecycle (h2.md's tables): a step the
+ * table does not hold asserts in a debug build, and is refused and counted
+ * in a release build (NDEBUG), the state left as it was. */
+static int h2s_refused(void *arg) {
+  const h2s_state *ft = arg;
+  h2s *st = calloc(1, sizeof *st);
+  st->state = ft[0];
+  return h2s_set_state(st, ft[1]) == -1 && st->state == ft[0] && lifecycle_refused == 1;
+}
+
+static int h2c_refused(void *arg) {
+  const h2c_state *ft = arg;
+  h2c sc = {.state = ft[0]};
+  return h2c_set_state(&sc, ft[1]) == -1 && sc.state == ft[0] && lifecycle_refused == 1;
+}
+
+TEST(illegal_state_step) {
+  static const h2s_state sbad[][2] = {
+    {H2S_HEADERS, H2S_OPEN},    /* dispatched before admission */
+    {H2S_IN_DONE, H2S_OPEN},    /* its end delivered twice */
+    {H2S_OPEN, H2S_IN_DONE},    /* the end delivered before END_STREAM */
+    {H2S_REFUSED, H2S_OPEN},    /* a reset request is never dispatched */
+    {H2S_BROKEN, H2S_IN_ENDED}, /* nothing more is read after a reset */
+    {H2S_OPEN, H2S_REFUSED},    /* a dispatched stream breaks, it is not refused */
+    {H2S_QUEUED, H2S_BROKEN},
+  };
+  for (size_t i = 0; i < sizeof sbad / sizeof sbad[0]; i++) {
+    ASSERT(!h2s_state_legal(sbad[i][0], sbad[i][1]));
+    ASSERT_EQ(test_in_child(h2s_refused, (void *)sbad[i]), lifecycle_asserts ? 0 : 1);
+  }
+  static const h2c_state cbad[][2] = {
+    {H2C_NEW, H2C_GOAWAY},     /* GOAWAY only once revoked */
+    {H2C_GOAWAY, H2C_OPEN},    /* revoked stays revoked */
+    {H2C_DEAD, H2C_OPEN},      /* dead is the end */
+    {H2C_NEW, H2C_PREFACE},    /* the upgrade's stream 1 comes first */
+    {H2C_REVOKED, H2C_PREFACE_REVOKED},
+  };
+  for (size_t i = 0; i < sizeof cbad / sizeof cbad[0]; i++) {
+    ASSERT(!h2c_state_legal(cbad[i][0], cbad[i][1]));
+    ASSERT_EQ(test_in_child(h2c_refused, (void *)cbad[i]), lifecycle_asserts ? 0 : 1);
+  }
+  /* the ways a request goes */
+  static const h2s_state path[][2] = {
+    {H2S_HEADERS, H2S_QUEUED},  {H2S_QUEUED, H2S_OPEN},      {H2S_OPEN, H2S_IN_ENDED},
+    {H2S_IN_ENDED, H2S_IN_DONE}, {H2S_QUEUED, H2S_QUEUED_IN}, {H2S_QUEUED_IN, H2S_IN_ENDED},
+    {H2S_HEADERS, H2S_REFUSED}, {H2S_QUEUED, H2S_REFUSED},   {H2S_OPEN, H2S_BROKEN},
+  };
+  for (size_t i = 0; i < sizeof path / sizeof path[0]; i++) ASSERT(h2s_state_legal(path[i][0], path[i][1]));
+  ASSERT_STR_EQ(h2s_state_name(H2S_QUEUED_IN), "QUEUED_IN");
+  ASSERT_STR_EQ(h2c_state_name(H2C_PREFACE_REVOKED), "PREFACE_REVOKED");
+}
+
 int main(void) {
   RUN(get_404);
   RUN(echo_and_query);
@@ -386,9 +466,11 @@ int main(void) {
   RUN(output_bound_stops_input);
   RUN(unauthenticated_streams);
   RUN(admission_fifo);
+  RUN(malformed_while_queued);
   RUN(waiting_answers_do_not_count);
   RUN(bulk_ends_with_the_stream);
   RUN(revoked);
+  RUN(illegal_state_step);
   tr_reset();
   return test_summary();
 }

@@ -6,6 +6,7 @@
 #include "core/daemon.h"
 #include "server/h2.h"
 #include "server/http1.h"
+#include "core/lifecycle.h"
 
 static int h2_inits;
 static int count_h2_init(hsink *s, hx *up, uint8_t *body, size_t len) {
@@ -519,6 +520,40 @@ TEST(revoked) {
   memsink_free(&m);
 }
 
+/* The connection's lifecycle (http1.md's table): a step the table does
+ * not hold asserts in a debug build, and is refused and counted in a
+ * release build (NDEBUG), the state left as it was. */
+static int h1_refused(void *arg) {
+  const h1_state *ft = arg;
+  return http1_state_try(ft[0], ft[1]) == -1 && lifecycle_refused == 1;
+}
+
+TEST(illegal_state_step) {
+  static const h1_state bad[][2] = {
+    {H1_DONE, H1_HEAD},     /* the next request before this exchange ended */
+    {H1_BODY, H1_HEAD},     /* a new head inside a body */
+    {H1_IDLE, H1_BODY},     /* dispatched with no head read */
+    {H1_UPGRADE, H1_BODY},  /* an upgrade is never dispatched here */
+    {H1_CLOSING, H1_IDLE},  /* closing is the end */
+    {H1_HEAD, H1_DONE},     /* all in without being dispatched */
+    {H1_HELD, H1_BODY},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ASSERT(!http1_state_legal(bad[i][0], bad[i][1]));
+    ASSERT_EQ(test_in_child(h1_refused, (void *)bad[i]), lifecycle_asserts ? 0 : 1);
+  }
+  /* one request's way, and the ways to closing */
+  static const h1_state path[] = {H1_IDLE, H1_HELD, H1_IDLE, H1_HEAD, H1_BODY, H1_DONE, H1_IDLE,
+                                  H1_HEAD, H1_UPGRADE, H1_CLOSING};
+  for (size_t i = 1; i < sizeof path / sizeof path[0]; i++) {
+    ASSERT(http1_state_legal(path[i - 1], path[i]));
+    ASSERT_EQ(http1_state_try(path[i - 1], path[i]), 0);
+  }
+  for (int st = 0; st < H1_CLOSING; st++) ASSERT(http1_state_legal((h1_state)st, H1_CLOSING));
+  ASSERT_STR_EQ(http1_state_name(H1_DONE), "DONE");
+  ASSERT_STR_EQ(http1_state_name(H1_NSTATES), "?");
+}
+
 int main(void) {
   RUN(get_404);
   RUN(post_content_length_echo);
@@ -544,6 +579,7 @@ int main(void) {
   RUN(upgrade_bad_settings);
   RUN(bulk_ends_with_the_exchange);
   RUN(revoked);
+  RUN(illegal_state_step);
   tr_reset();
   return test_summary();
 }

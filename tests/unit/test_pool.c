@@ -1,4 +1,4 @@
-/* test_pool — agent/pool on a real libuv loop: every job's work runs once
+/* test_pool — core/pool on a real libuv loop: every job's work runs once
  * off the loop thread and its done callback once on it; jobs canceled while
  * staged or queued never run; a long job does not hold back a short one
  * submitted after it; a burst costs far fewer runners than jobs; the same

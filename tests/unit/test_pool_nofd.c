@@ -1,4 +1,4 @@
-/* test_pool_nofd — agent/pool started when the process has no fd left:
+/* test_pool_nofd — core/pool started when the process has no fd left:
  * it falls back to libuv's async handle (no abort: PID 1 must not die for
  * that), and every job still runs once and comes back once. */
 #include <errno.h>

@@ -134,7 +134,7 @@ TEST(unwatched_is_orphan) {
   ASSERT_EQ(count_my_zombies(), 0);
 }
 
-/* The storm from issue 3: 200 double-forked sleeps re-parented to us (a
+/* An orphan storm: 200 double-forked sleeps re-parented to us (a
  * subreaper, like PID 1), while watched children exit with known codes. */
 TEST(orphan_storm) {
   ncalls = nwrong = 0;

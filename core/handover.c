@@ -1,21 +1,19 @@
 /* handover — an upgrade in place, both sides of the exec; see handover.h.
  *
  * Trade-offs, briefly:
- * - The drain freezes reading on every connection instead of closing them
- *   one by one: no new request starts work, answers already queued still
- *   go out, and the exec closes them all at once (clients reconnect).
- * - It waits for starts, pool jobs of the process table and accounting
- *   reads (a clone in a pool thread must not vanish with the exec), at
- *   most HANDOVER_DRAIN_MS; a start still out then is not carried.  Output
- *   queued on connections (the Upgrade's answer) gets HANDOVER_FLUSH_MS
- *   to reach the kernel.
+ * - It waits for the parts' work in flight (a clone in a pool thread must
+ *   not vanish with the exec), at most HANDOVER_DRAIN_MS; what is still
+ *   out then is not carried.
  * - Only descriptors the state names lose close-on-exec, just before the
  *   exec (and get it back if the exec fails), so nothing else leaks into
  *   the new program; the new program sets it again on each only once the
  *   whole state was restored, so a rollback finds them all open.
+ * - The state is one protobuf message handled through its descriptor: the
+ *   framework reads and writes only its own four fields, found by name.
  */
-#include "agent/handover.h"
+#include "core/handover.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -25,25 +23,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "server/conn.h"
 #include "core/daemon.h"
 #include "core/log.h"
-#include "core/senv.h"
-#include "server/server.h"
-#include "server/tokhold.h"
-#include "proto/handover.pb-c.h"
 
 #define HANDOVER_DRAIN_MS 2000
-/* answers queued on connections get this long to reach the kernel (the
- * Upgrade's own first; a stream whose reader is slow must not hold the
- * exec for the whole drain) */
-#define HANDOVER_FLUSH_MS 50
 #define HANDOVER_TICK_MS 1
 #define HANDOVER_STATE_MAX (1u << 30) /* what a reader accepts */
 #define HANDOVER_PARTS_MAX 8
 #define HANDOVER_FDS_MAX 65536
-
-typedef Conch__Handover__State hstate;
 
 /* One lifecycle, changed only by hs_step (asserts the previous state). */
 typedef enum handover_state {
@@ -55,14 +42,23 @@ typedef enum handover_state {
 
 static const char *const hs_names[] = {"idle", "draining", "saving", "restoring"};
 
+/* The framework's own fields of the state message. */
+typedef struct hs_head {
+  uint32_t *format;
+  char **version;
+  uint64_t *upgrades;
+  int32_t *prev_program_fd;
+} hs_head;
+
 static struct {
   handover_state state;
+  handover_schema schema;
+  size_t at_format, at_version, at_upgrades, at_prev; /* offsets in the message */
   int prog_fd;            /* the new program (DRAINING, SAVING) */
   char to[128];
   uv_timer_t tick;
   int tick_init;
   uint64_t began;         /* uv_now at handover_begin */
-  int listen_fd;          /* the API socket while no handle serves it */
   int argc;
   char **argv;
   const handover_part *parts[HANDOVER_PARTS_MAX];
@@ -71,25 +67,54 @@ static struct {
   size_t nfds, capfds;
   /* the new program, between handover_load and handover_finish */
   int state_fd, rollback;
-  hstate *loaded;
-} H = {.prog_fd = -1, .listen_fd = -1, .state_fd = -1};
+  ProtobufCMessage *loaded;
+} H = {.prog_fd = -1, .state_fd = -1};
+
+#ifdef NDEBUG
+const int handover_asserts = 0;
+#else
+const int handover_asserts = 1;
+#endif
 
 static void hs_step(handover_state from, handover_state to) {
   if (H.state != from) {
     LOG_ERROR("handover: transition %s -> %s from state %s refused", hs_names[from], hs_names[to],
               hs_names[H.state]);
+    assert(!"illegal handover transition");
     return;
   }
   H.state = to;
 }
 
-int handover_can_read(unsigned n) { return n >= HANDOVER_FORMAT_MIN && n <= HANDOVER_FORMAT; }
-int handover_busy(void) { return H.state != HS_IDLE; }
+/* The offset of the schema's field name, which must be a proto3 field of
+ * type t without presence (one value, always written when not zero). */
+static size_t hs_field_at(const char *name, ProtobufCType t) {
+  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(H.schema.desc, name);
+  if (!f || f->type != t || f->label != PROTOBUF_C_LABEL_NONE) {
+    LOG_ERROR("handover: the state message has no field %s of the type the framework needs", name);
+    abort(); /* a build that cannot be: tests/unit/test_handover.c */
+  }
+  return f->offset;
+}
 
-void handover_set_argv(int argc, char **argv) {
+static hs_head hs_head_of(ProtobufCMessage *m) {
+  char *b = (char *)m;
+  return (hs_head){(uint32_t *)(b + H.at_format), (char **)(b + H.at_version), (uint64_t *)(b + H.at_upgrades),
+                   (int32_t *)(b + H.at_prev)};
+}
+
+void handover_init(const handover_schema *schema, int argc, char **argv) {
+  H.schema = *schema;
+  H.at_format = hs_field_at("format", PROTOBUF_C_TYPE_UINT32);
+  H.at_version = hs_field_at("version", PROTOBUF_C_TYPE_STRING);
+  H.at_upgrades = hs_field_at("upgrades", PROTOBUF_C_TYPE_UINT64);
+  H.at_prev = hs_field_at("prev_program_fd", PROTOBUF_C_TYPE_INT32);
   H.argc = argc;
   H.argv = argv;
 }
+
+int handover_can_read(unsigned n) { return n >= H.schema.format_min && n <= H.schema.format; }
+int handover_busy(void) { return H.state != HS_IDLE; }
 
 void handover_add_part(const handover_part *p) {
   if (H.nparts < HANDOVER_PARTS_MAX) H.parts[H.nparts++] = p;
@@ -114,38 +139,14 @@ static void hs_cloexec_all(int on) {
   }
 }
 
-/* Every descriptor a state names (the ones the parts added themselves
- * come through handover_keep_fd). */
-static void hs_collect_fds(const hstate *st) {
-  if (st->prev_program_fd > 0) handover_keep_fd(st->prev_program_fd);
-  for (size_t i = 0; i < st->n_api_listeners; i++) handover_keep_fd(st->api_listeners[i]);
-  if (st->daemon && st->daemon->log_fd > 0) handover_keep_fd(st->daemon->log_fd);
-  if (st->cgroups) {
-    handover_keep_fd(st->cgroups->parent_fd);
-    handover_keep_fd(st->cgroups->base_fd);
-    handover_keep_fd(st->cgroups->spare_fd);
-  }
-  for (size_t i = 0; i < st->n_procs; i++) {
-    const Conch__Handover__Proc *p = st->procs[i];
-    for (size_t j = 0; j < p->n_out; j++) handover_keep_fd(p->out[j]->fd);
-    handover_keep_fd(p->in_fd);
-    handover_keep_fd(p->cgroup_fd);
-    handover_keep_fd(p->script_dfd);
-  }
-  if (st->net) {
-    for (size_t i = 0; i < st->net->n_forwarders; i++) handover_keep_fd(st->net->forwarders[i]->fd);
-    for (size_t i = 0; i < st->net->n_relays; i++) {
-      const Conch__Handover__Relay *r = st->net->relays[i];
-      handover_keep_fd(r->client_fd);
-      handover_keep_fd(r->backend_fd);
-      const Conch__Handover__RelayDir *dirs[] = {r->up, r->down};
-      for (int d = 0; d < 2; d++) {
-        if (!dirs[d]) continue;
-        handover_keep_fd(dirs[d]->pipe_r);
-        handover_keep_fd(dirs[d]->pipe_w);
-      }
-    }
-  }
+/* Every descriptor the state names: the previous program, then each
+ * part's (through handover_keep_fd). */
+static void hs_collect_fds(const ProtobufCMessage *st) {
+  H.nfds = 0;
+  int32_t prev = *hs_head_of((ProtobufCMessage *)st).prev_program_fd;
+  if (prev > 0) handover_keep_fd(prev);
+  for (size_t i = 0; i < H.nparts; i++)
+    if (H.parts[i]->keep_fds) H.parts[i]->keep_fds(st);
 }
 
 /* argv for the next exec: ours without a previous --handover*, plus flag fd. */
@@ -170,36 +171,12 @@ static char **hs_argv(const char *flag, int fd, char *num, size_t numlen) {
 
 /* ------------------------------------------------------------------ save */
 
-static int hs_save_daemon(Conch__Handover__Daemon *d, ProtobufCBinaryData *senv_items) {
-  conch__handover__daemon__init(d);
-  d->token_set = conch.token_set;
-  d->token.data = (uint8_t *)conch.token;
-  d->token.len = conch.token_len;
-  d->token_gen = conch.token_gen;
-  d->sandbox_id = conch.sandbox_id;
-  d->default_user = conch.default_user;
-  d->log_level = conch.log_level;
-  d->no_upgrade = conch.no_upgrade;
-  d->init_no_upgrade = conch.init_no_upgrade;
-  d->conns_refused = conch.conns_refused;
-  d->unauth_closed = conch.unauth_closed;
-  d->n_senv = conch.senv_len;
-  d->senv = senv_items;
-  for (size_t i = 0; i < conch.senv_len; i++) {
-    senv_items[i].data = (uint8_t *)conch.senv[i];
-    senv_items[i].len = strlen(conch.senv[i]);
-  }
-  d->log_fd = conch.log_file ? fileno(conch.log_file) : -1;
-  d->log_path = conch.log_path;
-  return 0;
-}
-
-/* The state into a memfd; -1 on failure (logged). */
-static int hs_write_state(const hstate *st) {
-  size_t len = conch__handover__state__get_packed_size(st);
+/* The state into a memfd; -1 on failure. */
+static int hs_write_state(const ProtobufCMessage *st) {
+  size_t len = protobuf_c_message_get_packed_size(st);
   uint8_t *buf = malloc(len ? len : 1);
   if (!buf) return -1;
-  conch__handover__state__pack(st, buf);
+  protobuf_c_message_pack(st, buf);
   int fd = memfd_create("conch-handover", MFD_CLOEXEC);
   size_t off = 0;
   while (fd >= 0 && off < len) {
@@ -221,8 +198,6 @@ static void hs_fail_resume(const char *why) {
   LOG_ERROR("upgrade abandoned: %s; this program goes on", why);
   if (H.prog_fd >= 0) close(H.prog_fd);
   H.prog_fd = -1;
-  if (H.listen_fd >= 0 && server_adopt(H.listen_fd) == 0) H.listen_fd = -1;
-  conn_freeze(0);
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->drain) H.parts[i]->drain(0);
   hs_step(HS_SAVING, HS_IDLE);
@@ -230,59 +205,46 @@ static void hs_fail_resume(const char *why) {
 
 static void hs_exec(void) {
   hs_step(HS_DRAINING, HS_SAVING);
-  hstate st = CONCH__HANDOVER__STATE__INIT;
-  st.format = HANDOVER_FORMAT;
-#ifndef CONCH_STATIC /* test seam: a format the next program cannot read (tests/integration/test_upgrade.py) */
-  const char *fault = getenv("CONCH_FAULT");
-  if (fault && strcmp(fault, "handover_format") == 0) st.format = HANDOVER_FORMAT + 1000;
-  int as_format_1 = fault && strcmp(fault, "handover_format_1") == 0; /* as a format-1 writer: no net fds */
-  if (as_format_1) st.format = 1;
-#endif
-  st.version = CONCH_VERSION;
-  st.upgrades = conch.upgrades + 1;
-  st.prev_program_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-  if (st.prev_program_fd < 0) LOG_WARN("upgrade: cannot keep this program for a rollback: %s", strerror(errno));
-  Conch__Handover__Daemon d;
-  ProtobufCBinaryData *senv = calloc(conch.senv_len + 1, sizeof *senv);
-  int32_t listener = H.listen_fd;
-  if (!senv) {
-    if (st.prev_program_fd >= 0) close(st.prev_program_fd);
+  ProtobufCMessage *st = calloc(1, H.schema.desc->sizeof_message);
+  if (!st) {
     hs_fail_resume("out of memory");
     return;
   }
-  hs_save_daemon(&d, senv);
-  st.daemon = &d;
-  if (listener >= 0) {
-    st.api_listeners = &listener;
-    st.n_api_listeners = 1;
-  }
-  H.nfds = 0;
+  protobuf_c_message_init(H.schema.desc, st);
+  hs_head head = hs_head_of(st);
+  *head.format = H.schema.format;
+#ifndef CONCH_STATIC /* test seams (tests/integration/test_upgrade*.py): a format the next program cannot read; format 1 */
+  const char *fault = getenv("CONCH_FAULT");
+  if (fault && strcmp(fault, "handover_format") == 0) *head.format = H.schema.format + 1000;
+  if (fault && strcmp(fault, "handover_format_1") == 0) *head.format = 1;
+#endif
+  *head.version = (char *)CONCH_VERSION;
+  *head.upgrades = conch.upgrades + 1;
+  *head.prev_program_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  if (*head.prev_program_fd < 0) LOG_WARN("upgrade: cannot keep this program for a rollback: %s", strerror(errno));
   size_t saved = 0;
   int ok = 1;
   for (; saved < H.nparts && ok; saved++)
-    if (H.parts[saved]->save && H.parts[saved]->save(&st) != 0) ok = 0;
-#ifndef CONCH_STATIC
-  if (as_format_1 && st.net) st.net->n_forwarders = st.net->n_relays = 0;
-#endif
-  int sfd = ok ? hs_write_state(&st) : -1;
+    if (H.parts[saved]->save && H.parts[saved]->save(st) != 0) ok = 0;
+  int sfd = ok ? hs_write_state(st) : -1;
   if (sfd >= 0) {
-    hs_collect_fds(&st);
-    for (size_t i = 0; i < H.nparts; i++)
-      if (H.parts[i]->keep_fds) H.parts[i]->keep_fds(&st);
+    hs_collect_fds(st);
     handover_keep_fd(sfd);
   }
   for (size_t i = 0; i < saved; i++)
-    if (H.parts[i]->save_free) H.parts[i]->save_free(&st);
-  free(senv);
+    if (H.parts[i]->save_free) H.parts[i]->save_free(st);
+  int prev = *head.prev_program_fd;
+  uint64_t upgrades = *head.upgrades;
+  free(st);
   if (sfd < 0) {
-    if (st.prev_program_fd >= 0) close(st.prev_program_fd);
+    if (prev >= 0) close(prev);
     hs_fail_resume(ok ? "cannot write the state" : "out of memory saving the state");
     return;
   }
   char num[16];
   char **argv = hs_argv("--handover", sfd, num, sizeof num);
   LOG_INFO("upgrade: exec of conch-init %s (from %s) state=%d upgrades=%llu after %llu ms of drain",
-           H.to, CONCH_VERSION, sfd, (unsigned long long)st.upgrades, (unsigned long long)(uv_now(conch.loop) - H.began));
+           H.to, CONCH_VERSION, sfd, (unsigned long long)upgrades, (unsigned long long)(uv_now(conch.loop) - H.began));
   if (argv) {
     hs_cloexec_all(0);
     extern char **environ;
@@ -295,7 +257,7 @@ static void hs_exec(void) {
   snprintf(why, sizeof why, "exec of the new program failed: %s", argv ? strerror(errno) : "out of memory");
   free(argv);
   close(sfd);
-  if (st.prev_program_fd >= 0) close(st.prev_program_fd);
+  if (prev >= 0) close(prev);
   hs_fail_resume(why);
 }
 
@@ -304,7 +266,6 @@ static void hs_on_tick(uv_timer_t *t) {
   int busy = 0;
   for (size_t i = 0; i < H.nparts && !busy; i++)
     if (H.parts[i]->busy && H.parts[i]->busy()) busy = 1;
-  if (!busy && waited < HANDOVER_FLUSH_MS && conn_pending_output()) busy = 1;
   if (busy && waited < HANDOVER_DRAIN_MS) return;
   if (busy) LOG_WARN("upgrade: work still in flight after %d ms; going on", HANDOVER_DRAIN_MS);
   uv_timer_stop(t);
@@ -320,11 +281,8 @@ int handover_begin(int prog_fd, const char *to_version) {
   H.prog_fd = prog_fd;
   snprintf(H.to, sizeof H.to, "%s", to_version ? to_version : "");
   H.began = uv_now(conch.loop);
-  conn_freeze(1);
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->drain) H.parts[i]->drain(1);
-  int fd = server_detach();
-  H.listen_fd = fd >= 0 ? fd : -1;
   if (!H.tick_init) {
     uv_timer_init(conch.loop, &H.tick);
     uv_unref((uv_handle_t *)&H.tick);
@@ -355,8 +313,8 @@ int handover_arg(int argc, char **argv, int *rollback) {
  * state.  Returns only when that is impossible (then this program goes on
  * with what it has). */
 static void hs_rollback(const char *why) {
-  const hstate *st = H.loaded;
-  int prev = st ? st->prev_program_fd : -1;
+  hs_head head = H.loaded ? hs_head_of(H.loaded) : (hs_head){0};
+  int prev = H.loaded ? *head.prev_program_fd : -1;
   LOG_ERROR("upgrade: cannot restore the state: %s", why);
   if (H.rollback || prev <= 0 || H.state_fd < 0) {
     LOG_ERROR("upgrade: no rollback possible (%s); serving without the old state",
@@ -366,7 +324,7 @@ static void hs_rollback(const char *why) {
   char num[16];
   char **argv = hs_argv("--handover-rollback", H.state_fd, num, sizeof num);
   lseek(H.state_fd, 0, SEEK_SET);
-  LOG_ERROR("upgrade: rolling back to the previous program (conch-init %s)", st->version);
+  LOG_ERROR("upgrade: rolling back to the previous program (conch-init %s)", *head.version);
   extern char **environ;
   if (argv) fexecve(prev, argv, environ);
   LOG_ERROR("upgrade: rollback exec failed: %s", strerror(errno));
@@ -374,7 +332,7 @@ static void hs_rollback(const char *why) {
 }
 
 /* No rollback: the parts from `from` on did not restore (or did not run). */
-static void hs_abandon(const hstate *st, size_t from) {
+static void hs_abandon(const ProtobufCMessage *st, size_t from) {
   for (size_t i = from; i < H.nparts; i++)
     if (H.parts[i]->abandon) H.parts[i]->abandon(st);
 }
@@ -399,29 +357,8 @@ static int hs_read_all(int fd, uint8_t **out, size_t *n) {
   return 0;
 }
 
-static void hs_restore_daemon(const Conch__Handover__Daemon *d) {
-  if (!d) return;
-  if (d->token_set && d->token.len <= CONCH_TOKEN_MAX) daemon_set_token((const char *)d->token.data, d->token.len);
-  snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", d->sandbox_id);
-  snprintf(conch.default_user, sizeof conch.default_user, "%s", d->default_user);
-  log_set_level((log_level)d->log_level);
-  conch.init_no_upgrade = d->init_no_upgrade; /* (--no-upgrade comes with the arguments again) */
-  conch.conns_refused = d->conns_refused;
-  conch.unauth_closed = d->unauth_closed;
-  for (size_t i = 0; i < d->n_senv; i++) {
-    char *kv = strndup((const char *)d->senv[i].data, d->senv[i].len);
-    char *eq = kv ? strchr(kv, '=') : NULL;
-    if (eq) {
-      *eq = 0;
-      senv_set(kv, eq + 1);
-    }
-    free(kv);
-  }
-  if (d->log_fd > 0) log_adopt_file(d->log_fd, d->log_path);
-}
-
 int handover_load(int fd, int rollback, char *err, size_t errn) {
-  H.state = HS_RESTORING;
+  hs_step(HS_IDLE, HS_RESTORING);
   H.state_fd = fd;
   H.rollback = rollback;
   uint8_t *buf = NULL;
@@ -431,14 +368,15 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
     hs_rollback(err);
     return -1;
   }
-  H.loaded = conch__handover__state__unpack(NULL, len, buf);
+  H.loaded = protobuf_c_message_unpack(H.schema.desc, NULL, len, buf);
   free(buf);
   if (!H.loaded) {
     snprintf(err, errn, "the state does not parse");
     hs_rollback(err);
     return -1;
   }
-  int readable = handover_can_read(H.loaded->format);
+  hs_head head = hs_head_of(H.loaded);
+  int readable = handover_can_read(*head.format);
 #ifndef CONCH_STATIC
   /* the old program reads back what it wrote itself (the test of a format
    * the new one cannot read rolls back to it) */
@@ -446,13 +384,12 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
   if (rollback && fault && strcmp(fault, "handover_format") == 0) readable = 1;
 #endif
   if (!readable) {
-    snprintf(err, errn, "state format %u is not one this program reads (%d to %d)", H.loaded->format,
-             HANDOVER_FORMAT_MIN, HANDOVER_FORMAT);
+    snprintf(err, errn, "state format %u is not one this program reads (%u to %u)", *head.format,
+             H.schema.format_min, H.schema.format);
     hs_rollback(err);
     return -1;
   }
-  conch.upgrades = H.loaded->upgrades - (rollback && H.loaded->upgrades ? 1 : 0); /* a rollback is no upgrade */
-  hs_restore_daemon(H.loaded->daemon);
+  conch.upgrades = *head.upgrades - (rollback && *head.upgrades ? 1 : 0); /* a rollback is no upgrade */
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->restore_early && H.parts[i]->restore_early(conch.loop, H.loaded) != 0) {
       snprintf(err, errn, "%s: cannot restore its early state", H.parts[i]->name);
@@ -464,8 +401,9 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
 }
 
 int handover_finish(char *err, size_t errn) {
-  hstate *st = H.loaded;
+  ProtobufCMessage *st = H.loaded;
   if (!st) return -1;
+  hs_head head = hs_head_of(st);
   uint64_t now = uv_hrtime() / 1000000u; /* CLOCK_MONOTONIC: the clock the state's times are on */
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->restore && H.parts[i]->restore(st, now, err, errn) != 0) {
@@ -483,15 +421,10 @@ int handover_finish(char *err, size_t errn) {
   }
 #endif
 commit:
-  for (size_t i = 0; i < st->n_api_listeners; i++)
-    if (server_adopt(st->api_listeners[i]) != 0) LOG_ERROR("upgrade: the API listener is lost");
   /* committed: from here on the state is ours */
-  H.nfds = 0;
   hs_collect_fds(st);
-  for (size_t i = 0; i < H.nparts; i++)
-    if (H.parts[i]->keep_fds) H.parts[i]->keep_fds(st);
   hs_cloexec_all(1);
-  if (st->prev_program_fd > 0) close(st->prev_program_fd);
+  if (*head.prev_program_fd > 0) close(*head.prev_program_fd);
   close(H.state_fd);
   H.state_fd = -1;
   for (size_t i = 0; i < H.nparts; i++)
@@ -500,9 +433,9 @@ commit:
     LOG_WARN("upgrade rolled back: conch-init %s goes on with its state pid=%d upgrades=%llu", CONCH_VERSION,
              (int)getpid(), conch.upgrades);
   else
-    LOG_INFO("upgraded in place: conch-init %s -> %s pid=%d upgrades=%llu (state format %u)", st->version,
-             CONCH_VERSION, (int)getpid(), conch.upgrades, st->format);
-  conch__handover__state__free_unpacked(st, NULL);
+    LOG_INFO("upgraded in place: conch-init %s -> %s pid=%d upgrades=%llu (state format %u)", *head.version,
+             CONCH_VERSION, (int)getpid(), conch.upgrades, *head.format);
+  protobuf_c_message_free_unpacked(st, NULL);
   H.loaded = NULL;
   hs_step(HS_RESTORING, HS_IDLE);
   return 0;
