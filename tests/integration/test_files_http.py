@@ -350,6 +350,8 @@ def test_signed_urls(srv, d):
     refused("GET", q(f"{d}/other", expires=exp, signature=sig), "signature mismatch")           # another path
     refused("GET", q(f"{d}/s", expires=exp, signature=sig, username="nobody"), "signature mismatch")  # user
     refused("PUT", good, "signature mismatch", body=b"x")                                       # method
+    refused("GET", signed(t, "PUT", f"{d}/s"), "signature mismatch")                            # (both ways)
+    refused("POST", signed(t, "GET", f"{d}/s"), "signature mismatch", body=b"x")
     refused("GET", q(f"{d}/s", expires=int(exp) + 1, signature=sig), "signature mismatch")       # expires
     for i in (0, len(sig) // 2, len(sig) - 1):                                                  # a changed byte
         bad = sig[:i] + ("A" if sig[i] != "A" else "B") + sig[i + 1:]
@@ -362,6 +364,13 @@ def test_signed_urls(srv, d):
 def test_signed_url_as_a_user(srv, d):
     os.chmod(d, 0o777)
     t = srv.token
+    tok = f"conch-init-token: {t}"
+    write(f"{d}/a.txt", b"a")
+    r = curl("-F", f"f=@{d}/a.txt", "-H", tok, "-H", "conch-init-user: nobody", srv.url + q(f"{d}/mp"))
+    assert json.loads(r.stdout)["files"][0]["path"] == f"{d}/mp/a.txt"
+    assert os.stat(f"{d}/mp").st_uid == NOBODY and os.stat(f"{d}/mp/a.txt").st_uid == NOBODY
+    r = curl("--http2-prior-knowledge", "-I", "-H", tok, srv.url + q(f"{d}/a.txt"))
+    assert r.stdout.startswith(b"HTTP/2 200") and b"content-length: 1\r\n" in r.stdout
     st, h, body = req(srv, "PUT", signed(t, "PUT", f"{d}/n", "nobody"), body=b"x", token=False)
     assert st == 201 and os.stat(f"{d}/n").st_uid == NOBODY
     write(f"{d}/secret", b"s", 0o600)
