@@ -682,3 +682,20 @@ def test_out_of_space_is_507_and_leaves_nothing(srv, d):
         assert os.listdir(small) == ["keep"] and open(f"{small}/keep", "rb").read() == b"old"
     finally:
         subprocess.run(["umount", small], check=True)
+
+
+def test_readme_routes_opening_lines(srv, tmp_path):
+    """The README's Routes section opens with a download and an upload by
+    plain curl: both run as written (address, token and path put in)."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    sec = text[text.index("\n## Routes\n"):]
+    block = md_blocks(sec[:sec.index("\n## ", 5)], "sh")[0]
+    lines = block.splitlines()
+    assert len(lines) == 2 and "curl -o" in lines[0] and "curl -T" in lines[1]
+    script = (block.replace("http://127.0.0.1:4064", srv.url).replace("$(cat build/run-token)", srv.token)
+              .replace("/tmp/notes.txt", str(tmp_path / "up" / "notes.txt")))
+    (tmp_path / "notes.txt").write_bytes(b"some notes\n")
+    r = subprocess.run(["bash", "-c", "set -e\n" + script], cwd=tmp_path, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "hostname").read_bytes() == open("/etc/hostname", "rb").read()
+    assert (tmp_path / "up" / "notes.txt").read_bytes() == b"some notes\n"
