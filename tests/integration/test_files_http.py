@@ -699,3 +699,29 @@ def test_readme_routes_opening_lines(srv, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "hostname").read_bytes() == open("/etc/hostname", "rb").read()
     assert (tmp_path / "up" / "notes.txt").read_bytes() == b"some notes\n"
+
+
+def test_file_shrinking_while_sent_cuts_the_answer(srv, d):
+    """Content-Length was promised: a file truncated during the download
+    ends the connection short of it, never with other bytes."""
+    with open(f"{d}/shrink", "wb") as f:
+        f.truncate(256 << 20)
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.sendall(f"GET {q(f'{d}/shrink')} HTTP/1.1\r\nHost: x\r\nconch-init-token: {srv.token}\r\n\r\n".encode())
+    got = s.recv(65536)
+    assert got.startswith(b"HTTP/1.1 200")
+    time.sleep(0.3)
+    os.truncate(f"{d}/shrink", 1 << 20)
+    total = len(got)
+    s.settimeout(30)
+    while True:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        assert b.count(b"\0") == len(b)  # only the file's bytes
+        total += len(b)
+    s.close()
+    assert total < (256 << 20)
+    st, _, _ = req(srv, "GET", "/health", token=False)
+    assert st == 200
