@@ -450,7 +450,7 @@ static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
     kv[2 * k] = h[i].name;
     kv[2 * k++ + 1] = h[i].value;
   }
-  if (clen >= 0) {
+  if (clen >= 0 && status != 204 && status != 304) { /* RFC 9110: no length field there */
     kv[2 * k] = "content-length";
     kv[2 * k++ + 1] = h2_udec(lbuf, sizeof lbuf, (uint64_t)clen);
   }
