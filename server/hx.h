@@ -75,6 +75,10 @@ typedef struct hx_ops {
    * written before; on_drain runs once they all left.  0 started, 1 not
    * possible here (nothing done), -1 failed. */
   int (*write_file)(hx *x, int fd, uint64_t off, uint64_t len);
+  /* Optional (NULL: the transport cannot end one exchange alone): cut this
+   * answer short and leave the connection be (HTTP/2: RST_STREAM); the
+   * handler's on_abort follows from the loop.  0, or -1 (close instead). */
+  int (*reset)(hx *x);
 } hx_ops;
 
 #define HX_MAX_HEADERS 128

@@ -352,8 +352,8 @@ int rpc_http_write(rpc_http *r, void *owner, const uint8_t *data, size_t len);
 int rpc_http_write_file(rpc_http *r, int fd, uint64_t off, uint64_t len);
 int rpc_http_end(rpc_http *r);
 /* Cut the answer short (after its head: a read error, a file that
- * shrank): the connection is closed; r is gone, and the service's
- * on_abort does not run. */
+ * shrank): HTTP/2 resets the stream, HTTP/1.1 closes the connection; r is
+ * gone, and the service's on_abort does not run. */
 void rpc_http_abort(rpc_http *r);
 /* As rpc_out_room: 1 when about n more bytes may be made now (counted in
  * the memory budget until the next write), else 0 and on_drain follows. */

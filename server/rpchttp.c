@@ -232,6 +232,10 @@ void rpc_http_abort(rpc_http *r) {
   static const rpc_http_handler none;
   rh *s = rh_of(r);
   s->h = &none; /* its on_abort frees s alone */
+  if (!r->ended && r->ops->reset && r->ops->reset(r) == 0) {
+    LOG_WARN("an answer was cut short: its stream reset on connection %llu", (unsigned long long)r->sink->id);
+    return;
+  }
   LOG_WARN("an answer was cut short: closing connection %llu", (unsigned long long)r->sink->id);
   sink_close(r->sink);
 }

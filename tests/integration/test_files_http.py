@@ -725,3 +725,31 @@ def test_file_shrinking_while_sent_cuts_the_answer(srv, d):
     assert total < (256 << 20)
     st, _, _ = req(srv, "GET", "/health", token=False)
     assert st == 200
+
+
+def test_file_shrinking_while_sent_on_h2c_resets_only_its_stream(srv, d):
+    """On HTTP/2 the answer cut short is its stream alone (RST_STREAM): the
+    connection goes on and serves the next request."""
+    from h2conn import H2Client
+    with open(f"{d}/shrink2", "wb") as f:
+        f.truncate(64 << 20)
+    c = H2Client("127.0.0.1", srv.port, auto_ack=False)
+    try:
+        sid = c.request("GET", q(f'{d}/shrink2'), [("conch-init-token", srv.token)])
+        deadline = time.time() + 10
+        while c.streams[sid].status is None and time.time() < deadline:
+            c.pump(0.2)
+        assert c.streams[sid].status == 200
+        os.truncate(f"{d}/shrink2", 1 << 20)
+        deadline = time.time() + 30
+        while not c.streams[sid].done and time.time() < deadline:
+            c.ack(sid)
+            c.pump(0.2)
+        s = c.streams[sid]
+        assert s.reset is not None and not s.ended  # reset, never ended as if whole
+        assert len(s.body) < (64 << 20) and s.body.count(b"\0") == len(s.body)
+        sid2 = c.request("GET", "/health")
+        c.wait(sid2, timeout=10)
+        assert c.streams[sid2].status == 200
+    finally:
+        c.close()
