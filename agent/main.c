@@ -36,7 +36,7 @@
 #include "reflect/service.h"
 
 static const char usage[] =
-    "usage: conch-init                  (as PID 1: boot the sandbox, see boot.md)\n"
+    "usage: conch-init                  (as PID 1: boot the sandbox)\n"
     "       conch-init serve [options]  (standalone: serve the agent API)\n"
     "       conch-init --handover-check N  (exit 0 when it can restore state format N)\n"
     "\n"
@@ -57,7 +57,10 @@ static const char usage[] =
     "  --log-stream SPEC       also send every line as JSON to vsock:CID:PORT,\n"
     "                          unix:PATH or tcp:IP:PORT (reconnects; keeps 1 MiB)\n"
     "  -h, --help              this text\n"
-    "  -V, --version           print the version\n";
+    "  -V, --version           print the version\n"
+    "\n"
+    "docs (in the source tree): README.md, docs/api.md (every route, RPC and\n"
+    "error), docs/guide/pid1.md (booting as PID 1), docs/guide/*.md\n";
 
 static int main_set_level(const char *s) {
   int i = log_level_parse(s);
@@ -181,6 +184,7 @@ static void main_register_services(void) {
   router_add_http("/metrics", metrics_serve);
   const rpc_method *m = fs_service_methods(conch.loop, &n);
   router_register(m, n);
+  router_add_http("/files", fs_http_serve);
   m = net_service_methods(conch.loop, &n);
   router_register(m, n);
   m = upgrade_service_methods(&n);
@@ -402,6 +406,10 @@ int main(int argc, char **argv) {
     main_register_services();
     return init_pid1_main(argc, argv);
   }
+  if (argc >= 2)
+    fprintf(stderr, "conch-init: unknown command \"%s\" (not PID 1: the command is serve)\n\n", argv[1]);
+  else
+    fprintf(stderr, "conch-init: not PID 1: serve the API standalone with `conch-init serve`\n\n");
   fputs(usage, stderr);
   return 2;
 }

@@ -1,10 +1,11 @@
 /* daemon — the one daemon context of conch-init.
  *
- * Everything process-wide lives in the single object `conch`: the loop, the
- * token, the sandbox identity and environment, the log sink.  No other
- * agent/ or init/ module keeps mutable globals; the services (fs/, proc/)
- * never see this header (server/rpc.h) and keep their own state (the
- * process table, cgroups, the reaper).  Everything here is touched
+ * The daemon-wide settings and counters live in the single object `conch`:
+ * the loop, the token, the sandbox identity and environment, the log sink,
+ * the budget's figures.  A module's own state stays in the module (the
+ * handover's, the router's plain HTTP routes, the server's listeners); the
+ * services (fs/, proc/, net/) never see this header (server/rpc.h) and
+ * keep their own (the process table, cgroups, the reaper).  Everything here is touched
  * only from the loop thread (thread-pool work gets copies).
  */
 #ifndef CONCH_DAEMON_H

@@ -105,3 +105,25 @@ int sha256_from_hex(const char *hex, size_t len, uint8_t out[SHA256_LEN]) {
   }
   return 0;
 }
+
+void hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, uint8_t out[SHA256_LEN]) {
+  uint8_t k[64] = {0}, pad[64], inner[SHA256_LEN];
+  sha256_ctx s;
+  if (klen > sizeof k) {
+    sha256_init(&s);
+    sha256_update(&s, key, klen);
+    sha256_final(&s, k);
+  } else if (klen) {
+    memcpy(k, key, klen);
+  }
+  for (size_t i = 0; i < sizeof k; i++) pad[i] = k[i] ^ 0x36;
+  sha256_init(&s);
+  sha256_update(&s, pad, sizeof pad);
+  sha256_update(&s, msg, mlen);
+  sha256_final(&s, inner);
+  for (size_t i = 0; i < sizeof k; i++) pad[i] = k[i] ^ 0x5c;
+  sha256_init(&s);
+  sha256_update(&s, pad, sizeof pad);
+  sha256_update(&s, inner, sizeof inner);
+  sha256_final(&s, out);
+}

@@ -1,5 +1,6 @@
 /* sha256 — SHA-256 (FIPS 180-4), for the Upgrade RPC's `sha256` check
- * (api.md §9 "Upgrading the agent in place").  Our own compact code: the
+ * (api.md §9 "Upgrading the agent in place") and HMAC-SHA256 for signed
+ * URLs.  Our own compact code: the
  * build has no crypto library (tests/unit/test_sha256.c: the FIPS and
  * NIST test vectors, and input split at every offset).
  *
@@ -28,6 +29,10 @@ typedef struct sha256_ctx {
 void sha256_init(sha256_ctx *s);
 void sha256_update(sha256_ctx *s, const void *data, size_t len);
 void sha256_final(sha256_ctx *s, uint8_t out[SHA256_LEN]);
+
+/* HMAC-SHA256 (RFC 2104) of msg keyed by key: for signed URLs (api.md §9
+ * "Files over plain HTTP"). */
+void hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, uint8_t out[SHA256_LEN]);
 
 /* The 32 bytes of 64 hex digits (either case) in hex[0..len): 0, else -1. */
 int sha256_from_hex(const char *hex, size_t len, uint8_t out[SHA256_LEN]);

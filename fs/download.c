@@ -159,7 +159,7 @@ static void dl_fill(fs_download *d) {
 /* Kernel pseudo filesystems: their sizes promise nothing (a sysfs
  * attribute says 4096 and reads a few bytes), so a short read there is not
  * a file that changed. */
-static int dl_pseudo_fs(int fd) {
+int fs_pseudo_fs(int fd) {
   struct statfs sf;
   if (fstatfs(fd, &sf) != 0) return 1;
   switch ((unsigned long)sf.f_type) {
@@ -197,7 +197,7 @@ static void dl_open_work(void *data) {
   if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    d->sized = S_ISREG(st.st_mode) && st.st_size > 0 && !dl_pseudo_fs(fd);
+    d->sized = S_ISREG(st.st_mode) && st.st_size > 0 && !fs_pseudo_fs(fd);
     if (d->sized) d->size = (uint64_t)st.st_size;
     /* the first chunk is read once the transport has room for it */
   } else {

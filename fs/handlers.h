@@ -43,6 +43,10 @@ void fs_watch_on_cancel(rpc_call *c, rpc_code why);
 /* ListFiles and SearchFiles */
 void fs_listing_on_cancel(rpc_call *c, rpc_code why);
 
+/* 1 when fd is on a kernel pseudo filesystem (proc, sysfs, …), whose
+ * sizes promise nothing (download.c). */
+int fs_pseudo_fs(int fd);
+
 /* Validate a request path (api.md §7) taking rpc_input_had_nul() into
  * account: a NUL anywhere in the just-delivered message is reported as a
  * NUL in the path (the only string field of its message, except for

@@ -19,4 +19,8 @@
 
 const rpc_method *fs_service_methods(uv_loop_t *loop, size_t *n);
 
+/* GET/HEAD/PUT/POST/OPTIONS /files (api.md §9 "Files over plain HTTP"; fs/http.c),
+ * registered by agent/ with router_add_http after fs_service_methods. */
+void fs_http_serve(rpc_http *r);
+
 #endif

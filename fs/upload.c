@@ -1,20 +1,12 @@
 /* fs/upload — PostFileStream (api.md §7): one file per client stream.
  *
  * Per chunk: content > 1 MiB → resource_exhausted.  First chunk: validate
- * filepath, then (pool) mkdir -p its directory (0755), open that
- * directory (held until the end) and create the temp file in it: an
- * unnamed O_TMPFILE, or where the filesystem has none
- * ".conch-upload-<random>" O_EXCL.  Later chunks: empty or identical
- * filepath, else "filepath changed during stream upload"; empty content is
- * skipped.  End of input: (pool) fdatasync, give the temp file the target's
- * mode (and owner) when the target exists or 0644, name it
- * ".conch-upload-<random>" (linkat) and rename it onto the target — every
- * step relative to the held directory descriptor, so a directory renamed
- * meanwhile takes the upload with it and no temp file is ever stranded
- * under a path that no longer leads to it.  Response {uploadedCount:1,
- * entries:[{name, path, type:"file"}]}.  On any error or cancel the temp
- * file is removed (in the pool; an unnamed one by closing it), the target
- * is untouched and no message is sent.
+ * filepath, then (pool) open the temp file (fs/atomic.h: whole or not
+ * at all).  Later chunks: empty or identical filepath, else "filepath
+ * changed during stream upload"; empty content is skipped.  End of input:
+ * (pool) the commit.  Response {uploadedCount:1, entries:[{name, path,
+ * type:"file"}]}.  On any error or cancel the temp file is removed (in the
+ * pool), the target is untouched and no message is sent.
  *
  * Pipelining with bounded memory: chunks wait in a queue while the previous
  * batch is written in the pool (network and disk overlap): a chunk that is
@@ -44,6 +36,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "fs/atomic.h"
 #include "fs/handlers.h"
 #include "fs/path.h"
 #include "proto/agent.pb-c.h"
@@ -52,7 +45,6 @@
 #define UP_QUEUE_MAX (8u * 1024 * 1024)
 #define UP_TAKE_MIN (64u * 1024) /* content from which a chunk is kept as its message */
 #define UP_TAKE_SLACK (4u * 1024 + 64) /* the rest of such a message: a path, the tags */
-#define UP_TEMP_PREFIX ".conch-upload-"
 
 /* A chunk's bytes: in the FileChunk message itself, taken from the layer
  * (no copy), or copied behind the struct when it could not be taken. */
@@ -70,9 +62,7 @@ typedef struct fs_upload {
   rpc_call *call; /* NULL once the call ended (finished or canceled) */
   rpc_call *held; /* canceled with the answer held until the temp file is gone */
   char *target;
-  char *tmp; /* the temp file's name in dfd while it has one */
-  int fd;    /* the temp file (O_TMPFILE: unnamed until the commit) */
-  int dfd;   /* the target's directory, from the first chunk on */
+  fs_atomic at; /* the temp file, from the first chunk on */
   int started, input_end;
   int busy;    /* pool work queued/running */
   int sending; /* inside rpc_send */
@@ -101,7 +91,6 @@ static void up_free(fs_upload *u) {
   up_chunks_free(u->batch);
   up_chunks_free(u->q_head);
   free(u->target);
-  free(u->tmp);
   fs_status_clear(&u->st);
   fs_status_clear(&u->fail);
   free(u);
@@ -109,224 +98,33 @@ static void up_free(fs_upload *u) {
 
 /* ---- pool side ---------------------------------------------------- */
 
-static void up_remove_temp(fs_upload *u) {
-  if (u->fd >= 0) close(u->fd);
-  u->fd = -1;
-  if (u->tmp) unlinkat(u->dfd, u->tmp, 0);
-  free(u->tmp);
-  u->tmp = NULL;
-  if (u->dfd >= 0) close(u->dfd);
-  u->dfd = -1;
-}
-
-static int up_has_temp(const fs_upload *u) { return u->fd >= 0 || u->dfd >= 0; }
-
-static int up_mkdir_p(fs_upload *u, const char *dir) {
-  size_t len = strlen(dir);
-  char *p = strdup(dir);
-  if (!p) {
-    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
-    return -1;
-  }
-  for (size_t i = 1; i <= len; i++) {
-    if (i < len && p[i] != '/') continue;
-    p[i] = 0;
-    if (mkdir(p, 0755) != 0) {
-      int e = errno;
-      struct stat st;
-      if (e != EEXIST || stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        if (e == EEXIST) e = ENOTDIR;
-        fs_status_os(&u->st, "create directory", dir, e);
-        free(p);
-        return -1;
-      }
-    }
-    if (i < len) p[i] = '/';
-  }
-  free(p);
-  return 0;
-}
-
-static void up_random_hex(fs_upload *u, char out[17]) {
-  uint64_t r = 0;
-#ifdef GRND_INSECURE
-  if (getrandom(&r, sizeof r, GRND_INSECURE) != (ssize_t)sizeof r)
-#endif
-    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      r ^= (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^
-           (uint64_t)(uintptr_t)u ^ ((uint64_t)getpid() << 32);
-    }
-  snprintf(out, 17, "%016llx", (unsigned long long)r);
-}
-
 static int up_write_batch(fs_upload *u) {
   for (const up_chunk *k = u->batch; k; k = k->next) {
-    const unsigned char *p = k->data;
-    size_t left = k->len;
-    while (left) {
-      ssize_t w = write(u->fd, p, left);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fs_status_os(&u->st, "write file", u->target, errno);
-        return -1;
-      }
-      p += w;
-      left -= (size_t)w;
-    }
+    if (fs_atomic_write(&u->at, k->data, k->len, &u->st) < 0) return -1;
     u->bytes += k->len;
   }
   return 0;
-}
-
-static int up_canceled(fs_upload *u) {
-  if (!atomic_load(&u->canceled)) return 0;
-  fs_status_set(&u->st, RPC_CANCELED, "upload canceled");
-  return 1;
-}
-
-/* A fresh ".conch-upload-<random>" into u->tmp; 0 or -1 (status set). */
-static int up_temp_name(fs_upload *u) {
-  if (!u->tmp && !(u->tmp = malloc(sizeof UP_TEMP_PREFIX + 16))) {
-    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
-    return -1;
-  }
-  char hex[17];
-  up_random_hex(u, hex);
-  snprintf(u->tmp, sizeof UP_TEMP_PREFIX + 16, "%s%s", UP_TEMP_PREFIX, hex);
-  return 0;
-}
-
-static void up_do_open(fs_upload *u) {
-  /* The layer may have answered the client already (bad input, peer
-   * gone): then create nothing. */
-  if (up_canceled(u)) return;
-  size_t dl = fs_path_dir_len(u->target);
-  char *dir = strndup(u->target, dl);
-  if (!dir) {
-    fs_status_set(&u->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
-    return;
-  }
-  if (dl > 1 && up_mkdir_p(u, dir) < 0) goto out;
-  u->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
-  if (u->dfd < 0) {
-    fs_status_os(&u->st, "create file", u->target, errno);
-    goto out;
-  }
-  const char *base = fs_path_base(u->target);
-  struct stat st;
-  if (fstatat(u->dfd, base, &st, 0) == 0 && S_ISDIR(st.st_mode)) {
-    fs_status_set(&u->st, RPC_INVALID_ARGUMENT, "path is a directory: %s", u->target);
-    up_remove_temp(u);
-    goto out;
-  }
-  if (up_canceled(u)) {
-    up_remove_temp(u);
-    goto out;
-  }
-  /* unnamed: nothing to strand whatever happens to the directory */
-  u->fd = openat(u->dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
-  int e = u->fd < 0 ? errno : 0;
-  if (e && e != EOPNOTSUPP && e != EISDIR && e != EINVAL) {
-    fs_status_os(&u->st, "create file", u->target, e);
-    up_remove_temp(u);
-    goto out;
-  }
-  /* a filesystem without O_TMPFILE: a named one, removed through dfd */
-  for (int tries = 0; u->fd < 0; tries++) {
-    if (up_temp_name(u) < 0) {
-      up_remove_temp(u);
-      goto out;
-    }
-    u->fd = openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
-    if (u->fd < 0 && (errno != EEXIST || tries >= 16)) {
-      fs_status_os(&u->st, "create file", u->target, errno);
-      free(u->tmp); /* not ours */
-      u->tmp = NULL;
-      up_remove_temp(u);
-      goto out;
-    }
-  }
-  if (up_write_batch(u) < 0) up_remove_temp(u);
-out:
-  free(dir);
-}
-
-/* Give the unnamed temp file its ".conch-upload-*" name in dfd. */
-static int up_link_temp(fs_upload *u) {
-  char proc[32];
-  snprintf(proc, sizeof proc, "/proc/self/fd/%d", u->fd);
-  for (int tries = 0;; tries++) {
-    if (up_temp_name(u) < 0) return -1;
-    /* AT_EMPTY_PATH wants CAP_DAC_READ_SEARCH; /proc/self/fd does not */
-    int r = linkat(u->fd, "", u->dfd, u->tmp, AT_EMPTY_PATH);
-    if (r != 0 && (errno == EPERM || errno == ENOENT))
-      r = linkat(AT_FDCWD, proc, u->dfd, u->tmp, AT_SYMLINK_FOLLOW);
-    if (r == 0) return 0;
-    if (errno != EEXIST || tries >= 16) {
-      fs_status_os(&u->st, "create file", u->target, errno);
-      free(u->tmp);
-      u->tmp = NULL;
-      return -1;
-    }
-  }
-}
-
-static void up_do_commit(fs_upload *u) {
-  const char *base = fs_path_base(u->target);
-  if (fdatasync(u->fd) != 0) {
-    fs_status_os(&u->st, "sync file", u->target, errno);
-    goto fail;
-  }
-  struct stat st;
-  if (fstatat(u->dfd, base, &st, 0) == 0) {
-    /* DECISION (api.md): an existing target keeps its mode — and owner. */
-    if (fchmod(u->fd, st.st_mode & 07777) != 0) {
-      fs_status_os(&u->st, "chmod file", u->target, errno);
-      goto fail;
-    }
-    if (fchown(u->fd, st.st_uid, st.st_gid) != 0) { /* best effort */
-    }
-  } else if (fchmod(u->fd, 0644) != 0) {
-    fs_status_os(&u->st, "chmod file", u->target, errno);
-    goto fail;
-  }
-  if (up_canceled(u)) goto fail; /* the client is gone: leave the target alone */
-  if (!u->tmp && up_link_temp(u) < 0) goto fail;
-  int fd = u->fd;
-  u->fd = -1;
-  if (close(fd) != 0) {
-    fs_status_os(&u->st, "write file", u->target, errno);
-    goto fail;
-  }
-  if (renameat(u->dfd, u->tmp, u->dfd, base) != 0) {
-    fs_status_os(&u->st, "rename file", u->target, errno);
-    goto fail;
-  }
-  free(u->tmp);
-  u->tmp = NULL;
-  close(u->dfd);
-  u->dfd = -1;
-  return;
-fail:
-  up_remove_temp(u);
 }
 
 static void up_work(void *data) {
   fs_upload *u = data;
   switch (u->op) {
     case UP_OPEN:
-      up_do_open(u);
+      if (fs_atomic_open(&u->at, &u->st) == 0) up_write_batch(u);
       break;
     case UP_WRITE:
-      if (up_canceled(u) || up_write_batch(u) < 0) up_remove_temp(u);
+      if (atomic_load(&u->canceled)) {
+        fs_status_set(&u->st, RPC_CANCELED, "upload canceled");
+        fs_atomic_abort(&u->at);
+      } else {
+        up_write_batch(u);
+      }
       break;
     case UP_COMMIT:
-      up_do_commit(u);
+      fs_atomic_commit(&u->at, &u->st);
       break;
     case UP_CLEANUP:
-      up_remove_temp(u);
+      fs_atomic_abort(&u->at);
       break;
   }
 }
@@ -348,9 +146,9 @@ static int up_queue(fs_upload *u, up_op op) {
 /* The call is gone: remove the temp file (in the pool) and free. */
 static void up_dispose(fs_upload *u) {
   if (u->busy) return; /* up_after comes back here */
-  if (up_has_temp(u)) {
+  if (fs_atomic_has_temp(&u->at)) {
     if (up_queue(u, UP_CLEANUP) == 0) return;
-    up_remove_temp(u); /* cannot queue: do it here */
+    fs_atomic_abort(&u->at); /* cannot queue: do it here */
   }
   up_free(u);
 }
@@ -364,9 +162,9 @@ static void up_fail_continue(fs_upload *u) {
   }
   if (u->busy) return; /* up_after comes back here */
   rpc_pause_input(u->call, 1);
-  if (up_has_temp(u)) {
+  if (fs_atomic_has_temp(&u->at)) {
     if (up_queue(u, UP_CLEANUP) == 0) return;
-    up_remove_temp(u); /* cannot queue: do it here */
+    fs_atomic_abort(&u->at); /* cannot queue: do it here */
   }
   rpc_call *c = u->call;
   u->call = NULL;
@@ -501,9 +299,8 @@ void fs_upload_on_request(rpc_call *c, const ProtobufCMessage *req) {
     return;
   }
   u->call = c;
-  u->fd = -1;
-  u->dfd = -1;
   atomic_init(&u->canceled, 0);
+  fs_atomic_init(&u->at, NULL, &u->canceled);
   rpc_set_user(c, u);
 }
 
@@ -523,7 +320,7 @@ void fs_upload_on_message(rpc_call *c, const ProtobufCMessage *msg) {
       return;
     }
     u->started = 1;
-    if (!(u->target = strdup(fp)) ||
+    if (!(u->target = strdup(fp)) || !(u->at.target = u->target) ||
         (ch->content.len && !(u->batch = up_chunk_of(c, ch)))) {
       up_fail(u, RPC_RESOURCE_EXHAUSTED, "out of memory");
       return;
@@ -575,7 +372,7 @@ void fs_upload_on_cancel(rpc_call *c, rpc_code why) {
   if (u->sending) return; /* up_succeed frees */
   /* an error the layer raised (a broken envelope, the deadline) is only
    * answered once the temp file is gone, as for the service's own errors */
-  if (u->busy || up_has_temp(u)) {
+  if (u->busy || fs_atomic_has_temp(&u->at)) {
     rpc_defer_end(c);
     u->held = c;
   }

@@ -25,10 +25,10 @@ static void go_terminal(ip_conn *c, const char *reason) {
   ips.state = INITPROTO_TERMINAL;
   if (!ips.terminal) {
     LOG_ERROR("init response not sent: out of memory");
-    conn_finish(c);
+    ip_conn_finish(c);
     return;
   }
-  conn_respond(c, ips.terminal, ips.terminal_len);
+  ip_conn_respond(c, ips.terminal, ips.terminal_len);
 }
 
 /* -1 out of memory, else 1 when the token changed, 0 when it is the same. */
@@ -88,7 +88,7 @@ static void work_done(void *data, int canceled) {
   ip_conn *c = data;
   c->work_pending = 0;
   if (c->phase != PH_WORK) { /* closed meanwhile (initproto_close) */
-    conn_maybe_free(c);
+    ip_conn_maybe_free(c);
     return;
   }
   if (canceled) { /* no thread could take it */
@@ -131,7 +131,7 @@ static void work_done(void *data, int canceled) {
     LOG_INFO("init message re-applied: network %s, token %s",
              ips.opts.apply_network ? "revalidated" : "not managed here",
              token_changed ? "replaced" : "unchanged");
-    respond_simple(c, 1, 0, NULL);
+    ip_respond_simple(c, 1, 0, NULL);
     return;
   }
   LOG_INFO("init message applied guest_ip=%s/%u env=%zu network=%s", ipbuf, c->plan.prefix_len,
@@ -141,7 +141,7 @@ static void work_done(void *data, int canceled) {
     ips.first_done = 1;
     if (ips.opts.on_first) ips.opts.on_first(ips.opts.arg);
   }
-  if (c->phase == PH_WORK) wait_start(c);
+  if (c->phase == PH_WORK) ip_wait_start(c);
 }
 
 static void start_work(ip_conn *c, int revalidate) {
@@ -169,19 +169,19 @@ static void start_work(ip_conn *c, int revalidate) {
   c->work_pending = 1;
 }
 
-void apply_frame(ip_conn *c) {
+void ip_apply_frame(ip_conn *c) {
   char err[160];
   char *bad = NULL;
   c->t_recv = uv_hrtime();
   int rc = initmsg_process(c->body, c->len, &c->plan, &bad, err, sizeof err);
   if (rc < 0) {
-    conn_reject(c, err);
+    ip_conn_reject(c, err);
     return;
   }
   if (ips.state == INITPROTO_TERMINAL) {
     free(bad);
     LOG_WARN("init message answered with the earlier terminal failure");
-    conn_respond(c, ips.terminal, ips.terminal_len);
+    ip_conn_respond(c, ips.terminal, ips.terminal_len);
     return;
   }
   if (rc == 1) {
@@ -191,7 +191,7 @@ void apply_frame(ip_conn *c) {
   }
   switch (ips.state) {
     case INITPROTO_AWAITING_NETWORK: start_work(c, 0); break;
-    case INITPROTO_NETWORK_APPLIED: wait_start(c); break;
+    case INITPROTO_NETWORK_APPLIED: ip_wait_start(c); break;
     case INITPROTO_READY: start_work(c, 1); break;
     case INITPROTO_TERMINAL: break;
   }

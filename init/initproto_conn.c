@@ -14,7 +14,7 @@
 #define IP_RECV_TIMEOUT_MS 2000
 #define IP_SEND_TIMEOUT_MS 2000
 
-void conn_maybe_free(ip_conn *c) {
+void ip_conn_maybe_free(ip_conn *c) {
   if (c->phase == PH_CLOSED && c->handles_open == 0 && !c->work_pending && !c->fs_pending) {
     free(c->body);
     free(c->resp);
@@ -29,10 +29,10 @@ void conn_maybe_free(ip_conn *c) {
 static void conn_handle_closed(uv_handle_t *h) {
   ip_conn *c = h->data;
   if (--c->handles_open > 0) return;
-  conn_maybe_free(c);
+  ip_conn_maybe_free(c);
 }
 
-void conn_finish(ip_conn *c) {
+void ip_conn_finish(ip_conn *c) {
   if (c->phase == PH_CLOSED) return;
   c->phase = PH_CLOSED;
   uv_close((uv_handle_t *)&c->poll, conn_handle_closed); /* stops polling the fd first */
@@ -43,7 +43,7 @@ void conn_finish(ip_conn *c) {
   if (c->on_done) c->on_done();
 }
 
-void conn_abort(ip_conn *c) {
+void ip_conn_abort(ip_conn *c) {
   if (ips.active == c) ips.active = NULL;
   c->phase = PH_CLOSED;
   uv_close((uv_handle_t *)&c->poll, conn_handle_closed);
@@ -51,9 +51,9 @@ void conn_abort(ip_conn *c) {
   close(c->fd);
 }
 
-void conn_reject(ip_conn *c, const char *why) {
+void ip_conn_reject(ip_conn *c, const char *why) {
   LOG_WARN("init message rejected without response: %s", why);
-  conn_finish(c);
+  ip_conn_finish(c);
 }
 
 static void conn_on_io(uv_poll_t *p, int status, int events);
@@ -61,7 +61,7 @@ static void conn_on_io(uv_poll_t *p, int status, int events);
 static void conn_send_timeout(uv_timer_t *t) {
   ip_conn *c = t->data;
   LOG_WARN("init response not sent: send timeout after %d ms", IP_SEND_TIMEOUT_MS);
-  conn_finish(c);
+  ip_conn_finish(c);
 }
 
 static void conn_try_send(ip_conn *c) {
@@ -74,19 +74,19 @@ static void conn_try_send(ip_conn *c) {
         return;
       }
       LOG_WARN("init response not sent: %s", strerror(errno));
-      conn_finish(c);
+      ip_conn_finish(c);
       return;
     }
     c->sent += (size_t)w;
   }
-  conn_finish(c);
+  ip_conn_finish(c);
 }
 
-void conn_respond(ip_conn *c, const char *body, size_t len) {
+void ip_conn_respond(ip_conn *c, const char *body, size_t len) {
   c->resp = malloc(len + 4);
   if (!c->resp) {
     LOG_ERROR("init response not sent: out of memory");
-    conn_finish(c);
+    ip_conn_finish(c);
     return;
   }
   c->resp[0] = (char)(len >> 24);
@@ -102,15 +102,15 @@ void conn_respond(ip_conn *c, const char *body, size_t len) {
   conn_try_send(c);
 }
 
-void respond_simple(ip_conn *c, int ready, int retryable, const char *msg) {
+void ip_respond_simple(ip_conn *c, int ready, int retryable, const char *msg) {
   size_t len;
   char *body = initmsg_response(ready, retryable, msg, &len);
   if (!body) {
     LOG_ERROR("init response not sent: out of memory");
-    conn_finish(c);
+    ip_conn_finish(c);
     return;
   }
-  conn_respond(c, body, len);
+  ip_conn_respond(c, body, len);
   free(body);
 }
 
@@ -132,7 +132,7 @@ static void conn_read(ip_conn *c) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       char why[96];
       snprintf(why, sizeof why, "read error: %s", strerror(errno));
-      conn_reject(c, why);
+      ip_conn_reject(c, why);
       return;
     }
     if (r == 0) {
@@ -140,7 +140,7 @@ static void conn_read(ip_conn *c) {
       snprintf(why, sizeof why, "truncated frame (%s: got %zu of %u bytes)",
                c->phase == PH_HEADER ? "header" : "body", c->got,
                c->phase == PH_HEADER ? 4u : c->len);
-      conn_reject(c, why);
+      ip_conn_reject(c, why);
       return;
     }
     c->got += (size_t)r;
@@ -149,12 +149,12 @@ static void conn_read(ip_conn *c) {
       if (c->len < 1 || c->len > INITMSG_MAX_FRAME) {
         char why[96];
         snprintf(why, sizeof why, "frame size %u outside [1, %d]", c->len, INITMSG_MAX_FRAME);
-        conn_reject(c, why);
+        ip_conn_reject(c, why);
         return;
       }
       c->body = malloc(c->len);
       if (!c->body) {
-        conn_reject(c, "out of memory");
+        ip_conn_reject(c, "out of memory");
         return;
       }
       c->phase = PH_BODY;
@@ -174,7 +174,7 @@ static void conn_on_io(uv_poll_t *p, int status, int events) {
   if (c->phase == PH_SEND) {
     if (status < 0) {
       LOG_WARN("init response not sent: %s", uv_strerror(status));
-      conn_finish(c);
+      ip_conn_finish(c);
       return;
     }
     conn_try_send(c);
@@ -182,7 +182,7 @@ static void conn_on_io(uv_poll_t *p, int status, int events) {
   }
   if (c->phase == PH_HEADER || c->phase == PH_BODY) {
     if (status < 0) {
-      conn_reject(c, uv_strerror(status));
+      ip_conn_reject(c, uv_strerror(status));
       return;
     }
     (void)events;
@@ -194,10 +194,10 @@ static void conn_recv_timeout(uv_timer_t *t) {
   ip_conn *c = t->data;
   char why[96];
   snprintf(why, sizeof why, "receive timeout after %d ms", IP_RECV_TIMEOUT_MS);
-  conn_reject(c, why);
+  ip_conn_reject(c, why);
 }
 
-void conn_start(int fd, void (*on_frame)(ip_conn *c), void (*on_done)(void)) {
+void ip_conn_start(int fd, void (*on_frame)(ip_conn *c), void (*on_done)(void)) {
   ip_conn *c = calloc(1, sizeof *c);
   if (!c) {
     LOG_ERROR("init connection dropped: out of memory");

@@ -15,8 +15,8 @@ int initproto_listening(void) { return conch.initproto && ips.nlst > 0; }
 
 void initproto_freeze(int on) {
   ips.frozen = on;
-  if (on) listeners_pause();
-  else listeners_resume();
+  if (on) ip_listeners_pause();
+  else ip_listeners_resume();
 }
 
 int initproto_busy(void) { return conch.initproto && ips.active != NULL; }
@@ -116,5 +116,5 @@ void initproto_handover_resume(void) {
   }
   ips.nlst = k;
   ips.frozen = 0;
-  listeners_resume();
+  ip_listeners_resume();
 }

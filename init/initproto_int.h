@@ -21,7 +21,7 @@
  *   initproto_wait.c      waiting for readiness, answered ready or not_ready
  *   initproto_conn.c      one connection: a frame in, a frame out, close
  *   initproto.c           the module's state, configuration and getters
- * A connection reaches above it only through the two hooks conn_start is
+ * A connection reaches above it only through the two hooks ip_conn_start is
  * given (the frame handler and "closed: let the next one in").
  */
 #ifndef CONCH_INIT_INITPROTO_INT_H
@@ -54,7 +54,7 @@ struct ip_conn {
   char *resp;
   size_t resp_len, sent;
   void (*on_frame)(ip_conn *c); /* the body is complete (polling and timer stopped) */
-  void (*on_done)(void);        /* closed by conn_finish: let the next one in */
+  void (*on_done)(void);        /* closed by ip_conn_finish: let the next one in */
   /* thread-pool work (rpc_work_submit): apply or revalidate the network */
   int work_pending;
   int work_revalidate;
@@ -102,33 +102,33 @@ struct initproto *initproto_self(void);
 /* ---- initproto_conn.c ---- */
 /* Serve an accepted socket: read one frame, then on_frame(c); on_done()
  * when it is closed. */
-void conn_start(int fd, void (*on_frame)(ip_conn *c), void (*on_done)(void));
+void ip_conn_start(int fd, void (*on_frame)(ip_conn *c), void (*on_done)(void));
 /* Queue the response: 4-byte length + body; the connection closes once it
  * is sent (or the send fails or times out). */
-void conn_respond(ip_conn *c, const char *body, size_t len);
+void ip_conn_respond(ip_conn *c, const char *body, size_t len);
 /* The response of initmsg_response(ready, retryable, msg). */
-void respond_simple(ip_conn *c, int ready, int retryable, const char *msg);
+void ip_respond_simple(ip_conn *c, int ready, int retryable, const char *msg);
 /* Close without answering (logged as a rejection). */
-void conn_reject(ip_conn *c, const char *why);
+void ip_conn_reject(ip_conn *c, const char *why);
 /* Close the connection (with or without having answered), then on_done. */
-void conn_finish(ip_conn *c);
+void ip_conn_finish(ip_conn *c);
 /* Free it once closed and no pool job or stat is out (their callbacks). */
-void conn_maybe_free(ip_conn *c);
+void ip_conn_maybe_free(ip_conn *c);
 /* initproto_close: close it without on_done. */
-void conn_abort(ip_conn *c);
+void ip_conn_abort(ip_conn *c);
 
 /* ---- initproto_wait.c ---- */
 /* Wait (up to IP_READY_WAIT_MS) for readiness, then answer. */
-void wait_start(ip_conn *c);
+void ip_wait_start(ip_conn *c);
 
 /* ---- initproto_apply.c ---- */
-/* conn_start's frame handler: check the message and act on it. */
-void apply_frame(ip_conn *c);
+/* ip_conn_start's frame handler: check the message and act on it. */
+void ip_apply_frame(ip_conn *c);
 
 /* ---- initproto_listen.c ---- */
-void listeners_pause(void);
+void ip_listeners_pause(void);
 /* Watch the listeners again, unless a connection is open, an upgrade
  * froze them or an accept failure backs off. */
-void listeners_resume(void);
+void ip_listeners_resume(void);
 
 #endif

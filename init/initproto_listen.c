@@ -18,7 +18,7 @@
 
 #define IP_ACCEPT_BACKOFF_MS 100
 
-void listeners_pause(void) {
+void ip_listeners_pause(void) {
   for (size_t i = 0; i < ips.nlst; i++)
     if (ips.lst[i]->polling) {
       uv_poll_stop(&ips.lst[i]->poll);
@@ -28,7 +28,7 @@ void listeners_pause(void) {
 
 static void on_accept(uv_poll_t *p, int status, int events);
 
-void listeners_resume(void) {
+void ip_listeners_resume(void) {
   if (ips.active || ips.frozen) return;
   if (ips.backoff && uv_is_active((uv_handle_t *)ips.backoff)) return;
   for (size_t i = 0; i < ips.nlst; i++)
@@ -40,14 +40,14 @@ void listeners_resume(void) {
 
 static void backoff_done(uv_timer_t *t) {
   (void)t;
-  listeners_resume();
+  ip_listeners_resume();
 }
 
 static void on_accept(uv_poll_t *p, int status, int events) {
   ip_listener *l = p->data;
   (void)events;
   if (ips.active) {
-    listeners_pause();
+    ip_listeners_pause();
     return;
   }
   if (status < 0) {
@@ -58,17 +58,17 @@ static void on_accept(uv_poll_t *p, int status, int events) {
   if (fd < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return;
     LOG_WARN("init listener accept failed: %s (pausing %d ms)", strerror(errno), IP_ACCEPT_BACKOFF_MS);
-    listeners_pause();
+    ip_listeners_pause();
     if (!ips.backoff && (ips.backoff = malloc(sizeof *ips.backoff)) != NULL)
       uv_timer_init(conch.loop, ips.backoff);
     if (ips.backoff)
       uv_timer_start(ips.backoff, backoff_done, IP_ACCEPT_BACKOFF_MS, 0);
     else
-      listeners_resume();
+      ip_listeners_resume();
     return;
   }
-  listeners_pause();
-  conn_start(fd, apply_frame, listeners_resume);
+  ip_listeners_pause();
+  ip_conn_start(fd, ip_apply_frame, ip_listeners_resume);
 }
 
 static int listen_unix(const char *path, ip_listener *l) {
@@ -139,7 +139,7 @@ int initproto_listen(const char *spec) {
   l->poll.data = l;
   ips.lst[ips.nlst++] = l;
   LOG_INFO("listening for init messages on %s", spec);
-  listeners_resume();
+  ip_listeners_resume();
   return 0;
 }
 
@@ -163,7 +163,7 @@ void initproto_close(void) {
   ips.nlst = 0;
   if (ips.backoff) uv_close((uv_handle_t *)ips.backoff, free_handle_owner);
   if (ips.active) {
-    conn_abort(ips.active);
+    ip_conn_abort(ips.active);
   }
   free(ips.terminal);
   free(ips.sandbox_id);

@@ -27,7 +27,7 @@ static void wait_fs_cb(uv_fs_t *req) {
   uv_fs_req_cleanup(req);
   c->fs_pending = 0;
   if (c->phase != PH_WAIT) {
-    conn_maybe_free(c);
+    ip_conn_maybe_free(c);
     return;
   }
   wait_decide(c, exists);
@@ -44,12 +44,12 @@ static void wait_decide(ip_conn *c, int file_exists) {
     }
     ips.state = INITPROTO_READY;
     uv_timer_stop(&c->timer);
-    respond_simple(c, 1, 0, NULL);
+    ip_respond_simple(c, 1, 0, NULL);
     return;
   }
   if (uv_now(conch.loop) >= c->deadline) {
     uv_timer_stop(&c->timer);
-    respond_simple(c, 0, 1, "sandbox services are not ready");
+    ip_respond_simple(c, 0, 1, "sandbox services are not ready");
     return;
   }
   if (!uv_is_active((uv_handle_t *)&c->timer))
@@ -70,7 +70,7 @@ static void wait_check(ip_conn *c) {
 
 static void wait_tick(uv_timer_t *t) { wait_check(t->data); }
 
-void wait_start(ip_conn *c) {
+void ip_wait_start(ip_conn *c) {
   c->phase = PH_WAIT;
   c->deadline = uv_now(conch.loop) + IP_READY_WAIT_MS;
   wait_check(c);

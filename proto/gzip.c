@@ -138,3 +138,60 @@ int gz_accepted(const char *v) {
   }
   return 0;
 }
+
+struct gz_stream {
+  z_stream z;
+  int encode;
+  int ended; /* decoder: the last member ended (more input starts another) */
+  uint8_t out[GZ_STREAM_OUT];
+};
+
+gz_stream *gz_stream_new(int encode, int level) {
+  gz_stream *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->encode = encode;
+  int r = encode ? deflateInit2(&g->z, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY)
+                 : inflateInit2(&g->z, 15 + 16);
+  if (r != Z_OK) {
+    free(g);
+    return NULL;
+  }
+  return g;
+}
+
+void gz_stream_free(gz_stream *g) {
+  if (!g) return;
+  if (g->encode) deflateEnd(&g->z);
+  else inflateEnd(&g->z);
+  free(g);
+}
+
+gz_result gz_stream_feed(gz_stream *g, const uint8_t *in, size_t n, int finish, gz_sink sink, void *arg) {
+  g->z.next_in = (Bytef *)in;
+  g->z.avail_in = (uInt)n;
+  for (;;) {
+    g->z.next_out = g->out;
+    g->z.avail_out = sizeof g->out;
+    int r;
+    if (g->encode) {
+      r = deflate(&g->z, finish ? Z_FINISH : Z_NO_FLUSH);
+      if (r == Z_STREAM_ERROR) return GZ_BAD;
+    } else {
+      if (g->ended && g->z.avail_in) { /* another member */
+        if (inflateReset(&g->z) != Z_OK) return GZ_BAD;
+        g->ended = 0;
+      }
+      r = g->ended ? Z_BUF_ERROR : inflate(&g->z, Z_NO_FLUSH); /* may have output pending */
+      if (r == Z_STREAM_END) g->ended = 1;
+      else if (r == Z_MEM_ERROR) return GZ_NOMEM;
+      else if (r != Z_OK && r != Z_BUF_ERROR) return GZ_BAD;
+    }
+    size_t made = sizeof g->out - g->z.avail_out;
+    if (made && sink(arg, g->out, made) != 0) return GZ_TOO_BIG;
+    if (g->encode) {
+      if (finish ? r == Z_STREAM_END : (g->z.avail_in == 0 && g->z.avail_out != 0)) return GZ_OK;
+    } else if (g->z.avail_in == 0 && g->z.avail_out != 0) {
+      return finish && !g->ended ? GZ_BAD : GZ_OK;
+    }
+  }
+}

@@ -27,6 +27,19 @@ gz_result gz_inflate(const uint8_t *in, size_t n, size_t max, uint8_t **out, siz
 uint8_t *gz_deflate(const uint8_t *a, size_t an, const uint8_t *b, size_t bn, size_t head,
                     int level, size_t *olen);
 
+/* Streaming gzip, for bodies of any size (/files): an encoder (gzip of
+ * what is fed) or a decoder (gunzip; concatenated members are one
+ * stream).  Output goes to sink(arg, p, n) as it is made, in pieces of at
+ * most GZ_STREAM_OUT bytes; sink returns 0, or -1 to stop (then
+ * GZ_TOO_BIG).  GZ_BAD: bad input.  finish: no input after this; the
+ * decoder then wants its stream complete (else GZ_BAD). */
+#define GZ_STREAM_OUT (64u * 1024)
+typedef struct gz_stream gz_stream;
+typedef int (*gz_sink)(void *arg, const uint8_t *p, size_t n);
+gz_stream *gz_stream_new(int encode, int level);
+gz_result gz_stream_feed(gz_stream *g, const uint8_t *in, size_t n, int finish, gz_sink sink, void *arg);
+void gz_stream_free(gz_stream *g);
+
 /* 1 when an Accept-Encoding style header value ("deflate, gzip;q=0.5",
  * "identity,gzip") lists gzip with a q-value above 0 (NULL: 0). */
 int gz_accepted(const char *value);

@@ -4,6 +4,10 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +15,7 @@
 #include "core/daemon.h"
 #include "core/list.h"
 #include "core/log.h"
+#include "core/pool.h"
 #include "server/tokhold.h"
 
 static const char h2_preface[24] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -37,6 +42,7 @@ typedef struct conn {
   int counted; /* in conch.nconns */
   unsigned nbulk; /* exchanges sending bulk data (hx_bulk) */
   tokhold tok;    /* authenticated (hx_authed): with which token generation */
+  struct conn_sf *sf; /* a file range being sent (conn_op_sendfile) */
   list_node link; /* in conn_all: the open connections (conn_freeze), newest first */
 } conn;
 
@@ -115,9 +121,12 @@ static void conn_free_cb(uv_handle_t *h) {
   }
 }
 
+static void conn_sf_detach(conn *c);
+
 static void conn_close(conn *c) {
   if (c->s.closing) return;
   c->s.closing = 1;
+  conn_sf_detach(c);
   list_remove(&c->link);
   tokhold_drop(&c->tok);
   if (c->s.proto && c->s.proto->on_close) c->s.proto->on_close(&c->s);
@@ -151,6 +160,175 @@ static void conn_wreq_release(conn *c, wreq *w) {
     free(w);
 }
 
+/* ---- a file range by the kernel (hsink_ops.sendfile) ----
+ * The range goes in pool jobs (sendfile may have to read the file's pages:
+ * never on the loop), each until the socket is full or CONN_SF_SLICE
+ * went; when full, a uv_poll on a dup of the socket says when it drains.
+ * The job works on dups of the socket and the file, so that a connection
+ * closed meanwhile (its sf detached: done never runs) takes nothing from
+ * under it; the sf frees itself once its job and its poll handle are
+ * done. */
+#define CONN_SF_SLICE (8u << 20)
+
+static void conn_on_flush(uv_prepare_t *h);
+
+typedef struct conn_sf {
+  pool_job job; /* first */
+  conn *c;      /* NULL once detached */
+  int sock, fd;
+  uint64_t off, left;
+  int err;      /* the job's errno (EAGAIN: the socket is full) */
+  int busy, poll_init, polling, started;
+  uv_poll_t poll;
+  void (*done)(void *arg);
+  void *arg;
+} conn_sf;
+
+static void conn_sf_free(conn_sf *f) {
+  if (f->sock >= 0) close(f->sock);
+  if (f->fd >= 0) close(f->fd);
+  free(f);
+}
+
+static void conn_sf_poll_closed(uv_handle_t *h) { conn_sf_free(h->data); }
+
+/* Free once nothing runs (detached or finished). */
+static void conn_sf_release(conn_sf *f) {
+  if (f->busy) return; /* its done comes back */
+  if (f->poll_init) {
+    f->poll_init = 0;
+    uv_close((uv_handle_t *)&f->poll, conn_sf_poll_closed);
+    return;
+  }
+  conn_sf_free(f);
+}
+
+static void conn_sf_detach(conn *c) {
+  conn_sf *f = c->sf;
+  if (!f) return;
+  c->sf = NULL;
+  f->c = NULL;
+  if (f->polling) uv_poll_stop(&f->poll);
+  f->polling = 0;
+  conn_sf_release(f);
+}
+
+static void conn_sf_run(pool_job *j) {
+  conn_sf *f = (conn_sf *)j;
+  uint64_t sent = 0;
+  f->err = 0;
+  while (f->left && sent < CONN_SF_SLICE) {
+    off_t off = (off_t)f->off;
+    size_t n = f->left > CONN_SF_SLICE ? CONN_SF_SLICE : (size_t)f->left;
+    ssize_t r = sendfile(f->sock, f->fd, &off, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      f->err = errno;
+      return;
+    }
+    if (r == 0) { /* the file ended early: it shrank */
+      f->err = ENODATA;
+      return;
+    }
+    f->off += (uint64_t)r;
+    f->left -= (uint64_t)r;
+    sent += (uint64_t)r;
+  }
+}
+
+static void conn_sf_next(conn_sf *f);
+
+static void conn_sf_on_poll(uv_poll_t *p, int status, int events) {
+  conn_sf *f = p->data;
+  (void)events;
+  uv_poll_stop(p);
+  f->polling = 0;
+  if (!f->c) return;
+  if (status < 0) {
+    conn_close(f->c); /* detaches f */
+    return;
+  }
+  conn_sf_next(f);
+}
+
+static void conn_sf_job_done(pool_job *j, int canceled) {
+  conn_sf *f = (conn_sf *)j;
+  f->busy = 0;
+  conn *c = f->c;
+  if (!c) {
+    conn_sf_release(f);
+    return;
+  }
+  if (canceled || (f->err && f->err != EAGAIN)) {
+    LOG_DEBUG("sendfile failed conn=%llu err=%s", (unsigned long long)c->s.id,
+              canceled ? "canceled" : strerror(f->err));
+    conn_close(c);
+    return;
+  }
+  if (f->left == 0) { /* all sent: writes go on, the exchange too */
+    void (*done)(void *) = f->done;
+    void *arg = f->arg;
+    conn_sf_detach(c);
+    if (c->batch) uv_prepare_start(&c->flush, conn_on_flush);
+    done(arg);
+    return;
+  }
+  if (f->err == EAGAIN) { /* full: wait until it drains */
+    if (!f->poll_init) {
+      if (uv_poll_init_socket(c->tcp.loop, &f->poll, f->sock) != 0) {
+        conn_close(c);
+        return;
+      }
+      f->poll_init = 1;
+      f->poll.data = f;
+    }
+    if (uv_poll_start(&f->poll, UV_WRITABLE, conn_sf_on_poll) != 0) {
+      conn_close(c);
+      return;
+    }
+    f->polling = 1;
+    return;
+  }
+  conn_sf_next(f); /* a slice went: the next one */
+}
+
+static void conn_sf_next(conn_sf *f) {
+  f->busy = 1;
+  pool_submit(&f->job, conn_sf_run, conn_sf_job_done);
+}
+
+/* Start when every write queued before has left. */
+static void conn_sf_go(conn *c) {
+  conn_sf *f = c->sf;
+  if (f->busy || f->polling || f->started) return;
+  f->started = 1;
+  conn_sf_next(f);
+}
+
+static int conn_op_sendfile(hsink *s, int fd, uint64_t off, uint64_t len, void (*done)(void *arg),
+                            void *arg) {
+  conn *c = (conn *)s;
+  uv_os_fd_t sock;
+  if (c->s.closing || c->sf || uv_fileno((uv_handle_t *)&c->tcp, &sock) != 0) return -1;
+  conn_sf *f = calloc(1, sizeof *f);
+  if (!f) return -1;
+  f->sock = fcntl(sock, F_DUPFD_CLOEXEC, 3);
+  f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (f->sock < 0 || f->fd < 0) {
+    conn_sf_free(f);
+    return -1;
+  }
+  f->c = c;
+  f->off = off;
+  f->left = len;
+  f->done = done;
+  f->arg = arg;
+  c->sf = f;
+  /* what was written before goes first (the batch is flushed as usual) */
+  if (c->s.outq == 0 && !c->batch) conn_sf_go(c);
+  return 0;
+}
+
 /* A batch's bytes reached the kernel: give back what it owned. */
 static void conn_batch_written(conn *c, wreq *w) {
   c->s.outq -= w->bytes;
@@ -158,6 +336,7 @@ static void conn_batch_written(conn *c, wreq *w) {
   for (unsigned i = 0; i < w->nowned; i++) bufref_owner_free(w->owned[i]);
   conn_wreq_release(c, w);
   if (c->s.outq == 0 && c->nlater) conn_free_later_run(c);
+  if (c->s.outq == 0 && c->sf) conn_sf_go(c);
 }
 
 static void conn_write_done(uv_write_t *req, int status) {
@@ -238,6 +417,7 @@ static void conn_on_flush(uv_prepare_t *h) {
     if (!c->read_paused && !c->s.closing && !conn_frozen)
       uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
   }
+  if (c->sf && c->sf->started) return; /* writes wait behind the file range */
   /* on_written may queue more: a few rounds, then uv_write */
   for (int round = 0; round < 4 && c->batch && !c->s.closing; round++)
     if (!conn_try_batch(c)) break;
@@ -465,7 +645,8 @@ static void conn_op_authed(hsink *s) {
 
 static const hsink_ops conn_sink_ops = {conn_op_write,  conn_op_free_later, conn_op_read_pause,
                                         conn_op_timer,  conn_op_defer,      conn_op_close,
-                                        conn_op_trim,   conn_op_bulk,       conn_op_authed};
+                                        conn_op_trim,   conn_op_bulk,       conn_op_authed,
+                                        conn_op_sendfile};
 
 void conn_accept(uv_stream_t *server, const hserve *serve) {
   conn *c = calloc(1, sizeof *c);

@@ -450,7 +450,7 @@ static int h2_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
     kv[2 * k] = h[i].name;
     kv[2 * k++ + 1] = h[i].value;
   }
-  if (clen >= 0) {
+  if (clen >= 0 && status != 204 && status != 304) { /* RFC 9110: no length field there */
     kv[2 * k] = "content-length";
     kv[2 * k++ + 1] = h2_udec(lbuf, sizeof lbuf, (uint64_t)clen);
   }
@@ -553,4 +553,14 @@ static void h2_waiting(hx *x) {
   if (st->count == H2K_NONE) h2s_set_count(st, H2K_DONE); /* never counted again */
 }
 
-static const hx_ops h2_ops = {h2_respond, h2_write, h2_end, h2_pause_body, h2_outq, h2_room, h2_waiting};
+static int h2_reset(hx *x) {
+  h2s *st = x->tp;
+  h2c *sc = st->sess;
+  if (sc->state == H2C_DEAD || nghttp2_submit_rst_stream(sc->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR) != 0)
+    return -1;
+  sink_defer(sc->c, h2_deferred); /* sent with what else is queued; the close calls on_abort */
+  return 0;
+}
+
+static const hx_ops h2_ops = {h2_respond, h2_write,   h2_end,  h2_pause_body, h2_outq,
+                              h2_room,    h2_waiting, NULL,    h2_reset};

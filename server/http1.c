@@ -73,7 +73,7 @@ static void h1_next(hsink *c);
 static const unsigned h1_from[H1_NSTATES] = {
   [H1_IDLE] = B(H1_HELD) | B(H1_DONE),
   [H1_HELD] = B(H1_IDLE),
-  [H1_HEAD] = B(H1_IDLE) | B(H1_HELD), /* HELD: reading is paused, but a read may be in already */
+  [H1_HEAD] = B(H1_IDLE), /* a read that arrives while HELD waits in pend (h1_on_read) */
   [H1_UPGRADE] = B(H1_HEAD),
   [H1_BODY] = B(H1_HEAD),
   [H1_DONE] = B(H1_BODY),
@@ -340,14 +340,17 @@ static int h1_respond(hx *x, int status, const hx_header *h, size_t n, int64_t c
     w = snprintf(s->head + len, cap - len, "%s: %s\r\n", h[i].name, h[i].value);
     len += (size_t)w;
   }
-  if (len < cap) {
+  int bodyless = status == 204 || status == 304; /* RFC 9110: no length field */
+  if (len < cap && !bodyless) {
     if (clen >= 0)
       w = snprintf(s->head + len, cap - len, "Content-Length: %lld\r\n", (long long)clen);
     else
       w = snprintf(s->head + len, cap - len, "Transfer-Encoding: chunked\r\n");
     len += (size_t)w;
   }
-  s->out = strcmp(x->method, "HEAD") == 0 ? H1_OUT_NONE : clen < 0 ? H1_OUT_CHUNKED : H1_OUT_LENGTH;
+  s->out = strcmp(x->method, "HEAD") == 0 || bodyless ? H1_OUT_NONE
+          : clen < 0                                 ? H1_OUT_CHUNKED
+                                                     : H1_OUT_LENGTH;
   /* a response that ends before the request body is in: keep reading and
    * dropping the body, then go on with keep-alive (or close if asked) */
   if (len < cap) {
@@ -452,7 +455,27 @@ static int h1_room(hx *x, size_t n) {
 }
 
 /* waiting: NULL — one request at a time, nothing else waits behind it */
-static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room, NULL};
+/* The file range is sent: the exchange may go on. */
+static void h1_file_done(void *arg) {
+  h1 *s = arg;
+  hx *x = s->x;
+  if (x && !x->ended && x->h && x->h->on_drain) x->h->on_drain(x);
+}
+
+/* The head goes out first (as a write), then the range by the kernel. */
+static int h1_write_file(hx *x, int fd, uint64_t off, uint64_t len) {
+  h1 *s = x->tp;
+  if (!s->c->ops->sendfile || s->out != H1_OUT_LENGTH) return 1;
+  uv_buf_t bufs[1];
+  void *owned[1];
+  unsigned nb = 0, no = 0;
+  h1_flush_head(s, bufs, &nb, owned, &no);
+  if (nb && sink_write(s->c, bufs, nb, owned, no) != 0) return -1;
+  return s->c->ops->sendfile(s->c, fd, off, len, h1_file_done, s) == 0 ? 0 : -1;
+}
+
+static const hx_ops h1_ops = {h1_respond, h1_write, h1_end, h1_pause_body, h1_outq, h1_room, NULL,
+                              h1_write_file};
 
 /* ---------------------------------------------------------------- driving */
 
@@ -598,8 +621,8 @@ static void h1_next(hsink *c) {
 
 static void h1_on_read(hsink *c, const uint8_t *d, size_t n) {
   h1 *s = c->p;
-  if (s->pend_len || h1_parse_stopped(s) || s->body_paused) {
-    /* should not happen (reading is paused); keep it anyway */
+  if (s->pend_len || s->state == H1_HELD || h1_parse_stopped(s) || s->body_paused) {
+    /* should not happen (reading is paused); keep it for h1_next */
     uint8_t *np = realloc(s->pend, s->pend_off + s->pend_len + n);
     if (!np) {
       sink_close(c);

@@ -101,6 +101,10 @@ int h1_parse_target(hx *x, const char *url, size_t len) {
 const char *h1_reason(int st) {
   switch (st) {
     case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 304: return "Not Modified";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -110,6 +114,7 @@ const char *h1_reason(int st) {
     case 409: return "Conflict";
     case 413: return "Payload Too Large";
     case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";
@@ -118,6 +123,7 @@ const char *h1_reason(int st) {
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
     case 505: return "HTTP Version Not Supported";
+    case 507: return "Insufficient Storage";
     default: return "Status";
   }
 }

@@ -60,6 +60,14 @@ int hx_write_copy(hx *x, const void *data, size_t len) {
   return hx_write(x, b, len);
 }
 
+int hx_write_file(hx *x, int fd, uint64_t off, uint64_t len) {
+  if (!x->responded || x->ended) return -1;
+  if (!x->ops->write_file) return 1;
+  int r = x->ops->write_file(x, fd, off, len);
+  if (r == 0) x->out_bytes += len;
+  return r;
+}
+
 int hx_end(hx *x, const hx_header *trailers, size_t n) {
   if (x->ended) return -1;
   if (!x->responded) hx_respond(x, 200, NULL, 0, 0);

@@ -70,6 +70,15 @@ typedef struct hx_ops {
   /* the answer waits on something outside the connection (NULL: nothing
    * to do; see hx_waiting) */
   void (*waiting)(hx *x);
+  /* Optional (NULL: not on this transport): len bytes of fd from off, sent
+   * from the file to the socket by the kernel (sendfile) after what was
+   * written before; on_drain runs once they all left.  0 started, 1 not
+   * possible here (nothing done), -1 failed. */
+  int (*write_file)(hx *x, int fd, uint64_t off, uint64_t len);
+  /* Optional (NULL: the transport cannot end one exchange alone): cut this
+   * answer short and leave the connection be (HTTP/2: RST_STREAM); the
+   * handler's on_abort follows from the loop.  0, or -1 (close instead). */
+  int (*reset)(hx *x);
 } hx_ops;
 
 #define HX_MAX_HEADERS 128
@@ -130,6 +139,9 @@ int hx_write_owned(hx *x, void *owner, const uint8_t *data, size_t len);
  * goes out without its body). */
 int hx_write_pair(hx *x, uint8_t *buf, size_t off, size_t len, const uint8_t *data, size_t dlen,
                   struct bufref *ref);
+/* See hx_ops.write_file: 0 started (on_drain follows once sent), 1 not on
+ * this transport, -1 failed. */
+int hx_write_file(hx *x, int fd, uint64_t off, uint64_t len);
 /* Finish the response; trailers only reach HTTP/2 peers. */
 int hx_end(hx *x, const hx_header *trailers, size_t n);
 /* Whole small response in one call. */

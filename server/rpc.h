@@ -284,4 +284,84 @@ int64_t rpc_timeout_ms(const rpc_call *c);
  * logs only (the codec: rpc_is_json). */
 const char *rpc_protocol_name(const rpc_call *c);
 
+/* ---- plain HTTP routes (api.md §9 "Files over plain HTTP") ----
+ * A service serves a plain HTTP path (registered by agent/ with
+ * router_add_http) through this interface, whatever the HTTP version: the
+ * request line and headers, an answer (status, headers, a body streamed
+ * with back-pressure), the request body streamed with back-pressure.
+ * rpc_http_open first, then rpc_http_admit (token or signed URL, then the
+ * user); the service's callbacks run only after its ready() said RPC_OK.
+ * Everything runs on the loop; after rpc_http_end, or after on_abort
+ * returned, the request is gone. */
+typedef struct hx rpc_http;
+
+typedef struct rpc_http_hdr {
+  const char *name; /* lower case */
+  const char *value;
+} rpc_http_hdr;
+
+typedef struct rpc_http_handler {
+  /* body bytes, valid during the call (delivery stops while paused) */
+  void (*on_body)(rpc_http *r, const uint8_t *data, size_t len);
+  void (*on_body_end)(rpc_http *r);
+  /* the peer went away before rpc_http_end: r is gone when it returns */
+  void (*on_abort)(rpc_http *r);
+  /* rpc_http_room said no and there is room now: ask again (or a file
+   * range of rpc_http_write_file was sent) */
+  void (*on_drain)(rpc_http *r);
+  /* Optional: the service's memory where the next *len body bytes may be
+   * read (or NULL); they then come to on_body at that address. */
+  uint8_t *(*body_into)(rpc_http *r, size_t *len);
+} rpc_http_handler;
+
+/* Take the request over (from the route's function, at once); the body is
+ * paused until rpc_http_pause_body(r, 0).  -1 when out of memory (the
+ * request has been answered 500). */
+int rpc_http_open(rpc_http *r, const rpc_http_handler *h, void *data);
+void *rpc_http_data(const rpc_http *r);
+const char *rpc_http_method(const rpc_http *r);
+const char *rpc_http_query(const rpc_http *r); /* after '?', or NULL */
+const char *rpc_http_header(const rpc_http *r, const char *lname);
+int64_t rpc_http_content_length(const rpc_http *r); /* -1: unknown (chunked) */
+int rpc_http_is_h2(const rpc_http *r);
+
+/* Authentication and identity.  sign_method NULL: the conch-init-token
+ * header; else a signed URL (its `expires` and `signature` texts, the
+ * method class "GET" or "PUT" and the path that were signed).  user: the
+ * user named (NULL: the conch-init-user header, else the default user).
+ * ready(r, RPC_OK, NULL) once both passed (r's identity set), else
+ * ready(r, code, message); it may run before rpc_http_admit returns. */
+typedef struct rpc_http_auth {
+  const char *sign_method, *path, *expires, *signature;
+  const char *user;
+} rpc_http_auth;
+void rpc_http_admit(rpc_http *r, const rpc_http_auth *a, void (*ready)(rpc_http *r, rpc_code code,
+                                                                       const char *msg));
+const rpc_ident *rpc_http_ident(const rpc_http *r);
+
+/* content_length -1: streamed (HTTP/1.1 chunked).  0 or -1. */
+int rpc_http_respond(rpc_http *r, int status, const rpc_http_hdr *h, size_t n, int64_t content_length);
+/* len bytes at data held by owner (bufref.h), released once written or at
+ * once on failure.  0 or -1. */
+int rpc_http_write(rpc_http *r, void *owner, const uint8_t *data, size_t len);
+/* Send len bytes of fd from offset off (after the head and what was
+ * written before) without a copy through user space where the transport
+ * can (HTTP/1.1: sendfile, in the thread pool; fd is dup'd): 0 started,
+ * and on_drain runs once they all left; 1 not on this transport (nothing
+ * done: send them yourself); -1 failed. */
+int rpc_http_write_file(rpc_http *r, int fd, uint64_t off, uint64_t len);
+int rpc_http_end(rpc_http *r);
+/* Cut the answer short (after its head: a read error, a file that
+ * shrank): HTTP/2 resets the stream, HTTP/1.1 closes the connection; r is
+ * gone, and the service's on_abort does not run. */
+void rpc_http_abort(rpc_http *r);
+/* As rpc_out_room: 1 when about n more bytes may be made now (counted in
+ * the memory budget until the next write), else 0 and on_drain follows. */
+int rpc_http_room(rpc_http *r, size_t n);
+void rpc_http_pause_body(rpc_http *r, int paused);
+
+/* rpc_work_submit with an identity (NULL: root) instead of a call's. */
+rpc_work *rpc_work_submit_as(const rpc_ident *id, void (*run)(void *data),
+                             void (*done)(void *data, int canceled), void *data);
+
 #endif

@@ -41,8 +41,8 @@ static void rpc_work_done(pool_job *j, int canceled) {
   done(data, canceled);
 }
 
-rpc_work *rpc_work_submit(rpc_call *c, void (*run)(void *data), void (*done)(void *data, int canceled),
-                          void *data) {
+rpc_work *rpc_work_submit_as(const rpc_ident *id, void (*run)(void *data),
+                             void (*done)(void *data, int canceled), void *data) {
   rpc_work *w = malloc(sizeof *w);
   if (!w) return NULL;
   w->run = run;
@@ -50,12 +50,14 @@ rpc_work *rpc_work_submit(rpc_call *c, void (*run)(void *data), void (*done)(voi
   w->data = data;
   w->refused = 0;
   w->id = NULL;
-  if (c) {
-    const rpc_ident *id = rpc_ident_of(c);
-    if (id->uid || id->gid || id->ngroups) w->id = rpc_ident_hold(id);
-  }
+  if (id && (id->uid || id->gid || id->ngroups)) w->id = rpc_ident_hold(id);
   pool_submit(&w->job, rpc_work_run, rpc_work_done);
   return w;
+}
+
+rpc_work *rpc_work_submit(rpc_call *c, void (*run)(void *data), void (*done)(void *data, int canceled),
+                          void *data) {
+  return rpc_work_submit_as(c ? rpc_ident_of(c) : NULL, run, done, data);
 }
 
 int rpc_work_cancel(rpc_work *w) { return pool_cancel(&w->job); }

@@ -62,6 +62,12 @@ typedef struct hsink_ops {
    * current token; conn.c records it (tokhold.h) so that a replaced token
    * closes the connection. */
   void (*authed)(hsink *s);
+  /* Optional: len bytes of fd (dup'd) from off, sent by the kernel
+   * (sendfile, in the thread pool: the file's pages may have to be read)
+   * once every write queued before has left; later writes wait behind
+   * them.  done(arg) runs from the loop once they all left, never when the
+   * sink closed first.  One at a time: 0 started, -1 refused. */
+  int (*sendfile)(hsink *s, int fd, uint64_t off, uint64_t len, void (*done)(void *arg), void *arg);
 } hsink_ops;
 
 /* What the server serves: the protocols a connection can speak and the

@@ -55,7 +55,7 @@ def demo(fresh_server, tmp_path):
 
 
 def test_table_names_every_route():
-    served = {"GET /health", "GET /metrics"}
+    served = {"GET /health", "GET /metrics", "GET /files", "PUT /files"}
     for name, svc in agent_pb2.DESCRIPTOR.services_by_name.items():
         served |= {f"/pb.{name}/{m}" for m in svc.methods_by_name}
     served |= {f"/grpc.reflection.{v}.ServerReflection/ServerReflectionInfo" for v in ("v1", "v1alpha")}
@@ -118,7 +118,8 @@ def test_readme_curl_lines_run(demo, tmp_path):
 
 def check(route, line, out, err):
     codes = CODE_200.findall(err.read_text())
-    assert codes == ["200"], (route, err.read_text(), out.read_bytes()[:300])
+    want = "201" if route == "PUT /files" else "200"  # a new file
+    assert codes == [want], (route, err.read_text(), out.read_bytes()[:300])
     body = out.read_bytes()
     if "Connect-Timeout-Ms" in line:  # a watch that never ends by itself: its deadline ends it
         assert body.endswith(b'"code":"deadline_exceeded","message":"the operation timed out"}}'), (route, body[-300:])

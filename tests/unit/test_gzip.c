@@ -161,7 +161,64 @@ TEST(accepted) {
   ASSERT_EQ(gz_accepted("*"), 0); /* a wildcard is not asked for by any RPC client */
 }
 
+typedef struct collect {
+  uint8_t *p;
+  size_t n, cap;
+} collect;
+
+static int collect_sink(void *arg, const uint8_t *p, size_t n) {
+  collect *c = arg;
+  ASSERT(n > 0 && n <= GZ_STREAM_OUT);
+  if (c->n + n > c->cap) {
+    c->cap = (c->n + n) * 2;
+    c->p = realloc(c->p, c->cap);
+  }
+  memcpy(c->p + c->n, p, n);
+  c->n += n;
+  return 0;
+}
+
+TEST(stream_both_ways_in_pieces) {
+  size_t n = 3u << 20;
+  uint8_t *src = malloc(n);
+  for (size_t i = 0; i < n; i++) src[i] = i < n / 2 ? (uint8_t)(i * 7 % 251) : (uint8_t)(rand() & 0xff);
+  gz_stream *e = gz_stream_new(1, 1);
+  collect z = {0};
+  for (size_t off = 0, step = 1; off < n; off += step, step = step * 3 + 1) {
+    if (step > n - off) step = n - off;
+    ASSERT(gz_stream_feed(e, src + off, step, 0, collect_sink, &z) == GZ_OK);
+  }
+  ASSERT(gz_stream_feed(e, NULL, 0, 1, collect_sink, &z) == GZ_OK);
+  gz_stream_free(e);
+  uint8_t *out = NULL;
+  size_t ol = 0;
+  ASSERT(gz_inflate(z.p, z.n, n, &out, &ol) == GZ_OK && ol == n && memcmp(out, src, n) == 0);
+  free(out);
+  /* decoded in pieces, the stream twice (two members) */
+  for (int cut = 0; cut < 2; cut++) {
+    gz_stream *d = gz_stream_new(0, 0);
+    collect o = {0};
+    for (int m = 0; m < 2; m++)
+      for (size_t off = 0, step = 7; off < z.n; off += step, step = step * 2 + 3) {
+        if (step > z.n - off) step = z.n - off;
+        ASSERT(gz_stream_feed(d, z.p + off, step, 0, collect_sink, &o) == GZ_OK);
+      }
+    ASSERT(o.n == 2 * n && memcmp(o.p, src, n) == 0 && memcmp(o.p + n, src, n) == 0);
+    ASSERT(gz_stream_feed(d, z.p, cut ? z.n - 1 : 0, 1, collect_sink, &o) == (cut ? GZ_BAD : GZ_OK));
+    gz_stream_free(d);
+    free(o.p);
+  }
+  gz_stream *d = gz_stream_new(0, 0);
+  collect o = {0};
+  ASSERT(gz_stream_feed(d, (const uint8_t *)"not gzip at all", 15, 1, collect_sink, &o) == GZ_BAD);
+  gz_stream_free(d);
+  free(o.p);
+  free(z.p);
+  free(src);
+}
+
 int main(void) {
+  RUN(stream_both_ways_in_pieces);
   RUN(round_trip_sizes);
   RUN(round_trip_two_parts);
   RUN(incompressible_grows_past_bound_guess);

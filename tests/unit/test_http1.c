@@ -537,6 +537,7 @@ TEST(illegal_state_step) {
     {H1_CLOSING, H1_IDLE},  /* closing is the end */
     {H1_HEAD, H1_DONE},     /* all in without being dispatched */
     {H1_HELD, H1_BODY},
+    {H1_HELD, H1_HEAD},     /* a read while held waits in pend until IDLE */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT(!http1_state_legal(bad[i][0], bad[i][1]));

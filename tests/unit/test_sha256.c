@@ -103,7 +103,25 @@ TEST(from_hex) {
   ASSERT_EQ(sha256_from_hex(bad, 64, d), -1);
 }
 
+TEST(hmac_rfc4231) { /* test cases 1, 2 and 6 (a key longer than a block) */
+  uint8_t d[SHA256_LEN], key[131];
+  char h[65];
+  memset(key, 0x0b, 20);
+  hmac_sha256(key, 20, "Hi There", 8, d);
+  hex(d, h);
+  ASSERT_STR_EQ(h, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, d);
+  hex(d, h);
+  ASSERT_STR_EQ(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  memset(key, 0xaa, sizeof key);
+  const char *m = "Test Using Larger Than Block-Size Key - Hash Key First";
+  hmac_sha256(key, sizeof key, m, strlen(m), d);
+  hex(d, h);
+  ASSERT_STR_EQ(h, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
 int main(void) {
+  RUN(hmac_rfc4231);
   RUN(fips_examples);
   RUN(million_a);
   RUN(block_edges);
