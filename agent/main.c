@@ -347,6 +347,7 @@ static int main_serve(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  daemon_stdio_fill(); /* before anything opens a descriptor */
   /* Two malloc arenas, not one per pool thread: a thread's arena keeps its
    * peak (a 100 000-entry env decoded in the pool left 14 MiB that
    * malloc_trim could not return; with two arenas RSS went back to idle). */

@@ -629,3 +629,34 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
             assert wait_for(echoes, timeout=10)
         finally:
             echo.close()
+
+
+# ---------------------------------------------------------------- descriptors 0–2
+def stdio_kinds(pid):
+    """(major, minor) of what fds 0–2 of pid are, None where not a device."""
+    out = []
+    for n in range(3):
+        st = os.stat(f"/proc/{pid}/fd/{n}")
+        out.append((os.major(st.st_rdev), os.minor(st.st_rdev)) if st.st_rdev else os.readlink(f"/proc/{pid}/fd/{n}"))
+    return out
+
+
+def test_started_without_stdio_its_0_to_2_are_dev_null():
+    """`serve 0<&- 1>&- 2>&-`: the loop, pipes and listeners never land on
+    0–2 (nor log lines in a pipe of its own): /dev/null holds them, before
+    and after an upgrade, and commands still run."""
+    s = Server(name="no-stdio", wrap=("sh", "-c", 'exec "$@" 0<&- 1>&- 2>&-', "sh"))
+    try:
+        pid = s.proc.pid
+        assert stdio_kinds(pid) == [(1, 3)] * 3, stdio_kinds(pid)
+        c = Client(s.url, s.token)
+        bg(s, "echo hi > /dev/null; sleep 120", "keeper")
+        st, body, _ = c.unary(UPGRADE, {"path": BIN})
+        assert st == 200, body
+        assert wait_for(lambda: metrics(s)["upgrades"] == 1), "the upgrade did not finish"
+        assert s.proc.pid == pid and s.alive()
+        assert stdio_kinds(pid) == [(1, 3)] * 3, stdio_kinds(pid)
+        st, lst, _ = c.unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper"], lst
+    finally:
+        s.stop()
