@@ -36,7 +36,7 @@ BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-co
               libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
 TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
               nghttp2-client nghttp2-server iproute2 erofs-utils util-linux rpm e2fsprogs bc \
-              qemu-system-x86 mmdebstrap cpio kmod busybox-static wget chromium nginx-core openssl
+              qemu-system-x86 mmdebstrap cpio kmod busybox-static wget chromium nginx-core openssl strace
 # make check's package checks (tests/packaging.sh): rpmbuild, rpm2cpio, lintian, file
 PKG_DEPS   := rpm rpm2cpio cpio lintian file
 

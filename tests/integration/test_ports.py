@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from conch import Client, RawStream, free_port
+from conch import Client, RawStream, free_port, unb64
 from conftest import serve
-from test_process import SIGNAL, start_bg, wait_for
+from test_process import SIGNAL, SP, start_bg, wait_for
 
 LIST = "/pb.NetworkService/ListPorts"
 WATCH = "/pb.NetworkService/WatchPorts"
@@ -340,7 +340,7 @@ def in_ns(name):
 
 
 @contextlib.contextmanager
-def forwarding_agent(name, env=None, extra_args=()):
+def forwarding_agent(name, env=None, extra_args=(), wrap=()):
     """`serve --forward-ports OUT` in a network namespace of its own (only
     its loopback, OUT added to it: nothing leaves it), as srv with srv.ns;
     afterwards stopped, its log free of sanitizer reports, the namespace
@@ -353,8 +353,10 @@ def forwarding_agent(name, env=None, extra_args=()):
         with in_ns(ns):
             # ASan's quarantine keeps freed buffers (256 MiB by default): the
             # RSS bound below is about what the agent holds, not about it
-            env = dict(env or {}, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:quarantine_size_mb=8")
-            srv = Server(name=name, extra_args=["--forward-ports", OUT, *extra_args], env=env)
+            # (LeakSanitizer cannot run under a tracer: not with wrap)
+            leaks = 0 if wrap else 1
+            env = dict(env or {}, ASAN_OPTIONS=f"detect_leaks={leaks}:abort_on_error=0:quarantine_size_mb=8")
+            srv = Server(name=name, extra_args=["--forward-ports", OUT, *extra_args], env=env, wrap=wrap)
         srv.ns = ns
         try:
             yield srv
@@ -907,3 +909,60 @@ def test_init_message_forward_local_ports(tmp_path):
             text = srv.stop()
             assert sanitizer_report(text) is None, sanitizer_report(text)
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+@pytest.mark.parametrize("kernel", ["now", "before-5.11"])
+def test_steering_never_changes_the_agents_memlock_limit(tmp_path, kernel):
+    """Making the steering objects changes no limit a command can inherit:
+    commands started while they are made (and after) see the agent's own
+    RLIMIT_MEMLOCK, and no thread of the agent ever sets it (strace).  On a
+    kernel before 5.11 (the CONCH_FAULT=steer_memlock seam: the objects
+    made in the agent fail EPERM) a short-lived child lifts its own limit,
+    makes them and passes them back: steered all the same."""
+    trace = tmp_path / "strace.log"
+    wrap = ("strace", "-f", "-qq", "-o", str(trace), "-e", "trace=prlimit64,setrlimit")
+    env = {"CONCH_FAULT": "steer_memlock"} if kernel != "now" else None
+    old = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    soft = 1 << 20  # the agent's (inherited from here), to tell from a lifted one
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, old[1]))
+    try:
+        agent_memlock(tmp_path, kernel, trace, wrap, env, str(soft // 1024))
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, old)
+
+
+def agent_memlock(tmp_path, kernel, trace, wrap, env, want):
+    with forwarding_agent(f"memlock-{kernel}", env=env, wrap=wrap) as srv:
+        tracer = srv.proc.pid
+        agent = int(open(f"/proc/{tracer}/task/{tracer}/children").read().split()[0])
+        seen, stop = [], threading.Event()
+
+        def commands():
+            with in_ns(srv.ns):
+                c = Client(srv.url, srv.token)
+                while not stop.is_set() or not seen:
+                    st, msgs, end = c.stream(SP, [{"cmd": "sh", "args": ["-c", "ulimit -l"]}])
+                    assert st == 200, msgs
+                    seen.append(b"".join(unb64(m["data"]["stdout"]) for m in msgs
+                                         if "stdout" in m.get("data", {})).decode().strip())
+        t = threading.Thread(target=commands)
+        t.start()
+        try:
+            with in_ns(srv.ns):
+                lis = listener()
+            port = lis.getsockname()[1]
+            wait_forwarded(srv, port)
+            assert wait_for(lambda: f"port {port}: connections to {OUT}:{port} handed to the listener of pid {os.getpid()}"
+                            in log_text(srv), timeout=10), log_text(srv)[-3000:]
+            local, peer, client = accepted_ends(srv, lis, port)
+            assert local == (OUT, port) and peer == client  # steered
+            lis.close()
+        finally:
+            stop.set()
+            t.join(60)
+        tids = set(os.listdir(f"/proc/{agent}/task"))
+    assert seen and set(seen) == {want}, (want, seen)
+    sets = [l for l in trace.read_text().splitlines() if "RLIMIT_MEMLOCK, {" in l]
+    assert not [l for l in sets if l.split()[0] in tids], sets
+    if kernel != "now":  # the child's, never the agent's
+        assert sets, trace.read_text()[-2000:]
