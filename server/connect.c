@@ -647,7 +647,8 @@ void connect_serve(hx *x, const rpc_method *m) {
     return;
   }
   hx_authed(x); /* the connection's output is no longer held to CONN_UNAUTH_OUTQ */
-  if (m->kind != RPC_UNARY) tokhold_take(&c->tok, call_token_replaced); /* a unary call finishes */
+  if (m->kind != RPC_UNARY || (m->flags & RPC_F_HOLDS_TOKEN)) /* a unary call finishes */
+    tokhold_take(&c->tok, call_token_replaced);
   /* the user, right after authentication (api.md §9) */
   const char *uspec = hx_get(x, "conch-init-user");
   if (!uspec && conch.default_user[0]) uspec = conch.default_user;
