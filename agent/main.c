@@ -227,10 +227,14 @@ static int main_handover_check(int argc, char **argv) {
   return 1;
 }
 
+static void main_stopped(void) { uv_stop(conch.loop); }
+
+/* The first SIGTERM/SIGINT ends the commands first (proc_stop), a second
+ * one stops at once. */
 static void main_on_stop(uv_signal_t *s, int signum) {
   (void)s;
   LOG_INFO("stopping signal=%d", signum);
-  uv_stop(conch.loop);
+  if (proc_stop(main_stopped) != 0) uv_stop(conch.loop);
 }
 
 static int main_serve(int argc, char **argv) {

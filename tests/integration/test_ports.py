@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import resource
+import signal
 import socket
 import statistics
 import sys
@@ -961,6 +962,8 @@ def agent_memlock(tmp_path, kernel, trace, wrap, env, want):
             stop.set()
             t.join(60)
         tids = set(os.listdir(f"/proc/{agent}/task"))
+        os.kill(agent, signal.SIGTERM)  # the agent itself: strace then ends by itself
+        srv.proc.wait(timeout=30)
     assert seen and set(seen) == {want}, (want, seen)
     sets = [l for l in trace.read_text().splitlines() if "RLIMIT_MEMLOCK, {" in l]
     assert not [l for l in sets if l.split()[0] in tids], sets

@@ -5,6 +5,7 @@ them) nor after (/dev/null then): it boots, becomes ready, runs commands,
 and keeps /dev/null on 0–2 across an upgrade in place."""
 import json
 import os
+import re
 
 import pytest
 
@@ -37,6 +38,9 @@ def test_pid1_without_stdio_holds_dev_null_on_0_to_2(sb):
     assert stdio_kinds(sb.pid1) == [(1, 3)] * 3, stdio_kinds(sb.pid1)
     assert sb.health().endswith("200")
     assert run_in_sandbox(sb, "echo hi") == "hi\n"
+    # no console to say where its cgroups are (close() removes them)
+    m = re.search(r"^0::(/\S*conch-1-[0-9a-f]{8})/p\d+$", run_in_sandbox(sb, "cat /proc/self/cgroup"), re.M)
+    sb.cgroups = [sbx.cgroup2_mount() + m.group(1)]
     sbx.copy_with_libs(BIN, sb.in_root(""), "/root/conch-init.next")
     code, body = sb.unary("/pb.AgentService/Upgrade", {"path": "/root/conch-init.next"}, sb.token)
     assert code == 200, body
