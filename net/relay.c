@@ -15,6 +15,15 @@
  * closes when both directions are shut, or on any error.  At most
  * NET_RELAY_MAX connections: past it an accepted connection is closed at
  * once.  Sockets and listeners are raw descriptors watched by uv_poll.
+ *
+ * Outside clients must not take the API's room: what all relays' pipes
+ * hold together is capped at a quarter of the memory budget.  A direction
+ * that would pass the cap first resets (RST) the relay that has held
+ * bytes without moving any for the longest, at least NET_RELAY_STALL_MS
+ * (counted: /metrics relaysReset), else waits as for the budget.  A
+ * relayed connection that moves nothing for NET_RELAY_IDLE_MS (10 min;
+ * CONCH_RELAY_IDLE_MS, tests shorten it) is closed.  `conns` is kept in
+ * the order of last activity, oldest first, for both.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,6 +48,8 @@
 #define NET_RETRY_MS 20
 #define NET_PUMP_ROUNDS 16 /* splices per direction per wake-up: other connections get their turn */
 #define NET_ACCEPTS 32     /* accepts per wake-up of a listener */
+#define NET_RELAY_IDLE_MS (10u * 60 * 1000)
+#define NET_RELAY_STALL_MS 1000
 
 typedef struct relay_conn relay_conn;
 
@@ -61,6 +72,7 @@ struct relay_conn {
   int handles;
   int closing;
   int cut_at_resume; /* restored, but the budget had no room for its pipes */
+  uint64_t active;   /* uv_now of its last bytes moved (or its start) */
   unsigned ev_a, ev_b; /* the events each poll watches now */
 };
 
@@ -82,7 +94,11 @@ static char *fwd_addr;
 static struct sockaddr_storage fwd_sa;
 static fwd *fwds;
 static size_t nconns;
-static list_node conns;   /* every relayed connection not closing */
+static list_node conns;   /* every relayed connection not closing, oldest activity first */
+static size_t relay_held; /* what every relay's pipes hold */
+static unsigned long long relays_reset;
+static uv_timer_t idle_timer;
+static uint64_t idle_ms;
 static list_node starved; /* newest first */
 static uv_timer_t retry_timer;
 static int retry_init;
@@ -140,6 +156,20 @@ const char *net_fwd_to(uint16_t port) {
 
 static int relay_starved(const relay_dir *d) { return list_linked(&d->slink); }
 
+size_t net_relays_held(void) { return relay_held; }
+unsigned long long net_relays_reset(void) { return relays_reset; }
+
+/* The relays' part of the budget: a quarter (half of what producers that
+ * wait may fill). */
+static size_t relay_cap(void) { return budget_out_limit() / 2; }
+
+/* c moved bytes (or started): the newest activity. */
+static void relay_touch(relay_conn *c) {
+  c->active = uv_now(net_loop);
+  list_remove(&c->link);
+  list_insert_tail(&conns, &c->link);
+}
+
 static void relay_on_closed(uv_handle_t *h) {
   relay_conn *c = h->data;
   if (--c->handles > 0) return;
@@ -157,12 +187,35 @@ static void relay_close(relay_conn *c) {
   list_remove(&c->up.slink); /* (also out of a retry's batch: not stepped again) */
   list_remove(&c->down.slink);
   budget_give(c->up.held + c->down.held);
+  relay_held -= c->up.held + c->down.held;
   c->up.held = c->down.held = 0;
   uv_close((uv_handle_t *)&c->pa, relay_on_closed);
   uv_close((uv_handle_t *)&c->pb, relay_on_closed);
 }
 
 static void relay_on_retry(uv_timer_t *t);
+
+/* The relays' cap is reached: reset the relay (not self) that has held
+ * bytes without moving any for longest, if one has for NET_RELAY_STALL_MS;
+ * 1 when one was. */
+static int relay_reset_stalled(relay_conn *self) {
+  uint64_t now = uv_now(net_loop);
+  relay_conn *c;
+  list_each(c, &conns, link) {
+    if (now - c->active < NET_RELAY_STALL_MS) break; /* the rest moved later */
+    if (c == self || !(c->up.held + c->down.held)) continue;
+    relays_reset++;
+    if (relays_reset % 100 == 1) /* (one line per 100: a flood of clients would flood the log) */
+      LOG_INFO("relayed connection reset: the relays hold %zu bytes, their cap; it moved nothing for %llu ms "
+             "(%llu reset so far)", relay_held, (unsigned long long)(now - c->active), relays_reset);
+    struct linger lg = {1, 0}; /* RST: its bytes are dropped, both ends told */
+    setsockopt(c->a, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    setsockopt(c->b, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    relay_close(c);
+    return 1;
+  }
+  return 0;
+}
 
 /* Move what can move in one direction; -1 on an error (the caller closes). */
 static int relay_pump(relay_dir *d) {
@@ -172,7 +225,9 @@ static int relay_pump(relay_dir *d) {
       ssize_t n = splice(d->pr, NULL, d->dst, NULL, d->held, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
         d->held -= (size_t)n;
+        relay_held -= (size_t)n;
         budget_give((size_t)n);
+        relay_touch(d->c);
         moved = 1;
       } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
         return -1;
@@ -180,7 +235,8 @@ static int relay_pump(relay_dir *d) {
     }
     if (!d->eof && !relay_starved(d) && d->held < NET_PIPE_CAP) {
       size_t room = NET_PIPE_CAP - d->held;
-      if (budget_take(room) != 0) { /* the budget is spent: try again soon */
+      if (relay_held + room > relay_cap()) relay_reset_stalled(d->c);
+      if (relay_held + room > relay_cap() || budget_take(room) != 0) { /* no room: try again soon */
         list_insert_head(&starved, &d->slink);
         uv_timer_start(&retry_timer, relay_on_retry, NET_RETRY_MS, 0);
         break;
@@ -189,6 +245,8 @@ static int relay_pump(relay_dir *d) {
       budget_give(n > 0 ? room - (size_t)n : room);
       if (n > 0) {
         d->held += (size_t)n;
+        relay_held += (size_t)n;
+        relay_touch(d->c);
         moved = 1;
       } else if (n == 0) {
         d->eof = 1;
@@ -295,6 +353,7 @@ static int relay_link(relay_conn *c) {
   c->pb.data = c;
   c->handles = 2;
   nconns++;
+  c->active = uv_now(net_loop);
   list_insert_tail(&conns, &c->link);
   return 0;
 }
@@ -437,11 +496,30 @@ static void fwd_start(fwd *f) {
   LOG_INFO("port %u: forwarded to %s", f->port, f->to);
 }
 
-/* The budget's retry timer, made once the loop is known. */
+/* Close the relays that moved nothing for idle_ms. */
+static void relay_on_idle(uv_timer_t *t) {
+  uint64_t now = uv_now(net_loop);
+  relay_conn *c, *nx;
+  size_t n = 0;
+  list_each_safe(c, nx, &conns, link) {
+    if (now - c->active < idle_ms) break; /* the rest moved later */
+    relay_close(c);
+    n++;
+  }
+  if (n) LOG_INFO("%zu relayed connections closed: nothing moved for %llu ms", n, (unsigned long long)idle_ms);
+}
+
+/* The budget's retry timer and the idle check, made once the loop is known. */
 static void relay_retry_init(void) {
   if (retry_init || !net_loop) return;
   uv_timer_init(net_loop, &retry_timer);
   uv_unref((uv_handle_t *)&retry_timer);
+  const char *v = getenv("CONCH_RELAY_IDLE_MS");
+  idle_ms = v && atoll(v) > 0 ? (uint64_t)atoll(v) : NET_RELAY_IDLE_MS;
+  uint64_t every = idle_ms / 10 < 100 ? 100 : idle_ms / 10 > 10000 ? 10000 : idle_ms / 10;
+  uv_timer_init(net_loop, &idle_timer);
+  uv_unref((uv_handle_t *)&idle_timer);
+  uv_timer_start(&idle_timer, relay_on_idle, every, every);
   retry_init = 1;
 }
 
@@ -730,6 +808,7 @@ int net_handover_restore(const Conch__Handover__State *st, char *err, size_t err
       c->up.held = c->down.held = 0;
       c->cut_at_resume = 1;
     }
+    relay_held += c->up.held + c->down.held;
   }
   if (n->n_forwarders || n->n_relays) {
     size_t held = 0;

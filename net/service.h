@@ -31,6 +31,10 @@ void net_set_owner_lookup(net_owner_fn fn);
 int net_forward_set(const char *addr);
 /* The address forwarded to, or NULL when forwarding is off. */
 const char *net_forward_get(void);
+/* Loop: what every relayed connection's pipes hold (at most a quarter of
+ * the memory budget), and the relays reset at that cap (/metrics). */
+size_t net_relays_held(void);
+unsigned long long net_relays_reset(void);
 
 /* Upgrade in place (core/handover.h drives it, agent/parts.c registers
  * the part): the forwarding address, every forwarder's listening socket and

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from conch import Client, RawStream, free_port, unb64
+from conch import Client, RawStream, b64, free_port, unb64
 from conftest import serve
 from test_process import SIGNAL, SP, start_bg, wait_for
 
@@ -969,3 +969,111 @@ def agent_memlock(tmp_path, kernel, trace, wrap, env, want):
     assert not [l for l in sets if l.split()[0] in tids], sets
     if kernel != "now":  # the child's, never the agent's
         assert sets, trace.read_text()[-2000:]
+
+
+def push_until_stuck(conns, seconds=10):
+    """Send on every socket until none takes more; the bytes sent."""
+    chunk, sent = b"x" * 65536, 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        moved = 0
+        for s in conns:
+            try:
+                n = s.send(chunk)
+                sent += n
+                moved += n
+            except (BlockingIOError, ConnectionError):
+                pass
+        if not moved:
+            time.sleep(0.2)
+            if not any(_sendable_or_gone(s) for s in conns):
+                break
+    return sent
+
+
+def _sendable_or_gone(s):
+    try:
+        return s.send(b"x") > 0
+    except (BlockingIOError, ConnectionError):
+        return False
+
+
+def test_relays_keep_to_a_quarter_of_the_budget():
+    """The bound: 96 outside clients push into a backend that never reads
+    with a 4 MiB memory budget.  Relays hold at most a quarter of it (the
+    pipes they fill are capped), the oldest stalled ones are reset once
+    others need room (counted), and the API keeps its room: a 2 MiB upload
+    (buffered input, from the same budget) succeeds meanwhile."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    budget = 4 << 20
+    with forwarding_agent("relay-cap", env={"CONCH_FORWARD_STEER": "0", "CONCH_MEM_BUDGET": str(budget)}) as srv:
+        with in_ns(srv.ns):
+            lis = listener()
+            lis.listen(512)
+        port = lis.getsockname()[1]
+        wait_forwarded(srv, port)
+        conns, backs = [], []
+        try:
+            for _ in range(96):
+                s = out_conn(srv, port)
+                s.setblocking(False)
+                conns.append(s)
+                backs.append(lis.accept()[0])  # accepted, never read
+            sent = push_until_stuck(conns)
+            time.sleep(1.2)  # the relays that filled their pipes are stalled now
+            sent += push_until_stuck(conns, 5)
+            c = Client(srv.url, srv.token)
+            with in_ns(srv.ns):
+                m = c_metrics(c)
+                chunk = os.urandom(1 << 20)
+                st, msgs, end = c.stream("/pb.FileService/PostFileStream",
+                                         [{"filepath": f"/tmp/relay-cap-{os.getpid()}", "content": b64(chunk)},
+                                          {"content": b64(chunk)}], chunked=True)
+            assert (st, end) == (200, {}), (st, end)
+            os.unlink(f"/tmp/relay-cap-{os.getpid()}")
+            print(f"96 stalled relays, budget 4 MiB: {sent >> 20} MiB sent, relays hold {m['relaysHeld']} bytes, "
+                  f"{m['relaysReset']} reset", file=sys.stderr)
+            assert 0 < m["relaysHeld"] <= budget // 4, m
+            assert m["relaysReset"] > 0, m
+            assert "relayed connection reset: the relays hold" in log_text(srv)
+        finally:
+            for s in conns + backs:
+                s.close()
+            lis.close()
+
+
+def c_metrics(c):
+    conn = c.conn()
+    conn.request("GET", "/metrics", headers={"conch-init-token": c.token})
+    r = conn.getresponse()
+    body = json.loads(r.read())
+    conn.close()
+    return body
+
+
+def test_idle_relays_are_closed():
+    """CONCH_RELAY_IDLE_MS=600: a relayed connection that moves nothing is
+    closed after it; one that keeps talking stays."""
+    with forwarding_agent("relay-idle", env={"CONCH_FORWARD_STEER": "0", "CONCH_RELAY_IDLE_MS": "600"}) as srv:
+        lis = echo_backend(srv)
+        port = lis.getsockname()[1]
+        wait_forwarded(srv, port)
+        quiet, talker = out_conn(srv, port), out_conn(srv, port)
+        try:
+            for s in (quiet, talker):
+                s.settimeout(5)
+                s.sendall(b"hello")
+                assert s.recv(10) == b"hello"
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2.5:
+                talker.sendall(b"ping")
+                assert talker.recv(10) == b"ping"
+                time.sleep(0.2)
+            quiet.settimeout(0.1)
+            assert quiet.recv(10) == b"", "the idle relay is still open"
+            assert "relayed connections closed: nothing moved for 600 ms" in log_text(srv)
+        finally:
+            quiet.close()
+            talker.close()
+            lis.close()
