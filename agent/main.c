@@ -122,6 +122,28 @@ static void main_forget(char **t) {
   *t = NULL;
 }
 
+/* --token-fd N: the token read from the memfd N (from its start), copied
+ * to main_arg_token; the descriptor stays open (*fd) for the handover. */
+static int main_token_fd(const char *arg, int *fd) {
+  char *end, buf[CONCH_TOKEN_MAX + 1];
+  long n = strtol(arg, &end, 10);
+  ssize_t len = *end || n < 3 || n > 1 << 20 ? -1 : pread((int)n, buf, sizeof buf - 1, 0);
+  if (len < 0) {
+    fprintf(stderr, "conch-init: cannot read the token from descriptor %s\n", arg);
+    return -1;
+  }
+  buf[len] = 0;
+  main_forget(&main_arg_token);
+  main_arg_token = strdup(buf);
+  explicit_bzero(buf, sizeof buf);
+  *fd = (int)n;
+  if (!main_arg_token) {
+    fprintf(stderr, "conch-init: out of memory\n");
+    return -1;
+  }
+  return 0;
+}
+
 static int main_token_file(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) {
@@ -240,7 +262,7 @@ static void main_on_stop(uv_signal_t *s, int signum) {
 static int main_serve(int argc, char **argv) {
   const char *listen = "127.0.0.1:4064", *token = NULL, *token_file = NULL, *init_listen = NULL;
   const char *resolv = NULL, *forward = NULL;
-  int apply_network = 0;
+  int apply_network = 0, token_fd = -1;
   static const struct option opts[] = {
       {"listen", required_argument, NULL, 'l'},  {"token", required_argument, NULL, 't'},
       {"token-file", required_argument, NULL, 'f'}, {"init-listen", required_argument, NULL, 'i'},
@@ -249,6 +271,7 @@ static int main_serve(int argc, char **argv) {
       {"version", no_argument, NULL, 'V'},        {"default-user", required_argument, NULL, 'U'},
       {"forward-ports", required_argument, NULL, 'F'}, {"handover", required_argument, NULL, 'H'},
       {"handover-rollback", required_argument, NULL, 'B'}, {"no-upgrade", no_argument, NULL, 'u'},
+      {"token-fd", required_argument, NULL, 'T'},
       {NULL, 0, NULL, 0}};
   int ch;
   optind = 1;
@@ -266,6 +289,10 @@ static int main_serve(int argc, char **argv) {
         token = main_arg_token;
         break;
       case 'f': token_file = optarg; break;
+      case 'T': /* an upgrade's: the token for a start without the state (core/handover.c closes it) */
+        if (main_token_fd(optarg, &token_fd) != 0) return 2;
+        token = main_arg_token;
+        break;
       case 'i': init_listen = optarg; break;
       case 'N': apply_network = 1; break;
       case 'R': resolv = optarg; break;
@@ -298,6 +325,7 @@ static int main_serve(int argc, char **argv) {
   }
   int rollback = 0, hfd = handover_arg(argc, argv, &rollback);
   char herr[512];
+  if (hfd < 0 && token_fd >= 0) close(token_fd); /* (not a handover's: nothing else holds it) */
   if (hfd >= 0 && handover_load(hfd, rollback, herr, sizeof herr) != 0) hfd = -1; /* a fresh start */
   if (hfd >= 0) { /* the token, and the rest, come from the state */
     main_take_env_token();

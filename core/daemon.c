@@ -15,6 +15,7 @@ conch_daemon conch = {.log_level = 1 /* LOG_LVL_INFO */, .http_header_ms = 10000
 int daemon_set_token(const char *tok, size_t len) {
   if (len > CONCH_TOKEN_MAX) len = CONCH_TOKEN_MAX;
   int changed = !conch.token_set || len != conch.token_len || memcmp(conch.token, tok, len) != 0;
+  if (changed) explicit_bzero(conch.token, sizeof conch.token); /* a shorter token leaves no tail of the old */
   memcpy(conch.token, tok, len);
   conch.token[len] = 0;
   conch.token_len = len;

@@ -73,6 +73,9 @@ void proc_handover_save_free(Conch__Handover__State *st);
 int proc_handover_restore_cgroups(uv_loop_t *loop, const Conch__Handover__State *st);
 int proc_handover_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn);
 void proc_handover_resume(void);
+/* No rollback: close the descriptors of every record not restored (and,
+ * when the restore never ran, of the hierarchy), each dropped record logged. */
+void proc_handover_abandon(const Conch__Handover__State *st);
 void proc_handover_keep_fds(const Conch__Handover__State *st);
 
 #endif

@@ -67,6 +67,15 @@ static int sh_restore_early(uv_loop_t *loop, const ProtobufCMessage *m) {
   return 0;
 }
 
+/* No rollback and the listeners not taken: closed (else the port stays
+ * bound by nobody and a fresh listen fails). */
+static void sh_abandon(const ProtobufCMessage *m) {
+  const Conch__Handover__State *st = (const Conch__Handover__State *)m;
+  for (size_t i = 0; i < st->n_api_listeners; i++)
+    if (st->api_listeners[i] > 2) close(st->api_listeners[i]);
+  S.nadopt = 0;
+}
+
 static void sh_resume(void) {
   for (size_t i = 0; i < S.nadopt; i++)
     if (server_adopt(S.adopt[i]) != 0) LOG_ERROR("upgrade: the API listener is lost");
@@ -81,5 +90,6 @@ const handover_part server_handover_part = {
     .save_free = sh_save_free,
     .restore_early = sh_restore_early,
     .keep_fds = sh_keep_fds,
+    .abandon = sh_abandon,
     .resume = sh_resume,
 };

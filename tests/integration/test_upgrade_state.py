@@ -584,9 +584,9 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
     one (CONCH_FAULT=handover_ports): with no rollback left, the agent
     serves with what it restored, and the forwarders and relayed
     connections it did not take are closed — not left bound by nobody: the
-    conversation ends, and the next scan binds the forwarder again.  The
-    init part after it never ran: its listener is closed too, and serve
-    listens on --init-listen again."""
+    conversation ends, and the next scan binds the forwarder again.  Every
+    part restores on its own: the init part after it keeps its listener
+    (the same socket, never closed) and answers; Upgrade works again."""
     sock = "unix:" + str(tmp_path / "init.sock")
     with forwarding_agent("upgrade_fwd_abandon", env={"CONCH_FAULT": "handover_ports", "CONCH_FORWARD_STEER": "0"},
                           extra_args=["--init-listen", sock]) as s:
@@ -605,7 +605,8 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
             assert log.count("cannot restore the state: ports: CONCH_FAULT=handover_ports") == 2, log[-3000:]
             assert "no rollback possible (this is the rollback)" in log, log[-3000:]
             assert "2 forwarders and relayed connections not taken: closed" in log, log[-3000:]  # one of each
-            assert "init listener fd=" in log and "not taken: closed" in log, log[-3000:]
+            assert "part ports abandoned" in log, log[-3000:]
+            assert "init listener fd=" not in log, log[-3000:]  # carried, not closed
             msg = {"version": 1, "sandboxID": "abandon-sb", "agentToken": s.token,
                    "network": {"guestIP": "10.0.2.15", "prefixLength": 24, "gateway": "10.0.2.2"}}
             assert initpeer.exchange(sock, msg) == '{"version":1,"status":"ready","retryable":false}'
@@ -627,6 +628,8 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
                 except OSError:
                     return False
             assert wait_for(echoes, timeout=10)
+            with in_ns(s.ns):  # not "an upgrade is under way": the handover is over
+                upgrade(s, expect_upgrades=0)
         finally:
             echo.close()
 
@@ -660,3 +663,87 @@ def test_started_without_stdio_its_0_to_2_are_dev_null():
         assert [p["tag"] for p in lst["processes"]] == ["keeper"], lst
     finally:
         s.stop()
+
+
+# ---------------------------------------------------------------- failed restores
+def mem_fds(pid, name):
+    return [f for f in os.listdir(f"/proc/{pid}/fd") if name in (os.readlink(f"/proc/{pid}/fd/{f}") or "")]
+
+
+def test_no_upgrade_without_a_rollback():
+    """/proc/self/exe cannot be opened (CONCH_FAULT=handover_no_exe): with
+    no way back the upgrade is abandoned; the agent goes on as it was, and
+    Upgrade can be called again."""
+    s = Server(name="no-rollback", env={"CONCH_FAULT": "handover_no_exe"})
+    try:
+        bg(s, "sleep 120", "keeper")
+        for n in (1, 2):
+            st, body, _ = Client(s.url, s.token).unary(UPGRADE, {"path": BIN})
+            assert st == 200, body  # (the answer goes before the handover)
+            assert wait_for(lambda: _log_count(s, "upgrade abandoned: cannot keep this program for a rollback") == n)
+        assert s.alive() and metrics(s)["upgrades"] == 0
+        assert os.readlink(f"/proc/{s.proc.pid}/exe") == os.path.realpath(BIN)
+        st, lst, _ = Client(s.url, s.token).unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper"]
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+def test_a_state_that_cannot_be_read_starts_fresh_with_the_real_token():
+    """The new program cannot read the state and no rollback can help
+    (CONCH_FAULT=handover_unreadable): it starts fresh — the inherited
+    listener closed and bound again (no "address in use"), every copy of
+    the state and of the token closed, the token the real one (never the
+    "xxxx…" of the overwritten --token), and Upgrade usable again."""
+    s = Server(name="unreadable", env={"CONCH_FAULT": "handover_unreadable"})
+    try:
+        pid = s.proc.pid
+        for n in (1, 2):
+            st, body, _ = Client(s.url, s.token).unary(UPGRADE, {"path": BIN})
+            assert st == 200, body
+            assert wait_for(lambda: _log_count(s, "upgrade: no state: a fresh start") == n), \
+                open(s.log_path).read()[-3000:]
+            assert wait_for(lambda: metrics(s)), open(s.log_path).read()[-3000:]  # serving, with the real token
+            assert s.proc.pid == pid and s.alive()
+            st, body, _ = Client(s.url, "x" * len(s.token)).unary(LIST, {})
+            assert st == 401, body
+            assert wait_for(lambda: not mem_fds(pid, "conch-handover") and not mem_fds(pid, "conch-token")), \
+                os.listdir(f"/proc/{pid}/fd")
+        assert "address in use" not in open(s.log_path).read()
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+def test_a_record_that_cannot_be_restored_is_dropped_whole():
+    """One process record cannot be restored, in the new program and in the
+    rollback (CONCH_FAULT=handover_proc_record, the record tagged
+    "broken"): it is dropped whole — its pipes closed (its writer sees
+    EPIPE), logged — the others are kept, and the next upgrade's save finds
+    no half-built record."""
+    s = Server(name="broken-record", env={"CONCH_FAULT": "handover_proc_record", "CONCH_PROC_RETAIN_MS": "60000"})
+    try:
+        bg(s, "sleep 120", "keeper")
+        broken = bg(s, "trap '' PIPE; while echo x; do sleep 0.1; done; exit 7", "broken")
+        bg(s, "sleep 120", "after")
+        upgrade(s, expect_upgrades=0)  # rolled back, the record failing there too
+        log = open(s.log_path).read()
+        assert "part processes abandoned" in log and f"process record pid={broken} tag=broken dropped" in log, log[-3000:]
+        c = Client(s.url, s.token)
+        st, lst, _ = c.unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper", "after"], lst
+
+        def gone():
+            try:
+                return open(f"/proc/{broken}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+            except OSError:
+                return True
+        assert wait_for(gone, 10), "the broken record's pipe is still open"
+        upgrade(s)  # saving again: no half-built record to trip on; nothing fails now
+        assert s.alive()
+        st, lst, _ = c.unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper", "after"], lst
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
