@@ -281,10 +281,9 @@ static void hs_exec(void) {
   }
 #endif
   if (*head.prev_program_fd < 0) { /* no upgrade without a rollback */
-    char why[160];
-    snprintf(why, sizeof why, "cannot keep this program for a rollback: /proc/self/exe: %s", strerror(errno));
+    LOG_ERROR("upgrade: cannot open /proc/self/exe: %s", strerror(errno));
     free(st);
-    hs_fail_resume(why);
+    hs_fail_resume("cannot keep this program for a rollback");
     return;
   }
   size_t saved = 0;

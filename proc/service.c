@@ -546,7 +546,7 @@ static const rpc_method proc_methods[] = {
      &pb__process_event__descriptor, RPC_F_OWN_DEADLINE, proc_start_on_request, NULL, NULL,
      proc_on_cancel},
     {"/pb.ProcessService/Connect", RPC_SERVER_STREAM, &pb__connect_process_request__descriptor,
-     &pb__process_event__descriptor, 0, proc_connect_on_request, NULL, NULL, proc_on_cancel},
+     &pb__process_event__descriptor, RPC_F_DRAIN_END, proc_connect_on_request, NULL, NULL, proc_on_cancel},
     {"/pb.ProcessService/List", RPC_UNARY, &pb__list_processes_request__descriptor,
      &pb__list_processes_response__descriptor, 0, proc_list_on_request, NULL, NULL,
      proc_list_cancel},

@@ -193,6 +193,23 @@ static void call_token_replaced(tokhold *t) {
   connect__fail((rpc_call *)((char *)t - offsetof(rpc_call, tok)), RPC_UNAUTHENTICATED, "agent token was replaced");
 }
 
+/* ---- an upgrade's drain ---- */
+
+static int call_drain_ends(const tokhold *t) {
+  const rpc_call *c = (const rpc_call *)((const char *)t - offsetof(rpc_call, tok));
+  return t->revoke == call_token_replaced && (c->m->flags & RPC_F_DRAIN_END);
+}
+
+static void call_drain_end(tokhold *t) {
+  connect__fail((rpc_call *)((char *)t - offsetof(rpc_call, tok)), RPC_UNAVAILABLE, RPC_DRAIN_MSG);
+}
+
+size_t connect_drain(void) {
+  size_t n = tokhold_each_out(call_drain_ends, call_drain_end);
+  if (n) LOG_INFO("upgrade: %zu streams ended (%s)", n, RPC_DRAIN_MSG);
+  return n;
+}
+
 void rpc_defer_end(rpc_call *c) {
   if (c->state == CALL_CANCELLING) connect__step(c, CALL_EV_DEFER);
 }

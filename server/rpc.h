@@ -75,6 +75,11 @@ typedef enum rpc_kind { RPC_UNARY, RPC_SERVER_STREAM, RPC_CLIENT_STREAM, RPC_BID
  * with as a stream does: replaced, on_cancel(RPC_UNAUTHENTICATED) and the
  * call ends unauthenticated "agent token was replaced". */
 #define RPC_F_HOLDS_TOKEN 0x2u
+/* A stream that may last (Connect, WatchDir, WatchPorts, a download): an
+ * upgrade's drain ends it with `unavailable` "agent is upgrading; resume"
+ * (the client resumes against the next program: replay, offset). */
+#define RPC_F_DRAIN_END 0x4u
+#define RPC_DRAIN_MSG "agent is upgrading; resume"
 
 /* A request message of RPC_POOL_DECODE_MIN bytes or more is decoded in the
  * thread pool, not on the loop, whatever the method (a 16 MiB JSON upload

@@ -11,6 +11,7 @@ its true status; a new program that cannot restore the state rolls back to
 the old one; 20 upgrades in a row leave no descriptor or memory behind.
 The refusals live in test_upgrade.py."""
 import array
+import http.client
 import json
 import os
 import shutil
@@ -126,7 +127,8 @@ def test_every_kind_of_process_is_carried(server):
     linger = bg(s, "sleep 60 & echo $! > /tmp/conch-upgrade-linger-$$; exit 3", "linger")
     deadline = bg(s, "sleep 60", "deadline", timeout_ms=2500)
     t_deadline = time.monotonic()
-    fg = Stream(s, SP, {"cmd": "sh", "args": ["-c", "for i in $(seq 1 40); do echo fg$i; sleep 0.05; done; exit 5"]})
+    # (longer than the drain waits for it: cut at the exec, then adopted)
+    fg = Stream(s, SP, {"cmd": "sh", "args": ["-c", "for i in $(seq 1 100); do echo fg$i; sleep 0.05; done; exit 5"]})
     assert fg.next()[0] == "start"
     time.sleep(0.3)
     # what was seen before: part of the writer's output
@@ -185,7 +187,7 @@ def test_every_kind_of_process_is_carried(server):
     assert ev[-1] == ("end", 5), ev[-3:]
     chunks = channels(ev)["stdout"]
     text = contiguous(chunks, chunks[0][0]).decode()
-    assert text.split()[-1] == "fg40" and chunks[0][0] > 0, (chunks[:2], text[-20:])
+    assert text.split()[-1] == "fg100" and chunks[0][0] > 0, (chunks[:2], text[-20:])
     # nothing left behind: the descriptors are the same as before (the
     # processes that ended meanwhile closed theirs)
     assert len(os.listdir(f"/proc/{agent_pid}/fd")) <= fds_before
@@ -747,3 +749,85 @@ def test_a_record_that_cannot_be_restored_is_dropped_whole():
     finally:
         text = s.stop()
         assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+# ---------------------------------------------------------------- no request cut
+def test_no_request_is_cut_by_an_upgrade(server, tmp_path):
+    """Through 5 upgrades: /health on one keep-alive connection and on a
+    new connection each time, never reset or refused; an upload in flight
+    at each upgrade completes; a Connect stream ends `unavailable` "agent
+    is upgrading; resume" (the client resumes with replay)."""
+    s = server
+    bg(s, "while :; do echo tick; sleep 0.05; done", "ticker")
+    stop = threading.Event()
+    errors, counts = [], {"keep": 0, "new": 0, "uploads": 0}
+
+    def keepalive():
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        while not stop.is_set():
+            try:
+                conn.request("GET", "/health")
+                r = conn.getresponse()
+                r.read()
+                assert r.status == 200, r.status
+                counts["keep"] += 1
+                if r.getheader("Connection", "").lower() == "close":
+                    conn.close()  # (the next request opens a new one)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"keep-alive /health: {e!r}")
+                conn.close()
+            time.sleep(0.005)
+
+    def fresh():
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(s.url + "/health", timeout=30) as r:
+                    assert r.status == 200
+                counts["new"] += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"new-connection /health: {e!r}")
+            time.sleep(0.01)
+
+    def uploads():
+        c = Client(s.url, s.token)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            chunk = b64(os.urandom(256 << 10))
+            msgs = [{"filepath": str(tmp_path / f"up{i % 4}"), "content": chunk}] + [{"content": chunk}] * 3
+
+            def slow():  # ~0.3 s per upload: one is in flight at each upgrade
+                for m in msgs:
+                    yield envelope(json.dumps(m).encode())
+                    time.sleep(0.08)
+            try:
+                conn = c.conn(timeout=30)
+                conn.request("POST", "/pb.FileService/PostFileStream", body=slow(),
+                             headers=c.headers(ctype="application/connect+json"), encode_chunked=True)
+                r = conn.getresponse()
+                body = r.read()
+                conn.close()
+                assert r.status == 200 and body.endswith(b"{}"), (r.status, body[-200:])
+                counts["uploads"] += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"upload {i}: {e!r}")
+
+    threads = [threading.Thread(target=f) for f in (keepalive, fresh, uploads)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(5):
+            time.sleep(0.4)
+            st = Stream(s, CONNECT, {"process": {"tag": "ticker"}})
+            assert st.next()[0] == "start"
+            upgrade(s)
+            while st.next() is not None:  # (EOFError: cut without its end)
+                pass
+            assert st.end == {"error": {"code": "unavailable", "message": "agent is upgrading; resume"}}, st.end
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert errors == [], errors[:10]
+    assert counts["keep"] > 20 and counts["new"] > 20 and counts["uploads"] >= 5, counts
+    print(f"5 upgrades: {counts}", file=sys.stderr)
