@@ -738,11 +738,11 @@ static void h1_on_revoked(hsink *c) {
 /* hproto.drain_state (sink.h). */
 static int h1_drain_state(const hsink *c) {
   const h1 *s = c->p;
-  if (!s || s->failed || s->close_after || s->upgrade) return 2;
+  if (!s || s->state == H1_CLOSING || s->state == H1_UPGRADE || s->close_after) return 2;
   if (s->pend_len) return 1; /* the next request's bytes, read already */
-  if (s->x && s->dispatched) return s->msg_done && s->x->ended ? 0 : 2; /* answered: h1_next resets it */
-  if (s->x || s->header_bytes || s->url_len) return 1;
-  return 0;
+  if (s->state == H1_DONE && s->x && s->x->ended) return 0; /* answered: h1_next resets it */
+  if (h1_dispatched(s)) return 2;
+  return s->state == H1_HEAD || s->header_bytes || s->url_len ? 1 : 0; /* IDLE, HELD: between requests */
 }
 
 /* EOF from the client closes the connection at once, even with a request
