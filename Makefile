@@ -5,7 +5,8 @@
 #   make static     static release binary         build/static/conch-init
 #   make static-arm64  the same, cross-built for aarch64   build/static-arm64/conch-init
 #   make unit-arm64 the unit tests cross-built for aarch64, run under qemu-aarch64-static
-#   make run        build and serve on :4064 in standalone mode (prints a token)
+#   make run        build and serve on 127.0.0.1:4064 in standalone mode (prints a token);
+#                   RUN_LISTEN=HOST:PORT serves elsewhere (0.0.0.0:4064: every interface)
 #   make check      build and run every test (unit, integration, namespaces, microVM)
 #   make vm-image   bake the static binary (from the .deb) into a bootable guest (build/vm)
 #   make unit       unit tests only
@@ -35,7 +36,7 @@ BUILD_DEPS := gcc make pkg-config libnghttp2-dev libprotobuf-c-dev protobuf-c-co
               libuv1-dev libb64-dev libhttp-parser-dev zlib1g-dev
 TEST_DEPS  := curl protobuf-compiler python3-h2 python3-grpcio python3-protobuf python3-pytest python3 \
               nghttp2-client nghttp2-server iproute2 erofs-utils util-linux rpm e2fsprogs bc \
-              qemu-system-x86 mmdebstrap cpio kmod busybox-static wget chromium nginx-core openssl prometheus
+              qemu-system-x86 mmdebstrap cpio kmod busybox-static wget chromium nginx-core openssl prometheus strace
 # make check's package checks (tests/packaging.sh): rpmbuild, rpm2cpio, lintian, file
 PKG_DEPS   := rpm rpm2cpio cpio lintian file
 
@@ -323,13 +324,16 @@ check: asan unit unit-arm64 tsan-check fuzz-smoke integration soak-check packagi
 
 # The token goes to the daemon in a file (mode 0600), not on its command
 # line, where /proc/<pid>/cmdline would show it until it overwrites it.
+# Loopback only by default: the API runs commands as root, so it is reached
+# from other machines only when asked (RUN_LISTEN=0.0.0.0:4064).
+RUN_LISTEN ?= 127.0.0.1:4064
 run: dev
 	@tok=$${CONCH_INIT_TOKEN:-$$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}; \
 	tf=build/run-token; rm -f $$tf; (umask 077; printf '%s\n' "$$tok" > $$tf) || exit 1; \
-	echo "conch-init serving on 0.0.0.0:4064  token: $$tok  (in $$tf)"; \
+	echo "conch-init serving on $(RUN_LISTEN)  token: $$tok  (in $$tf)"; \
 	echo "  try: curl -s http://127.0.0.1:4064/health"; \
 	echo "       curl -s http://127.0.0.1:4064/pb.ProcessService/List -H 'Connect-Protocol-Version: 1' -H 'Content-Type: application/json' -H \"conch-init-token: $$tok\" --data '{}'"; \
-	exec build/dev/conch-init serve --listen 0.0.0.0:4064 --token-file $$tf
+	exec build/dev/conch-init serve --listen '$(RUN_LISTEN)' --token-file $$tf
 
 bench: dev test-deps
 	tests/bench/run-all.sh

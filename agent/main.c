@@ -123,6 +123,28 @@ static void main_forget(char **t) {
   *t = NULL;
 }
 
+/* --token-fd N: the token read from the memfd N (from its start), copied
+ * to main_arg_token; the descriptor stays open (*fd) for the handover. */
+static int main_token_fd(const char *arg, int *fd) {
+  char *end, buf[CONCH_TOKEN_MAX + 1];
+  long n = strtol(arg, &end, 10);
+  ssize_t len = *end || n < 3 || n > 1 << 20 ? -1 : pread((int)n, buf, sizeof buf - 1, 0);
+  if (len < 0) {
+    fprintf(stderr, "conch-init: cannot read the token from descriptor %s\n", arg);
+    return -1;
+  }
+  buf[len] = 0;
+  main_forget(&main_arg_token);
+  main_arg_token = strdup(buf);
+  explicit_bzero(buf, sizeof buf);
+  *fd = (int)n;
+  if (!main_arg_token) {
+    fprintf(stderr, "conch-init: out of memory\n");
+    return -1;
+  }
+  return 0;
+}
+
 static int main_token_file(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) {
@@ -229,16 +251,20 @@ static int main_handover_check(int argc, char **argv) {
   return 1;
 }
 
+static void main_stopped(void) { uv_stop(conch.loop); }
+
+/* The first SIGTERM/SIGINT ends the commands first (proc_stop), a second
+ * one stops at once. */
 static void main_on_stop(uv_signal_t *s, int signum) {
   (void)s;
   LOG_INFO("stopping signal=%d", signum);
-  uv_stop(conch.loop);
+  if (proc_stop(main_stopped) != 0) uv_stop(conch.loop);
 }
 
 static int main_serve(int argc, char **argv) {
   const char *listen = "127.0.0.1:4064", *token = NULL, *token_file = NULL, *init_listen = NULL;
   const char *resolv = NULL, *forward = NULL;
-  int apply_network = 0;
+  int apply_network = 0, token_fd = -1;
   static const struct option opts[] = {
       {"listen", required_argument, NULL, 'l'},  {"token", required_argument, NULL, 't'},
       {"token-file", required_argument, NULL, 'f'}, {"init-listen", required_argument, NULL, 'i'},
@@ -248,6 +274,7 @@ static int main_serve(int argc, char **argv) {
       {"forward-ports", required_argument, NULL, 'F'}, {"handover", required_argument, NULL, 'H'},
       {"handover-rollback", required_argument, NULL, 'B'}, {"no-upgrade", no_argument, NULL, 'u'},
       {"log-format", required_argument, NULL, 'J'}, {"log-stream", required_argument, NULL, 'S'},
+      {"token-fd", required_argument, NULL, 'T'},
       {NULL, 0, NULL, 0}};
   int ch;
   optind = 1;
@@ -265,6 +292,10 @@ static int main_serve(int argc, char **argv) {
         token = main_arg_token;
         break;
       case 'f': token_file = optarg; break;
+      case 'T': /* an upgrade's: the token for a start without the state (core/handover.c closes it) */
+        if (main_token_fd(optarg, &token_fd) != 0) return 2;
+        token = main_arg_token;
+        break;
       case 'i': init_listen = optarg; break;
       case 'N': apply_network = 1; break;
       case 'R': resolv = optarg; break;
@@ -310,6 +341,7 @@ static int main_serve(int argc, char **argv) {
   }
   int rollback = 0, hfd = handover_arg(argc, argv, &rollback);
   char herr[512];
+  if (hfd < 0 && token_fd >= 0) close(token_fd); /* (not a handover's: nothing else holds it) */
   if (hfd >= 0 && handover_load(hfd, rollback, herr, sizeof herr) != 0) hfd = -1; /* a fresh start */
   if (hfd >= 0) { /* the token, and the rest, come from the state */
     main_take_env_token();
@@ -363,6 +395,7 @@ static int main_serve(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  daemon_stdio_fill(); /* before anything opens a descriptor */
   /* Two malloc arenas, not one per pool thread: a thread's arena keeps its
    * peak (a 100 000-entry env decoded in the pool left 14 MiB that
    * malloc_trim could not return; with two arenas RSS went back to idle). */

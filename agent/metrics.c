@@ -333,9 +333,10 @@ static void metrics_done(pool_job *j, int canceled) {
            "{\"ts\":%lld,\"cpuCount\":%ld,\"cpuUsedPct\":%.2f,\"memTotal\":%llu,\"memUsed\":%llu,"
            "\"diskTotal\":%llu,\"diskUsed\":%llu,\"processes\":%u,\"connections\":%u,"
            "\"agentRss\":%llu,\"workloadMemoryMax\":%llu,\"workloadPidsMax\":%llu,\"oomKills\":%llu,"
-           "\"version\":\"%s\",\"upgrades\":%llu}",
+           "\"version\":\"%s\",\"upgrades\":%llu,\"relaysHeld\":%zu,\"relaysReset\":%llu}",
            m->ts, m->cpus, pct, m->mem_total, m->mem_used, m->disk_total, m->disk_used, m->procs,
-           conch.nconns, m->rss, m->wl_mem, m->wl_pids, m->oom_kills, CONCH_VERSION, conch.upgrades);
+           conch.nconns, m->rss, m->wl_mem, m->wl_pids, m->oom_kills, CONCH_VERSION, conch.upgrades,
+           net_relays_held(), net_relays_reset());
   hx_simple(x, 200, "application/json", body, NULL, 0);
   free(m);
 }

@@ -67,6 +67,7 @@ static int ah_daemon_restore(uv_loop_t *loop, const ProtobufCMessage *m) {
   const Conch__Handover__Daemon *d = ah_cst(m)->daemon;
   if (!d) return 0;
   if (d->token_set && d->token.len <= CONCH_TOKEN_MAX) daemon_set_token((const char *)d->token.data, d->token.len);
+  if (d->token.len) explicit_bzero(d->token.data, d->token.len); /* the unpacked copy (freed by the framework) */
   snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "%s", d->sandbox_id);
   snprintf(conch.default_user, sizeof conch.default_user, "%s", d->default_user);
   log_set_level((log_level)d->log_level);
@@ -91,8 +92,15 @@ static void ah_daemon_keep_fds(const ProtobufCMessage *m) {
   if (d && d->log_fd > 0) handover_keep_fd(d->log_fd);
 }
 
+/* (its restore_early cannot fail: nothing to abandon but the log file) */
+static void ah_daemon_abandon(const ProtobufCMessage *m) {
+  const Conch__Handover__Daemon *d = ah_cst(m)->daemon;
+  if (d && d->log_fd > 2 && !conch.log_file) close(d->log_fd);
+}
+
 static const handover_part ah_daemon_part = {
     .name = "daemon",
+    .abandon = ah_daemon_abandon,
     .save = ah_daemon_save,
     .save_free = ah_daemon_save_free,
     .restore_early = ah_daemon_restore,
@@ -110,6 +118,7 @@ static int ah_proc_restore(const ProtobufCMessage *m, uint64_t now_mono, char *e
   return proc_handover_restore(ah_cst(m), now_mono, err, errn);
 }
 static void ah_proc_keep_fds(const ProtobufCMessage *m) { proc_handover_keep_fds(ah_cst(m)); }
+static void ah_proc_abandon(const ProtobufCMessage *m) { proc_handover_abandon(ah_cst(m)); }
 
 static const handover_part ah_proc_part = {
     .name = "processes",
@@ -119,6 +128,7 @@ static const handover_part ah_proc_part = {
     .restore_early = ah_proc_restore_early,
     .restore = ah_proc_restore,
     .keep_fds = ah_proc_keep_fds,
+    .abandon = ah_proc_abandon,
     .resume = proc_handover_resume,
 };
 

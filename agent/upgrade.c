@@ -8,6 +8,9 @@
  *          stdout is read through a uv_poll, a timer kills it after
  *          UPGRADE_TRIAL_MS, and its status comes from the reaper;
  *   ANSWER rpc_send + rpc_finish, then handover_begin(memfd).
+ * Before each step and right before the answer the arrival's checks run
+ * again (upgrades disabled meanwhile, another upgrade); the call holds its
+ * token like a stream, so a replaced one ends it.
  * Texts: refusals are failed_precondition "upgrade refused: <why>"; file
  * errors as FileService's (fs/status.h).  Every failure closes the memfd:
  * nothing of the agent changed.
@@ -392,12 +395,25 @@ static void up_run_step(up_op *o) {
   }
 }
 
+/* The checks of the call's arrival, again: an init message may have
+ * disabled upgrades while the trial ran (a replaced token ends the call by
+ * itself: RPC_F_HOLDS_TOKEN).  0 when the upgrade may go on; else the call
+ * is ended and -1. */
+static int up_still_allowed(up_op *o) {
+  if (conch.no_upgrade || conch.init_no_upgrade) {
+    up_fail(o, RPC_PERMISSION_DENIED, "upgrade is disabled");
+    return -1;
+  }
+  if (handover_busy()) { /* (one op at a time: cannot happen today) */
+    up_fail(o, RPC_FAILED_PRECONDITION, UP_REFUSED "an upgrade is under way");
+    return -1;
+  }
+  return 0;
+}
+
 static void up_answer(up_op *o) {
   rpc_call *c = o->call;
-  if (handover_busy()) { /* (the check on arrival saw none: cannot happen today) */
-    up_fail(o, RPC_FAILED_PRECONDITION, UP_REFUSED "an upgrade is under way");
-    return;
-  }
+  if (up_still_allowed(o) != 0) return;
   Pb__UpgradeResponse m = PB__UPGRADE_RESPONSE__INIT;
   m.from_version = (char *)CONCH_VERSION;
   m.to_version = o->version;
@@ -425,6 +441,7 @@ static void up_step_done(up_op *o, up_run *r) {
     up_maybe_free(o);
     return;
   }
+  if (up_still_allowed(o) != 0) return;
   const char *step = up_step_name(o);
   char eb[96];
   if (r->timed_out) {
@@ -525,6 +542,7 @@ static const rpc_method up_methods[] = {
         .output = &pb__upgrade_response__descriptor,
         .on_request = up_on_request,
         .on_cancel = up_on_cancel,
+        .flags = RPC_F_HOLDS_TOKEN, /* seconds of trial: a replaced token ends it */
     },
 };
 

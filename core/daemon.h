@@ -118,4 +118,12 @@ void *daemon_alloc_state(size_t size, const char *name);
  * live token then calls tokhold_revoke_stale()), 0 when it is the same. */
 int daemon_set_token(const char *tok, size_t len);
 
+/* Descriptors 0–2 always open, so that nothing the daemon opens (its
+ * loop, listeners, pipes, a handover's state) lands on them and receives
+ * log lines or a child's stdio.  Called first thing at start: a closed one
+ * gets /dev/null, or where there is none yet (PID 1 before /dev is
+ * mounted) an O_PATH descriptor of "/" that every read and write refuses;
+ * a later call, once /dev/null exists, puts /dev/null in its place. */
+void daemon_stdio_fill(void);
+
 #endif

@@ -63,12 +63,14 @@ static struct {
   char **argv;
   const handover_part *parts[HANDOVER_PARTS_MAX];
   size_t nparts;
+  unsigned char abandoned[HANDOVER_PARTS_MAX]; /* the new program: that part gave up (no rollback) */
   int *fds;               /* the descriptors the state names */
   size_t nfds, capfds;
   /* the new program, between handover_load and handover_finish */
   int state_fd, rollback;
+  int token_fd; /* --token-fd: the token in a memfd, for a program that cannot read the state */
   ProtobufCMessage *loaded;
-} H = {.prog_fd = -1, .state_fd = -1};
+} H = {.prog_fd = -1, .state_fd = -1, .token_fd = -1};
 
 #ifdef NDEBUG
 const int handover_asserts = 0;
@@ -146,27 +148,58 @@ static void hs_collect_fds(const ProtobufCMessage *st) {
   int32_t prev = *hs_head_of((ProtobufCMessage *)st).prev_program_fd;
   if (prev > 0) handover_keep_fd(prev);
   for (size_t i = 0; i < H.nparts; i++)
-    if (H.parts[i]->keep_fds) H.parts[i]->keep_fds(st);
+    if (H.parts[i]->keep_fds && !H.abandoned[i]) H.parts[i]->keep_fds(st); /* (an abandoned one closed its own) */
 }
 
-/* argv for the next exec: ours without a previous --handover*, plus flag fd. */
-static char **hs_argv(const char *flag, int fd, char *num, size_t numlen) {
-  char **v = calloc((size_t)H.argc + 3, sizeof *v);
+/* argv for the next exec: ours without a previous --handover*, without
+ * --token (its value was overwritten in place: a program that cannot read
+ * the state would take "xxxx…" for the token) or --token-fd, plus flag fd
+ * and, when tokfd >= 0, "--token-fd tokfd" (the current token, for a
+ * program that cannot read the state; main.c). */
+static char **hs_argv(const char *flag, int fd, char *num, size_t numlen, int tokfd, char *tnum, size_t tnumlen) {
+  char **v = calloc((size_t)H.argc + 5, sizeof *v);
   if (!v) return NULL;
   int n = 0;
   for (int i = 0; i < H.argc; i++) {
-    if ((strcmp(H.argv[i], "--handover") == 0 || strcmp(H.argv[i], "--handover-rollback") == 0) &&
+    if ((strcmp(H.argv[i], "--handover") == 0 || strcmp(H.argv[i], "--handover-rollback") == 0 ||
+         strcmp(H.argv[i], "--token") == 0 || strcmp(H.argv[i], "--token-fd") == 0) &&
         i + 1 < H.argc) {
       i++;
       continue;
     }
+    if (strncmp(H.argv[i], "--token=", 8) == 0 || strncmp(H.argv[i], "--token-fd=", 11) == 0) continue;
     v[n++] = H.argv[i];
   }
   snprintf(num, numlen, "%d", fd);
   v[n++] = (char *)flag;
   v[n++] = num;
+  if (tokfd >= 0) {
+    snprintf(tnum, tnumlen, "%d", tokfd);
+    v[n++] = "--token-fd";
+    v[n++] = tnum;
+  }
   v[n] = NULL;
   return v;
+}
+
+/* The --token-fd this program was given (a handover's), or -1. */
+static int hs_token_fd_arg(void) {
+  for (int i = 0; i + 1 < H.argc; i++)
+    if (strcmp(H.argv[i], "--token-fd") == 0) {
+      char *end;
+      long fd = strtol(H.argv[i + 1], &end, 10);
+      return *end || fd < 3 || fd > 1 << 20 ? -1 : (int)fd;
+    }
+  return -1;
+}
+
+/* A memfd that held the state or the token: emptied (its pages freed, not
+ * left for a later reader of the descriptor), then closed. */
+static void hs_close_wiped(int fd) {
+  if (fd < 0) return;
+  if (ftruncate(fd, 0) != 0) { /* (a memfd always truncates) */
+  }
+  close(fd);
 }
 
 /* ------------------------------------------------------------------ save */
@@ -189,8 +222,21 @@ static int hs_write_state(const ProtobufCMessage *st) {
     }
     off += (size_t)w;
   }
+  explicit_bzero(buf, len); /* it holds the token */
   free(buf);
   if (fd >= 0) lseek(fd, 0, SEEK_SET);
+  return fd;
+}
+
+/* The token in a memfd of its own (serve mode): the next program's token
+ * should it not read the state.  -1 when there is none to pass. */
+static int hs_token_fd(void) {
+  if (conch.is_pid1 || !conch.token_set) return -1;
+  int fd = memfd_create("conch-token", MFD_CLOEXEC);
+  if (fd >= 0 && write(fd, conch.token, conch.token_len) != (ssize_t)conch.token_len) {
+    hs_close_wiped(fd);
+    return -1;
+  }
   return fd;
 }
 
@@ -220,16 +266,35 @@ static void hs_exec(void) {
 #endif
   *head.version = (char *)CONCH_VERSION;
   *head.upgrades = conch.upgrades + 1;
+  if (conch.no_upgrade || conch.init_no_upgrade) { /* disabled since the answer (an init message) */
+    free(st);
+    hs_fail_resume("upgrade is disabled");
+    return;
+  }
   *head.prev_program_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-  if (*head.prev_program_fd < 0) LOG_WARN("upgrade: cannot keep this program for a rollback: %s", strerror(errno));
+#ifndef CONCH_STATIC /* test seam: /proc/self/exe cannot be opened (tests/integration/test_upgrade_state.py) */
+  const char *nofault = getenv("CONCH_FAULT");
+  if (nofault && strcmp(nofault, "handover_no_exe") == 0 && *head.prev_program_fd >= 0) {
+    close(*head.prev_program_fd);
+    *head.prev_program_fd = -1;
+    errno = EACCES;
+  }
+#endif
+  if (*head.prev_program_fd < 0) { /* no upgrade without a rollback */
+    LOG_ERROR("upgrade: cannot open /proc/self/exe: %s", strerror(errno));
+    free(st);
+    hs_fail_resume("cannot keep this program for a rollback");
+    return;
+  }
   size_t saved = 0;
   int ok = 1;
   for (; saved < H.nparts && ok; saved++)
     if (H.parts[saved]->save && H.parts[saved]->save(st) != 0) ok = 0;
-  int sfd = ok ? hs_write_state(st) : -1;
+  int sfd = ok ? hs_write_state(st) : -1, tfd = sfd >= 0 ? hs_token_fd() : -1;
   if (sfd >= 0) {
     hs_collect_fds(st);
     handover_keep_fd(sfd);
+    if (tfd >= 0) handover_keep_fd(tfd);
   }
   for (size_t i = 0; i < saved; i++)
     if (H.parts[i]->save_free) H.parts[i]->save_free(st);
@@ -241,8 +306,8 @@ static void hs_exec(void) {
     hs_fail_resume(ok ? "cannot write the state" : "out of memory saving the state");
     return;
   }
-  char num[16];
-  char **argv = hs_argv("--handover", sfd, num, sizeof num);
+  char num[16], tnum[16];
+  char **argv = hs_argv("--handover", sfd, num, sizeof num, tfd, tnum, sizeof tnum);
   LOG_INFO("upgrade: exec of conch-init %s (from %s) state=%d upgrades=%llu after %llu ms of drain",
            H.to, CONCH_VERSION, sfd, (unsigned long long)upgrades, (unsigned long long)(uv_now(conch.loop) - H.began));
   if (argv) {
@@ -256,7 +321,8 @@ static void hs_exec(void) {
   char why[160];
   snprintf(why, sizeof why, "exec of the new program failed: %s", argv ? strerror(errno) : "out of memory");
   free(argv);
-  close(sfd);
+  hs_close_wiped(sfd);
+  hs_close_wiped(tfd);
   if (prev >= 0) close(prev);
   hs_fail_resume(why);
 }
@@ -321,8 +387,8 @@ static void hs_rollback(const char *why) {
               H.rollback ? "this is the rollback" : "no previous program");
     return;
   }
-  char num[16];
-  char **argv = hs_argv("--handover-rollback", H.state_fd, num, sizeof num);
+  char num[16], tnum[16];
+  char **argv = hs_argv("--handover-rollback", H.state_fd, num, sizeof num, H.token_fd, tnum, sizeof tnum);
   lseek(H.state_fd, 0, SEEK_SET);
   LOG_ERROR("upgrade: rolling back to the previous program (conch-init %s)", *head.version);
   extern char **environ;
@@ -331,10 +397,40 @@ static void hs_rollback(const char *why) {
   free(argv);
 }
 
-/* No rollback: the parts from `from` on did not restore (or did not run). */
-static void hs_abandon(const ProtobufCMessage *st, size_t from) {
-  for (size_t i = from; i < H.nparts; i++)
-    if (H.parts[i]->abandon) H.parts[i]->abandon(st);
+/* Part i could not restore (early or late): the previous program takes
+ * over (no return), or, when none can, part i gives up what it did not
+ * take and the others go on: the program serves what was restored. */
+static void hs_part_failed(const ProtobufCMessage *st, size_t i, const char *why) {
+  hs_rollback(why);
+  LOG_ERROR("upgrade: part %s abandoned: %s", H.parts[i]->name, why);
+  H.abandoned[i] = 1;
+  if (H.parts[i]->abandon) H.parts[i]->abandon(st);
+}
+
+/* No state at all: every descriptor the previous program handed over
+ * (none of ours lacks close-on-exec at this point) is closed, so that a
+ * fresh start can bind its listeners again; the state is closed. */
+static void hs_no_state(void) {
+  int max = (int)sysconf(_SC_OPEN_MAX);
+  if (max < 0 || max > HANDOVER_FDS_MAX) max = HANDOVER_FDS_MAX;
+  int n = 0;
+  for (int fd = 3; fd < max; fd++) {
+    int f = fcntl(fd, F_GETFD);
+    if (f >= 0 && !(f & FD_CLOEXEC)) {
+      if (fd == H.state_fd || fd == H.token_fd) hs_close_wiped(fd);
+      else close(fd);
+      n++;
+    }
+  }
+  H.state_fd = H.token_fd = -1;
+  LOG_ERROR("upgrade: no state: a fresh start (%d inherited descriptors closed)", n);
+  hs_step(HS_RESTORING, HS_IDLE);
+}
+
+static void hs_free_loaded(void) {
+  if (!H.loaded) return;
+  protobuf_c_message_free_unpacked(H.loaded, NULL); /* (the daemon part wiped its token) */
+  H.loaded = NULL;
 }
 
 static int hs_read_all(int fd, uint8_t **out, size_t *n) {
@@ -361,18 +457,29 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
   hs_step(HS_IDLE, HS_RESTORING);
   H.state_fd = fd;
   H.rollback = rollback;
+  int tfd = hs_token_fd_arg(), tf = tfd >= 0 ? fcntl(tfd, F_GETFD) : -1;
+  H.token_fd = tf >= 0 && !(tf & FD_CLOEXEC) ? tfd : -1; /* inherited, not one of ours */
   uint8_t *buf = NULL;
   size_t len = 0;
-  if (hs_read_all(fd, &buf, &len) != 0) {
+#ifndef CONCH_STATIC /* test seam: the state cannot be read (tests/integration/test_upgrade_state.py) */
+  const char *rfault = getenv("CONCH_FAULT");
+  int unreadable = !rollback && rfault && strcmp(rfault, "handover_unreadable") == 0;
+#else
+  int unreadable = 0;
+#endif
+  if (unreadable || hs_read_all(fd, &buf, &len) != 0) {
     snprintf(err, errn, "cannot read the state (fd %d)", fd);
-    hs_rollback(err);
+    if (!unreadable) hs_rollback(err);
+    hs_no_state();
     return -1;
   }
   H.loaded = protobuf_c_message_unpack(H.schema.desc, NULL, len, buf);
+  explicit_bzero(buf, len); /* it holds the token */
   free(buf);
   if (!H.loaded) {
     snprintf(err, errn, "the state does not parse");
     hs_rollback(err);
+    hs_no_state();
     return -1;
   }
   hs_head head = hs_head_of(H.loaded);
@@ -387,15 +494,15 @@ int handover_load(int fd, int rollback, char *err, size_t errn) {
     snprintf(err, errn, "state format %u is not one this program reads (%u to %u)", *head.format,
              H.schema.format_min, H.schema.format);
     hs_rollback(err);
+    hs_free_loaded();
+    hs_no_state();
     return -1;
   }
   conch.upgrades = *head.upgrades - (rollback && *head.upgrades ? 1 : 0); /* a rollback is no upgrade */
   for (size_t i = 0; i < H.nparts; i++)
     if (H.parts[i]->restore_early && H.parts[i]->restore_early(conch.loop, H.loaded) != 0) {
       snprintf(err, errn, "%s: cannot restore its early state", H.parts[i]->name);
-      hs_rollback(err);
-      hs_abandon(H.loaded, 0);
-      return -1;
+      hs_part_failed(H.loaded, i, err);
     }
   return 0;
 }
@@ -405,13 +512,11 @@ int handover_finish(char *err, size_t errn) {
   if (!st) return -1;
   hs_head head = hs_head_of(st);
   uint64_t now = uv_hrtime() / 1000000u; /* CLOCK_MONOTONIC: the clock the state's times are on */
-  for (size_t i = 0; i < H.nparts; i++)
-    if (H.parts[i]->restore && H.parts[i]->restore(st, now, err, errn) != 0) {
+  for (size_t i = 0; i < H.nparts; i++) /* each on its own: one that fails leaves the others */
+    if (!H.abandoned[i] && H.parts[i]->restore && H.parts[i]->restore(st, now, err, errn) != 0) {
       char why[600];
       snprintf(why, sizeof why, "%s: %s", H.parts[i]->name, err);
-      hs_rollback(why);
-      hs_abandon(st, i);
-      goto commit; /* no rollback: serve with what was restored */
+      hs_part_failed(st, i, why);
     }
 #ifndef CONCH_STATIC /* test seam: the rollback path (tests/integration/test_upgrade.py) */
   const char *fault = getenv("CONCH_FAULT");
@@ -420,23 +525,23 @@ int handover_finish(char *err, size_t errn) {
     hs_rollback(err);
   }
 #endif
-commit:
   /* committed: from here on the state is ours */
   hs_collect_fds(st);
   hs_cloexec_all(1);
   if (*head.prev_program_fd > 0) close(*head.prev_program_fd);
-  close(H.state_fd);
+  hs_close_wiped(H.state_fd);
   H.state_fd = -1;
+  hs_close_wiped(H.token_fd);
+  H.token_fd = -1;
   for (size_t i = 0; i < H.nparts; i++)
-    if (H.parts[i]->resume) H.parts[i]->resume();
+    if (H.parts[i]->resume) H.parts[i]->resume(); /* (an abandoned part starts what it took) */
   if (H.rollback)
     LOG_WARN("upgrade rolled back: conch-init %s goes on with its state pid=%d upgrades=%llu", CONCH_VERSION,
              (int)getpid(), conch.upgrades);
   else
     LOG_INFO("upgraded in place: conch-init %s -> %s pid=%d upgrades=%llu (state format %u)", *head.version,
              CONCH_VERSION, (int)getpid(), conch.upgrades, *head.format);
-  protobuf_c_message_free_unpacked(st, NULL);
-  H.loaded = NULL;
+  hs_free_loaded();
   hs_step(HS_RESTORING, HS_IDLE);
   return 0;
 }

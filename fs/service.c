@@ -27,6 +27,7 @@ static const rpc_method fs_methods[] = {
         .output = &pb__file_chunk__descriptor,
         .on_request = fs_download_on_request,
         .on_cancel = fs_download_on_cancel,
+        .flags = RPC_F_DRAIN_END,
     },
     {
         .path = "/pb.FileService/ListFiles",
@@ -83,6 +84,7 @@ static const rpc_method fs_methods[] = {
         .output = &pb__watch_dir_event__descriptor,
         .on_request = fs_watch_on_request,
         .on_cancel = fs_watch_on_cancel,
+        .flags = RPC_F_DRAIN_END,
     },
 };
 

@@ -182,6 +182,7 @@ int init_pid1_main(int argc, char **argv) {
   uv_signal_start(&p1.sigusr1, on_sigusr1, SIGUSR1);
   LOG_INFO("conch-init %s starting as PID 1", CONCH_VERSION);
   boot_early(&p1.boot, argc, argv); /* steps 2–8 */
+  daemon_stdio_fill(); /* /dev/null in place of a stand-in, now that /dev is mounted */
   proc_cg_init(conch.loop, 1);      /* cgroup2 for ProcessService, before the chroot */
   quiet_oom_reports();
   if (boot_need_pmem_wait(&p1.boot)) { /* step 9: wait ≤ 500 ms without sleeping */

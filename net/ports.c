@@ -466,6 +466,7 @@ static const rpc_method net_methods[] = {
         .output = &pb__port_event__descriptor,
         .on_request = net_watch_on_request,
         .on_cancel = net_watch_on_cancel,
+        .flags = RPC_F_DRAIN_END,
     },
 };
 

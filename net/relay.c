@@ -15,6 +15,15 @@
  * closes when both directions are shut, or on any error.  At most
  * NET_RELAY_MAX connections: past it an accepted connection is closed at
  * once.  Sockets and listeners are raw descriptors watched by uv_poll.
+ *
+ * Outside clients must not take the API's room: what all relays' pipes
+ * hold together is capped at a quarter of the memory budget.  A direction
+ * that would pass the cap first resets (RST) the relay that has held
+ * bytes without moving any for the longest, at least NET_RELAY_STALL_MS
+ * (counted: /metrics relaysReset), else waits as for the budget.  A
+ * relayed connection that moves nothing for NET_RELAY_IDLE_MS (10 min;
+ * CONCH_RELAY_IDLE_MS, tests shorten it) is closed.  `conns` is kept in
+ * the order of last activity, oldest first, for both.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -27,62 +36,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/handover.h"
 #include "core/list.h"
 #include "core/log.h"
 #include "net/net.h"
 #include "net/service.h"
-#include "proto/handover.pb-c.h"
 
-#define NET_RELAY_MAX 1024
-#define NET_PIPE_CAP (64 * 1024)
-#define NET_RETRY_MS 20
-#define NET_PUMP_ROUNDS 16 /* splices per direction per wake-up: other connections get their turn */
-#define NET_ACCEPTS 32     /* accepts per wake-up of a listener */
+#include "net/relay_int.h"
 
-typedef struct relay_conn relay_conn;
-
-typedef struct relay_dir {
-  relay_conn *c;
-  int src, dst;  /* socket descriptors */
-  int pr, pw;    /* the pipe's ends */
-  size_t held;   /* bytes in the pipe (counted in the budget) */
-  int eof;       /* src said EOF */
-  int shut;      /* dst shut down */
-  list_node slink; /* waits for the budget: in `starved` (or in the retry's batch) */
-} relay_dir;
-
-struct relay_conn {
-  list_node link;   /* in conns (the handover enumerates them) */
-  uv_poll_t pa, pb; /* the client's socket, the loopback listener's */
-  int a, b;
-  relay_dir up, down; /* a→b, b→a */
-  int connected;
-  int handles;
-  int closing;
-  int cut_at_resume; /* restored, but the budget had no room for its pipes */
-  unsigned ev_a, ev_b; /* the events each poll watches now */
-};
-
-typedef struct fwd {
-  struct fwd *next;
-  uint16_t port;
-  int listening;
-  int failed_logged;
-  int fd;
-  uv_poll_t *lis;
-  struct sockaddr_storage target;
-  char to[NET_ADDR_MAX + 8];
-  uint32_t steered;     /* the listener's inode in steer.c's map, 0: none */
-  uint32_t steer_fail;  /* the inode that could not be steered (not tried again) */
-  uint32_t relooked;    /* the inode whose owner was looked up again after a stale try */
-} fwd;
-
-static char *fwd_addr;
-static struct sockaddr_storage fwd_sa;
-static fwd *fwds;
+char *fwd_addr;
+struct sockaddr_storage fwd_sa;
+fwd *fwds;
 static size_t nconns;
-static list_node conns;   /* every relayed connection not closing */
+list_node conns;   /* every relayed connection not closing, oldest activity first */
+size_t relay_held; /* what every relay's pipes hold */
+static unsigned long long relays_reset;
+static uv_timer_t idle_timer;
+static uint64_t idle_ms;
 static list_node starved; /* newest first */
 static uv_timer_t retry_timer;
 static int retry_init;
@@ -141,6 +110,20 @@ const char *net_fwd_to(uint16_t port) {
 
 static int relay_starved(const relay_dir *d) { return list_linked(&d->slink); }
 
+size_t net_relays_held(void) { return relay_held; }
+unsigned long long net_relays_reset(void) { return relays_reset; }
+
+/* The relays' part of the budget: a quarter (half of what producers that
+ * wait may fill). */
+static size_t relay_cap(void) { return budget_out_limit() / 2; }
+
+/* c moved bytes (or started): the newest activity. */
+static void relay_touch(relay_conn *c) {
+  c->active = uv_now(net_loop);
+  list_remove(&c->link);
+  list_insert_tail(&conns, &c->link);
+}
+
 static void relay_on_closed(uv_handle_t *h) {
   relay_conn *c = h->data;
   if (--c->handles > 0) return;
@@ -158,12 +141,35 @@ static void relay_close(relay_conn *c) {
   list_remove(&c->up.slink); /* (also out of a retry's batch: not stepped again) */
   list_remove(&c->down.slink);
   budget_give(c->up.held + c->down.held);
+  relay_held -= c->up.held + c->down.held;
   c->up.held = c->down.held = 0;
   uv_close((uv_handle_t *)&c->pa, relay_on_closed);
   uv_close((uv_handle_t *)&c->pb, relay_on_closed);
 }
 
 static void relay_on_retry(uv_timer_t *t);
+
+/* The relays' cap is reached: reset the relay (not self) that has held
+ * bytes without moving any for longest, if one has for NET_RELAY_STALL_MS;
+ * 1 when one was. */
+static int relay_reset_stalled(relay_conn *self) {
+  uint64_t now = uv_now(net_loop);
+  relay_conn *c;
+  list_each(c, &conns, link) {
+    if (now - c->active < NET_RELAY_STALL_MS) break; /* the rest moved later */
+    if (c == self || !(c->up.held + c->down.held)) continue;
+    relays_reset++;
+    if (relays_reset % 100 == 1) /* (one line per 100: a flood of clients would flood the log) */
+      LOG_INFO("relayed connection reset: the relays hold %zu bytes, their cap; it moved nothing for %llu ms "
+             "(%llu reset so far)", relay_held, (unsigned long long)(now - c->active), relays_reset);
+    struct linger lg = {1, 0}; /* RST: its bytes are dropped, both ends told */
+    setsockopt(c->a, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    setsockopt(c->b, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    relay_close(c);
+    return 1;
+  }
+  return 0;
+}
 
 /* Move what can move in one direction; -1 on an error (the caller closes). */
 static int relay_pump(relay_dir *d) {
@@ -173,7 +179,9 @@ static int relay_pump(relay_dir *d) {
       ssize_t n = splice(d->pr, NULL, d->dst, NULL, d->held, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
         d->held -= (size_t)n;
+        relay_held -= (size_t)n;
         budget_give((size_t)n);
+        relay_touch(d->c);
         moved = 1;
       } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
         return -1;
@@ -181,7 +189,8 @@ static int relay_pump(relay_dir *d) {
     }
     if (!d->eof && !relay_starved(d) && d->held < NET_PIPE_CAP) {
       size_t room = NET_PIPE_CAP - d->held;
-      if (budget_take(room) != 0) { /* the budget is spent: try again soon */
+      if (relay_held + room > relay_cap()) relay_reset_stalled(d->c);
+      if (relay_held + room > relay_cap() || budget_take(room) != 0) { /* no room: try again soon */
         list_insert_head(&starved, &d->slink);
         uv_timer_start(&retry_timer, relay_on_retry, NET_RETRY_MS, 0);
         break;
@@ -190,6 +199,8 @@ static int relay_pump(relay_dir *d) {
       budget_give(n > 0 ? room - (size_t)n : room);
       if (n > 0) {
         d->held += (size_t)n;
+        relay_held += (size_t)n;
+        relay_touch(d->c);
         moved = 1;
       } else if (n == 0) {
         d->eof = 1;
@@ -284,7 +295,7 @@ static void relay_free_on_close(uv_handle_t *h) { free(h->data); }
  * count it, list it.  0; -1 when a socket cannot be watched (then c is
  * the caller's to free); -2 when the second cannot (then c is freed once
  * the first one's handle closes).  Its descriptors stay the caller's. */
-static int relay_link(relay_conn *c) {
+int relay_link(relay_conn *c) {
   c->up.src = c->down.dst = c->a;
   c->up.dst = c->down.src = c->b;
   if (uv_poll_init_socket(net_loop, &c->pa, c->a) != 0) return -1;
@@ -296,6 +307,7 @@ static int relay_link(relay_conn *c) {
   c->pb.data = c;
   c->handles = 2;
   nconns++;
+  c->active = uv_now(net_loop);
   list_insert_tail(&conns, &c->link);
   return 0;
 }
@@ -374,7 +386,7 @@ static void fwd_free(fwd *f) {
 
 /* f listens on fd: watch it for connections (from the next loop turn;
  * start 0: once net_fwd_resume runs). */
-static int fwd_listen_on(fwd *f, int fd, uv_poll_t *p, int start) {
+int fwd_listen_on(fwd *f, int fd, uv_poll_t *p, int start) {
   if (uv_poll_init_socket(net_loop, p, fd) != 0) return -1;
   p->data = f;
   if (start) uv_poll_start(p, UV_READABLE, fwd_on_accept);
@@ -386,7 +398,7 @@ static int fwd_listen_on(fwd *f, int fd, uv_poll_t *p, int start) {
 }
 
 /* A new forwarder of port (not listening yet), first in fwds; NULL when out of memory. */
-static fwd *fwd_new(uint16_t port) {
+fwd *fwd_new(uint16_t port) {
   fwd *f = calloc(1, sizeof *f);
   if (!f) return NULL;
   f->port = port;
@@ -399,7 +411,7 @@ static fwd *fwd_new(uint16_t port) {
 }
 
 /* f relays to the loopback listener at raw (family), port f->port. */
-static void fwd_target(fwd *f, int family, const uint8_t *raw) {
+void fwd_target(fwd *f, int family, const uint8_t *raw) {
   memset(&f->target, 0, sizeof f->target);
   if (family == AF_INET) {
     struct sockaddr_in *s = (struct sockaddr_in *)&f->target;
@@ -447,11 +459,30 @@ static void fwd_start(fwd *f) {
   LOG_INFO("port %u: forwarded to %s", f->port, f->to);
 }
 
-/* The budget's retry timer, made once the loop is known. */
+/* Close the relays that moved nothing for idle_ms. */
+static void relay_on_idle(uv_timer_t *t) {
+  uint64_t now = uv_now(net_loop);
+  relay_conn *c, *nx;
+  size_t n = 0;
+  list_each_safe(c, nx, &conns, link) {
+    if (now - c->active < idle_ms) break; /* the rest moved later */
+    relay_close(c);
+    n++;
+  }
+  if (n) LOG_INFO("%zu relayed connections closed: nothing moved for %llu ms", n, (unsigned long long)idle_ms);
+}
+
+/* The budget's retry timer and the idle check, made once the loop is known. */
 static void relay_retry_init(void) {
   if (retry_init || !net_loop) return;
   uv_timer_init(net_loop, &retry_timer);
   uv_unref((uv_handle_t *)&retry_timer);
+  const char *v = getenv("CONCH_RELAY_IDLE_MS");
+  idle_ms = v && atoll(v) > 0 ? (uint64_t)atoll(v) : NET_RELAY_IDLE_MS;
+  uint64_t every = idle_ms / 10 < 100 ? 100 : idle_ms / 10 > 10000 ? 10000 : idle_ms / 10;
+  uv_timer_init(net_loop, &idle_timer);
+  uv_unref((uv_handle_t *)&idle_timer);
+  uv_timer_start(&idle_timer, relay_on_idle, every, every);
   retry_init = 1;
 }
 
@@ -521,248 +552,6 @@ void net_fwd_sync(net_fwd_want *want, size_t n) {
     if (!f->listening) fwd_start(f);
     if (f->listening) fwd_steer(f, &want[i]); /* never a port the forwarder does not hold */
   }
-}
-
-/* ---- upgrade in place (net/service.h) ----
- * A forwarder is its listening socket; a relayed connection is its two
- * sockets and two pipes, whose bytes stay in the kernel across the exec:
- * the state names their descriptors (net_handover_keep_fds: the
- * handover clears their close-on-exec) and the counts that say what each pipe holds. */
-
-static struct {
-  Conch__Handover__Net net;
-  Conch__Handover__Forwarder **fp, *fa;
-  Conch__Handover__Relay **rp, *ra;
-  Conch__Handover__RelayDir *da;
-} ho;
-
-static void ho_save_dir(const relay_dir *d, Conch__Handover__RelayDir *m) {
-  conch__handover__relay_dir__init(m);
-  m->pipe_r = d->pr;
-  m->pipe_w = d->pw;
-  m->held = d->held;
-  m->eof = d->eof;
-  m->shut = d->shut;
-}
-
-int net_handover_save(Conch__Handover__State *st) {
-  conch__handover__net__init(&ho.net);
-  st->net = &ho.net;
-  ho.net.forward_addr = fwd_addr ? fwd_addr : "";
-  size_t nf = 0, nr = 0;
-  for (fwd *f = fwds; f; f = f->next) nf += f->listening;
-  relay_conn *c;
-  list_each(c, &conns, link) nr++;
-  ho.fp = calloc(nf + 1, sizeof *ho.fp);
-  ho.fa = calloc(nf + 1, sizeof *ho.fa);
-  ho.rp = calloc(nr + 1, sizeof *ho.rp);
-  ho.ra = calloc(nr + 1, sizeof *ho.ra);
-  ho.da = calloc(2 * nr + 1, sizeof *ho.da);
-  if (!ho.fp || !ho.fa || !ho.rp || !ho.ra || !ho.da) return -1;
-  for (fwd *f = fwds; f; f = f->next) {
-    if (!f->listening) continue; /* not bound: the next program's scan tries again */
-    Conch__Handover__Forwarder *m = &ho.fa[ho.net.n_forwarders];
-    conch__handover__forwarder__init(m);
-    m->port = f->port;
-    m->fd = f->fd;
-    m->family = f->target.ss_family;
-    if (f->target.ss_family == AF_INET) {
-      m->target.data = (uint8_t *)&((struct sockaddr_in *)&f->target)->sin_addr;
-      m->target.len = 4;
-    } else {
-      m->target.data = (uint8_t *)&((struct sockaddr_in6 *)&f->target)->sin6_addr;
-      m->target.len = 16;
-    }
-    ho.fp[ho.net.n_forwarders++] = m;
-  }
-  ho.net.forwarders = ho.fp;
-  list_each(c, &conns, link) {
-    size_t i = ho.net.n_relays;
-    Conch__Handover__Relay *m = &ho.ra[i];
-    conch__handover__relay__init(m);
-    m->client_fd = c->a;
-    m->backend_fd = c->b;
-    m->connected = c->connected;
-    ho_save_dir(&c->up, &ho.da[2 * i]);
-    ho_save_dir(&c->down, &ho.da[2 * i + 1]);
-    m->up = &ho.da[2 * i];
-    m->down = &ho.da[2 * i + 1];
-    ho.rp[ho.net.n_relays++] = m;
-  }
-  ho.net.relays = ho.rp;
-  return 0;
-}
-
-void net_handover_save_free(Conch__Handover__State *st) {
-  free(ho.fp);
-  free(ho.fa);
-  free(ho.rp);
-  free(ho.ra);
-  free(ho.da);
-  memset(&ho, 0, sizeof ho);
-  st->net = NULL;
-}
-
-void net_handover_keep_fds(const Conch__Handover__State *st) {
-  if (!st->net) return;
-  for (size_t i = 0; i < st->net->n_forwarders; i++) handover_keep_fd(st->net->forwarders[i]->fd);
-  for (size_t i = 0; i < st->net->n_relays; i++) {
-    const Conch__Handover__Relay *r = st->net->relays[i];
-    const Conch__Handover__RelayDir *dirs[] = {r->up, r->down};
-    handover_keep_fd(r->client_fd);
-    handover_keep_fd(r->backend_fd);
-    for (int d = 0; d < 2; d++)
-      if (dirs[d]) {
-        handover_keep_fd(dirs[d]->pipe_r);
-        handover_keep_fd(dirs[d]->pipe_w);
-      }
-  }
-}
-
-/* Restore's progress: the state's first ho_taken_f forwarders and
- * ho_taken_r relays are this program's; net_handover_abandon closes the
- * descriptors of the rest. */
-static size_t ho_taken_f, ho_taken_r;
-
-static int ho_is(int fd, int want_socket) {
-  struct stat sb;
-  int type = 0;
-  socklen_t len = sizeof type;
-  if (fd <= 2 || fstat(fd, &sb) != 0) return 0;
-  if (!want_socket) return S_ISFIFO(sb.st_mode);
-  return S_ISSOCK(sb.st_mode) && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
-}
-
-static int ho_dir_ok(const Conch__Handover__RelayDir *m) {
-  return m && ho_is(m->pipe_r, 0) && ho_is(m->pipe_w, 0) && m->held <= NET_PIPE_CAP;
-}
-
-static void ho_restore_dir(relay_dir *d, relay_conn *c, const Conch__Handover__RelayDir *m) {
-  *d = (relay_dir){.c = c, .pr = m->pipe_r, .pw = m->pipe_w, .held = (size_t)m->held, .eof = m->eof,
-                   .shut = m->shut};
-}
-
-/* A saved relay's six descriptors (-1 for a direction the state lacks). */
-static void ho_relay_fds(const Conch__Handover__Relay *m, int fds[6]) {
-  fds[0] = m->client_fd;
-  fds[1] = m->backend_fd;
-  fds[2] = m->up ? m->up->pipe_r : -1;
-  fds[3] = m->up ? m->up->pipe_w : -1;
-  fds[4] = m->down ? m->down->pipe_r : -1;
-  fds[5] = m->down ? m->down->pipe_w : -1;
-}
-
-static int ho_int_cmp(const void *a, const void *b) {
-  int x = *(const int *)a, y = *(const int *)b;
-  return (x > y) - (x < y);
-}
-
-/* Every forwarder and relay of n is one this program can take: sockets
- * and pipes where the state says, no descriptor twice.  0, or -1 with err. */
-static int ho_check(const Conch__Handover__Net *n, char *err, size_t errn) {
-  for (size_t i = 0; i < n->n_forwarders; i++) {
-    const Conch__Handover__Forwarder *m = n->forwarders[i];
-    size_t want = m->family == AF_INET ? 4 : m->family == AF_INET6 ? 16 : 0;
-    if (!fwd_addr || !want || m->target.len != want || !m->port || m->port > 65535 || !ho_is(m->fd, 1)) {
-      snprintf(err, errn, "forwarder %zu of %zu is not one this program can take", i + 1, n->n_forwarders);
-      return -1;
-    }
-  }
-  for (size_t i = 0; i < n->n_relays; i++) {
-    const Conch__Handover__Relay *m = n->relays[i];
-    if (!ho_is(m->client_fd, 1) || !ho_is(m->backend_fd, 1) || !ho_dir_ok(m->up) || !ho_dir_ok(m->down)) {
-      snprintf(err, errn, "relayed connection %zu of %zu is not one this program can take", i + 1, n->n_relays);
-      return -1;
-    }
-  }
-  size_t nfds = n->n_forwarders + 6 * n->n_relays, k = 0;
-  int *fds = malloc((nfds ? nfds : 1) * sizeof *fds);
-  if (!fds) {
-    snprintf(err, errn, "out of memory");
-    return -1;
-  }
-  for (size_t i = 0; i < n->n_forwarders; i++) fds[k++] = n->forwarders[i]->fd;
-  for (size_t i = 0; i < n->n_relays; i++, k += 6) ho_relay_fds(n->relays[i], fds + k);
-  qsort(fds, nfds, sizeof *fds, ho_int_cmp);
-  int dup = 0;
-  for (size_t i = 1; i < nfds && !dup; i++) dup = fds[i] == fds[i - 1];
-  free(fds);
-  if (dup) {
-    snprintf(err, errn, "a descriptor is named twice");
-    return -1;
-  }
-  return 0;
-}
-
-int net_handover_restore(const Conch__Handover__State *st, char *err, size_t errn) {
-  const Conch__Handover__Net *n = st->net;
-  ho_taken_f = ho_taken_r = 0;
-  if (!n) return 0;
-  /* the old program's address (an init message may have changed the one of
-   * the command line, or turned forwarding off) */
-  if (net_fwd_config(n->forward_addr && n->forward_addr[0] ? n->forward_addr : NULL) != 0) {
-    snprintf(err, errn, "forwarding address %s", n->forward_addr);
-    return -1;
-  }
-  if (ho_check(n, err, errn) != 0) return -1;
-  for (size_t i = 0; i < n->n_forwarders; i++, ho_taken_f++) {
-    const Conch__Handover__Forwarder *m = n->forwarders[i];
-    uv_poll_t *p = malloc(sizeof *p);
-    fwd *f = p ? fwd_new((uint16_t)m->port) : NULL;
-    if (f) fwd_target(f, (int)m->family, m->target.data);
-    if (!f || fwd_listen_on(f, m->fd, p, 0) != 0) {
-      if (f) { /* fwd_new put it first */
-        fwds = f->next;
-        free(f);
-      }
-      free(p);
-      snprintf(err, errn, "cannot take forwarder %zu of %zu", i + 1, n->n_forwarders);
-      return -1;
-    }
-  }
-  for (size_t i = 0; i < n->n_relays; i++, ho_taken_r++) {
-    const Conch__Handover__Relay *m = n->relays[i];
-    relay_conn *c = calloc(1, sizeof *c);
-    if (c) {
-      c->a = m->client_fd;
-      c->b = m->backend_fd;
-      c->connected = m->connected;
-      ho_restore_dir(&c->up, c, m->up);
-      ho_restore_dir(&c->down, c, m->down);
-    }
-    int linked = c ? relay_link(c) : -1;
-    if (linked != 0) {
-      if (linked == -1) free(c);
-      snprintf(err, errn, "cannot take relayed connection %zu of %zu", i + 1, n->n_relays);
-      return -1;
-    }
-    if (budget_take(c->up.held + c->down.held) != 0) { /* (the same budget as before: should not be) */
-      c->up.held = c->down.held = 0;
-      c->cut_at_resume = 1;
-    }
-  }
-  if (n->n_forwarders || n->n_relays) {
-    size_t held = 0;
-    for (size_t i = 0; i < n->n_relays; i++) held += n->relays[i]->up->held + n->relays[i]->down->held;
-    LOG_INFO("upgrade: %zu forwarded ports and %zu relayed connections carried (%zu bytes in their pipes)",
-             n->n_forwarders, n->n_relays, held);
-  }
-  return 0;
-}
-
-void net_handover_abandon(const Conch__Handover__State *st) {
-  const Conch__Handover__Net *n = st->net;
-  if (!n) return;
-  size_t closed = 0;
-  for (size_t i = ho_taken_f; i < n->n_forwarders; i++, closed++)
-    if (n->forwarders[i]->fd > 2) close(n->forwarders[i]->fd);
-  for (size_t i = ho_taken_r; i < n->n_relays; i++, closed++) {
-    int fds[6];
-    ho_relay_fds(n->relays[i], fds);
-    for (int j = 0; j < 6; j++)
-      if (fds[j] > 2) close(fds[j]);
-  }
-  if (closed) LOG_WARN("upgrade: %zu forwarders and relayed connections not taken: closed", closed);
 }
 
 void net_fwd_resume(void) {

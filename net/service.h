@@ -34,6 +34,10 @@ const char *net_forward_get(void);
 /* /metrics (api.md §9 "Operators"): ports forwarded now, connections
  * relayed and steered (handed over by the kernel) since start. */
 void net_forward_counts(unsigned *ports, uint64_t *relayed, uint64_t *steered);
+/* Loop: what every relayed connection's pipes hold (at most a quarter of
+ * the memory budget), and the relays reset at that cap (/metrics). */
+size_t net_relays_held(void);
+unsigned long long net_relays_reset(void);
 
 /* Upgrade in place (core/handover.h drives it, agent/parts.c registers
  * the part): the forwarding address, every forwarder's listening socket and

@@ -33,6 +33,7 @@
 #include <netinet/in.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -137,16 +138,76 @@ static int net_steer_load(const struct sockaddr_storage *out) {
   return (int)net_bpf(BPF_PROG_LOAD, &a);
 }
 
+/* Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK (64
+ * KiB by default for PID 1), where making them fails EPERM.  Lifting the
+ * agent's own limit for that moment would hand it to any command cloned
+ * meanwhile on a pool thread, so a short-lived child of its own lifts its
+ * limit, makes the objects and passes their descriptors back; the agent's
+ * limit never changes.  The reaper reaps the child as an orphan. */
+static int net_steer_make_in_child(const struct sockaddr_storage *out) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return -errno;
+  pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    close(sv[0]);
+    close(sv[1]);
+    return -err;
+  }
+  if (pid == 0) {
+    struct rlimit inf = {RLIM_INFINITY, RLIM_INFINITY}, now;
+    if (setrlimit(RLIMIT_MEMLOCK, &inf) != 0 && getrlimit(RLIMIT_MEMLOCK, &now) == 0) {
+      now.rlim_cur = now.rlim_max; /* no CAP_SYS_RESOURCE: as far as the hard limit goes */
+      setrlimit(RLIMIT_MEMLOCK, &now);
+    }
+    int r = net_steer_make(out);
+    int fds[3] = {S.map, S.prog, S.link};
+    char cbuf[CMSG_SPACE(sizeof fds)];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {&r, sizeof r};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (r == 0) {
+      m.msg_control = cbuf;
+      m.msg_controllen = sizeof cbuf;
+      struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof fds);
+      memcpy(CMSG_DATA(c), fds, sizeof fds);
+    }
+    _exit(sendmsg(sv[1], &m, 0) < 0);
+  }
+  close(sv[1]);
+  int r = -EIO, fds[3];
+  char cbuf[CMSG_SPACE(sizeof fds)];
+  struct iovec iov = {&r, sizeof r};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+  /* a few system calls of the child's: waited for, as the objects themselves are */
+  ssize_t n = recvmsg(sv[0], &m, MSG_CMSG_CLOEXEC);
+  close(sv[0]);
+  struct cmsghdr *c = n == (ssize_t)sizeof r ? CMSG_FIRSTHDR(&m) : NULL;
+  if (r == 0 && c && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof fds)) {
+    memcpy(fds, CMSG_DATA(c), sizeof fds);
+    S.map = fds[0];
+    S.prog = fds[1];
+    S.link = fds[2];
+    S.family = out->ss_family;
+    return 0;
+  }
+  return r ? r : -EIO;
+}
+
 int net_steer_start(const struct sockaddr_storage *out) {
   net_steer_stop();
-  /* Before 5.11 the kernel charged BPF maps and programs to RLIMIT_MEMLOCK
-   * (64 KiB by default for PID 1): lift it while they are made, then put
-   * it back so that the workload inherits what it had.  Later kernels
-   * charge the memory cgroup and ignore this. */
-  struct rlimit old, inf = {RLIM_INFINITY, RLIM_INFINITY};
-  int lifted = getrlimit(RLIMIT_MEMLOCK, &old) == 0 && setrlimit(RLIMIT_MEMLOCK, &inf) == 0;
-  int r = net_steer_make(out);
-  if (lifted) setrlimit(RLIMIT_MEMLOCK, &old);
+  int r = net_steer_make(out); /* 5.11 and later: charged to the memory cgroup, no limit involved */
+#ifndef CONCH_STATIC /* test seam: behave as a kernel before 5.11 (tests/integration/test_ports.py) */
+  const char *fault = getenv("CONCH_FAULT");
+  if (r == 0 && fault && strcmp(fault, "steer_memlock") == 0) {
+    net_steer_stop();
+    r = -EPERM;
+  }
+#endif
+  if (r == -EPERM) r = net_steer_make_in_child(out);
   return r;
 }
 

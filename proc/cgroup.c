@@ -3,11 +3,14 @@
  * for the other parts, cgroup_int.h. */
 #include "proc/cgroup_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -115,14 +118,95 @@ static int cg_make_base(struct proc_cgroups *g) {
     snprintf(g->base_name, sizeof g->base_name, "conch-%d-%08x", (int)getpid(), rnd);
     if (mkdirat(g->parent_fd, g->base_name, 0755) == 0) {
       g->base_fd = openat(g->parent_fd, g->base_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (g->base_fd >= 0) return 0;
-      int e = errno;
-      unlinkat(g->parent_fd, g->base_name, AT_REMOVEDIR);
-      return -e;
+      if (g->base_fd < 0) {
+        int e = errno;
+        unlinkat(g->parent_fd, g->base_name, AT_REMOVEDIR);
+        return -e;
+      }
+      /* held for the agent's life (across upgrades: the same open file):
+       * another agent's sweep (cg_sweep) passes it by.  A sweep may have
+       * removed it between the mkdir and the lock: then another name. */
+      if (flock(g->base_fd, LOCK_EX) == 0 && faccessat(g->base_fd, "cgroup.procs", F_OK, 0) == 0) return 0;
+      close(g->base_fd);
+      g->base_fd = -1;
+      continue;
     }
     if (errno != EEXIST) return -errno;
   }
   return -EEXIST;
+}
+
+/* Remove the directory dirfd/name if it and every cgroup below it are
+ * empty (rmdir refuses a populated one); 0 when it is gone. */
+static int cg_rmdir_empty(int at, const char *name) {
+  if (unlinkat(at, name, AT_REMOVEDIR) == 0) return 0;
+  if (errno != EBUSY && errno != ENOTEMPTY) return -1;
+  int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL)
+    if (de->d_type == DT_DIR && de->d_name[0] != '.') cg_rmdir_empty(dirfd(d), de->d_name);
+  closedir(d);
+  return unlinkat(at, name, AT_REMOVEDIR);
+}
+
+/* 1 when pid is a live conch-init here: its argv[0] says so (an upgrade
+ * in place keeps it; /proc/PID/exe may not be readable, a memfd's after
+ * an upgrade). */
+static int cg_pid_is_agent(long pid) {
+  char p[64], arg0[512];
+  snprintf(p, sizeof p, "/proc/%ld/cmdline", pid);
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, arg0, sizeof arg0 - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  arg0[n] = 0; /* argv[0] ends at its NUL */
+  return strstr(arg0, "conch-init") != NULL;
+}
+
+/* At start: the bases (conch-<pid>-<hex>) of agents that no longer exist,
+ * left beside ours by an agent killed without its shutdown (SIGKILL, a
+ * namespace torn down), and empty, are removed with what is below them.
+ * A live agent holds an flock on its base, so a locked one is never
+ * touched; a base of an older agent (no lock) is left while its pid is a
+ * conch-init here, and while it changed in the last CG_SWEEP_IDLE_S when
+ * its pid is alive at all (an agent of another pid namespace, a reused
+ * pid).  Bases that still hold processes stay. */
+#define CG_SWEEP_IDLE_S 600
+static void cg_sweep(struct proc_cgroups *g) {
+  int fd = openat(g->parent_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0) close(fd);
+    return;
+  }
+  unsigned removed = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    long pid;
+    unsigned hex;
+    char tail;
+    if (de->d_type != DT_DIR || sscanf(de->d_name, "conch-%ld-%8x%c", &pid, &hex, &tail) != 2 ||
+        strcmp(de->d_name, g->base_name) == 0)
+      continue;
+    int bfd = openat(g->parent_fd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (bfd < 0) continue;
+    struct stat st;
+    char p[64];
+    snprintf(p, sizeof p, "/proc/%ld", pid);
+    int alive = pid > 0 && access(p, F_OK) == 0;
+    int keep = flock(bfd, LOCK_EX | LOCK_NB) != 0 || (alive && cg_pid_is_agent(pid)) ||
+               (alive && (fstat(bfd, &st) != 0 || time(NULL) - st.st_mtime < CG_SWEEP_IDLE_S));
+    if (!keep && cg_rmdir_empty(g->parent_fd, de->d_name) == 0) removed++;
+    close(bfd); /* the lock with it */
+  }
+  closedir(d);
+  if (removed) LOG_INFO("removed %u empty cgroups of agents that no longer exist", removed);
 }
 
 int proc_cg_init(uv_loop_t *loop, int pid1) {
@@ -202,6 +286,7 @@ int proc_cg_init(uv_loop_t *loop, int pid1) {
     goto fail;
   }
   snprintf(g->base_path, sizeof g->base_path, "%s/%s", strcmp(own, "/") == 0 ? "" : own, g->base_name);
+  cg_sweep(g);
   cg_state = g;
   LOG_INFO("process cgroups: %s (%s; cgroup.kill %s)", g->base_path, how,
            faccessat(g->base_fd, "cgroup.kill", W_OK, 0) == 0 ? "available" : "missing: cgroup.procs walked");

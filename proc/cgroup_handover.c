@@ -3,6 +3,7 @@
 #include "proc/cgroup_int.h"
 
 #include <stdio.h>
+#include <sys/file.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ int proc_cg_restore(uv_loop_t *loop, const Conch__Handover__Cgroups *m) {
   g->loop = loop;
   g->parent_fd = m->parent_fd;
   g->base_fd = m->base_fd;
+  flock(g->base_fd, LOCK_EX | LOCK_NB); /* held already (the same open file), unless an older agent made it */
   snprintf(g->base_name, sizeof g->base_name, "%s", m->base_name);
   snprintf(g->base_path, sizeof g->base_path, "%s", m->base_path);
   g->seq = m->seq;

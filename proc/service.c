@@ -546,7 +546,7 @@ static const rpc_method proc_methods[] = {
      &pb__process_event__descriptor, RPC_F_OWN_DEADLINE, proc_start_on_request, NULL, NULL,
      proc_on_cancel},
     {"/pb.ProcessService/Connect", RPC_SERVER_STREAM, &pb__connect_process_request__descriptor,
-     &pb__process_event__descriptor, 0, proc_connect_on_request, NULL, NULL, proc_on_cancel},
+     &pb__process_event__descriptor, RPC_F_DRAIN_END, proc_connect_on_request, NULL, NULL, proc_on_cancel},
     {"/pb.ProcessService/List", RPC_UNARY, &pb__list_processes_request__descriptor,
      &pb__list_processes_response__descriptor, 0, proc_list_on_request, NULL, NULL,
      proc_list_cancel},
@@ -595,11 +595,68 @@ int proc_init(uv_loop_t *loop) {
     sa.sa_flags = 0;
     sigaction(SIGPIPE, &sa, NULL);
   }
-  for (int fd = 0; fd < 3; fd++) {
-    if (fcntl(fd, F_GETFD) >= 0) continue;
-    int n = open("/dev/null", O_RDWR); /* lowest free number: fd itself */
-    if (n >= 0 && n != fd) close(n);
+  return 0;
+}
+
+/* ---- stop (serve's SIGTERM/SIGINT) ---- */
+
+static struct {
+  uv_timer_t timer;
+  int phase; /* 0 idle, 1 SIGTERM sent, 2 SIGKILL sent, 3 done */
+  uint64_t since;
+  void (*done)(void);
+} proc_stopping;
+
+/* 1 while a command starts, runs or has processes left in its cgroup. */
+static int proc_stop_live(void) {
+  struct proc_table *t = proc_tab;
+  if (!list_empty(&t->linger)) return 1;
+  struct proc *p;
+  list_each(p, &t->all, alink) if (p->state == PROC_PREP || p->state == PROC_RUNNING) return 1;
+  return 0;
+}
+
+static void proc_stop_cg_run(void *data) { proc_cg_signal_all((int)(intptr_t)data); }
+static void proc_stop_cg_done(void *data, int canceled) {}
+
+/* sig to every command: its cgroup's processes (SIGKILL: the base's
+ * cgroup.kill), or its process group while its leader runs. */
+static void proc_stop_signal(int sig) {
+  struct proc *p;
+  list_each(p, &proc_tab->all, alink) if (p->state == PROC_RUNNING && !p->cg) kill(-p->pid, sig);
+  if (proc_cg_enabled()) rpc_work_submit(NULL, proc_stop_cg_run, proc_stop_cg_done, (void *)(intptr_t)sig);
+}
+
+static void proc_stop_tick(uv_timer_t *h) {
+  uint64_t now = uv_now(h->loop);
+  int live = proc_stop_live();
+  if (live && proc_stopping.phase == 1 && now - proc_stopping.since >= PROC_STOP_GRACE_MS) {
+    LOG_INFO("stopping: commands still running after %d ms: SIGKILL", PROC_STOP_GRACE_MS);
+    proc_stop_signal(SIGKILL);
+    proc_stopping.phase = 2;
+    proc_stopping.since = now;
+    return;
   }
+  if (live && !(proc_stopping.phase == 2 && now - proc_stopping.since >= PROC_STOP_KILL_WAIT_MS)) return;
+  uv_timer_stop(h);
+  uv_close((uv_handle_t *)h, NULL);
+  proc_stopping.done();
+}
+
+int proc_stop(void (*done)(void)) {
+  if (proc_stopping.phase) return -1;
+  if (!proc_tab || !proc_stop_live()) {
+    proc_stopping.phase = 3; /* done */
+    done();
+    return 0;
+  }
+  proc_stopping.done = done;
+  proc_stopping.phase = 1;
+  proc_stopping.since = uv_now(proc_tab->loop);
+  LOG_INFO("stopping: SIGTERM to every command");
+  proc_stop_signal(SIGTERM);
+  uv_timer_init(proc_tab->loop, &proc_stopping.timer);
+  uv_timer_start(&proc_stopping.timer, proc_stop_tick, 20, 20);
   return 0;
 }
 

@@ -5,9 +5,7 @@
  *   proc_init(loop)            create the process table (proc_tab); set
  *                              the daemon umask to 022 (children inherit
  *                              it), ignore SIGPIPE if it is still SIG_DFL
- *                              (stdin pipes to exited children), and make
- *                              sure fds 0–2 are open (/dev/null) so child
- *                              pipes never land on them; when not PID 1,
+ *                              (stdin pipes to exited children); when not PID 1,
  *                              make the daemon a child subreaper (orphans of
  *                              its processes come to the one reaper, as
  *                              under PID 1).  reaper_init() must
@@ -44,6 +42,16 @@
 
 int proc_init(uv_loop_t *loop);
 const rpc_method *proc_service_methods(size_t *n);
+/* Stopping the agent (serve's SIGTERM/SIGINT; an upgrade is no stop):
+ * SIGTERM to every command (its cgroup's processes, or its process group),
+ * SIGKILL (the base's cgroup.kill) to what is left after
+ * PROC_STOP_GRACE_MS; done() once none runs or lingers, or
+ * PROC_STOP_KILL_WAIT_MS after the kill.  At once when there is none.
+ * proc_cg_shutdown then removes the cgroups.  -1 when a stop is under
+ * way already (the caller stops at once). */
+#define PROC_STOP_GRACE_MS 5000
+#define PROC_STOP_KILL_WAIT_MS 2000
+int proc_stop(void (*done)(void));
 /* The managed command a process belongs to, by its cgroup path (as
  * /proc/PID/cgroup shows it) or process group: 1 with its tag (valid until
  * the loop turn ends) and start pid, else 0.  Loop only; net/'s owner hook. */
@@ -70,6 +78,9 @@ void proc_handover_save_free(Conch__Handover__State *st);
 int proc_handover_restore_cgroups(uv_loop_t *loop, const Conch__Handover__State *st);
 int proc_handover_restore(const Conch__Handover__State *st, uint64_t now_mono, char *err, size_t errn);
 void proc_handover_resume(void);
+/* No rollback: close the descriptors of every record not restored (and,
+ * when the restore never ran, of the hierarchy), each dropped record logged. */
+void proc_handover_abandon(const Conch__Handover__State *st);
 void proc_handover_keep_fds(const Conch__Handover__State *st);
 
 #endif

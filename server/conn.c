@@ -1,6 +1,7 @@
 /* conn — TCP connections; see conn.h. */
 #include "server/conn.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/bufref.h"
 #include "core/daemon.h"
@@ -41,6 +43,7 @@ typedef struct conn {
   int handles_open;
   int counted; /* in conch.nconns */
   unsigned nbulk; /* exchanges sending bulk data (hx_bulk) */
+  int drained;    /* conn_drain asked it to finish and close */
   tokhold tok;    /* authenticated (hx_authed): with which token generation */
   struct conn_sf *sf; /* a file range being sent (conn_op_sendfile) */
   list_node link; /* in conn_all: the open connections (conn_freeze), newest first */
@@ -48,6 +51,7 @@ typedef struct conn {
 
 static list_node conn_all;
 static int conn_frozen; /* conn_freeze: no connection reads */
+static int conn_draining; /* conn_drain: an upgrade's drain */
 
 #define CONN_BATCH_BUFS 64
 #define CONN_BATCH_PRE 1024
@@ -514,6 +518,8 @@ static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   *buf = uv_buf_init(c->rbuf, c->rbuf ? CONN_READ_BUF : 0);
 }
 
+static void conn_drain_one(conn *c);
+
 static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   conn *c = s->data;
   if (nread < 0) {
@@ -544,6 +550,7 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     n -= take;
   }
   if (n > 0 && c->s.proto && !c->s.closing) c->s.proto->on_read(&c->s, d, n);
+  if (conn_draining) conn_drain_one(c); /* a request came in: answered, then the connection closes */
   if (c->s.turn_reqs >= CONN_TURN_REQS && !c->s.closing && !c->read_paused && !c->turn_paused) {
     c->turn_paused = 1;
     uv_read_stop((uv_stream_t *)&c->tcp);
@@ -565,6 +572,53 @@ int conn_pending_output(void) {
   list_each(c, &conn_all, link)
     if (!c->s.closing && (c->batch || c->s.outq > 0)) return 1;
   return 0;
+}
+
+/* hproto.drain_state of c: 0 between requests (nothing read yet counts),
+ * 1 a request head still coming, 2 an exchange under way. */
+static int conn_drain_state(const conn *c) {
+  if (!c->s.proto) return c->sniff_len ? 1 : 0;
+  return c->s.proto->drain_state ? c->s.proto->drain_state(&c->s) : 2;
+}
+
+/* Between requests with nothing to send: the next program can serve it. */
+static int conn_at_boundary(const conn *c) {
+  return !c->s.closing && !c->batch && !c->s.outq && !c->drained && conn_drain_state(c) == 0;
+}
+
+/* Draining: a connection with an exchange under way finishes it and
+ * closes (conn_token_replaced's path: HTTP/1.1 answers with `Connection:
+ * close`, HTTP/2 refuses new streams, GOAWAY once the open ones ended);
+ * one whose request head is still coming is asked again when it is in. */
+static void conn_drain_one(conn *c) {
+  if (c->s.closing || c->drained || conn_drain_state(c) != 2) return;
+  c->drained = 1;
+  if (c->s.proto && c->s.proto->on_revoked) c->s.proto->on_revoked(&c->s);
+  else conn_close(c);
+}
+
+void conn_drain(int on) {
+  conn_draining = on;
+  if (!on) return;
+  conn *c, *nx;
+  list_each_safe(c, nx, &conn_all, link) conn_drain_one(c);
+}
+
+int conn_busy(void) {
+  conn *c;
+  list_each(c, &conn_all, link)
+    if (!c->s.closing && !conn_at_boundary(c)) return 1;
+  return 0;
+}
+
+size_t conn_carry(int *fds, size_t max) {
+  size_t n = 0;
+  conn *c;
+  list_each(c, &conn_all, link) {
+    uv_os_fd_t fd;
+    if (n < max && conn_at_boundary(c) && uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0) fds[n++] = fd;
+  }
+  return n;
 }
 
 void conn_freeze(int on) {
@@ -648,21 +702,28 @@ static const hsink_ops conn_sink_ops = {conn_op_write,  conn_op_free_later, conn
                                         conn_op_trim,   conn_op_bulk,       conn_op_authed,
                                         conn_op_sendfile};
 
-void conn_accept(uv_stream_t *server, const hserve *serve) {
+/* A connection on the socket accepted from server, or (server NULL) on
+ * fd, carried over by an upgrade. */
+static void conn_start(uv_stream_t *server, int fd, const hserve *serve) {
   conn *c = calloc(1, sizeof *c);
-  if (!c) return;
+  if (!c) {
+    if (fd >= 0) close(fd);
+    return;
+  }
   c->s.ops = &conn_sink_ops;
   c->s.serve = serve;
-  uv_tcp_init(server->loop, &c->tcp);
-  uv_timer_init(server->loop, &c->timer);
-  uv_timer_init(server->loop, &c->defer);
-  uv_prepare_init(server->loop, &c->flush);
+  uv_tcp_init(conch.loop, &c->tcp);
+  uv_timer_init(conch.loop, &c->timer);
+  uv_timer_init(conch.loop, &c->defer);
+  uv_prepare_init(conch.loop, &c->flush);
   c->handles_open = 4;
   c->tcp.data = c->timer.data = c->defer.data = c;
   c->flush.data = c;
   c->s.id = ++conch.conn_seq;
   int full = conch.nconns >= conch.max_conns;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || full) {
+  int taken = server ? uv_accept(server, (uv_stream_t *)&c->tcp) : uv_tcp_open(&c->tcp, fd);
+  if (!server && taken != 0) close(fd);
+  if (taken != 0 || full) {
     if (full && ++conch.conns_refused % 1000 == 1)
       LOG_WARN("connection limit reached max=%u refused=%llu", conch.max_conns, conch.conns_refused);
     c->s.closing = 1;
@@ -684,4 +745,11 @@ void conn_accept(uv_stream_t *server, const hserve *serve) {
   }
   conn_timer(c, conch.http_header_ms); /* request headers within 10 s (api.md §1) */
   if (!conn_frozen) uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+}
+
+void conn_accept(uv_stream_t *server, const hserve *serve) { conn_start(server, -1, serve); }
+
+void conn_adopt(int fd, const hserve *serve) {
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  conn_start(NULL, fd, serve);
 }

@@ -41,5 +41,19 @@ int conn_pending_output(void);
 
 /* Accept on a listening stream; the connection speaks what serve offers. */
 void conn_accept(uv_stream_t *server, const hserve *serve);
+/* A connection carried over by an upgrade (conn_carry's): served anew. */
+void conn_adopt(int fd, const hserve *serve);
+
+/* An upgrade's drain (server/handover.c).  on: every connection with an
+ * exchange under way finishes it and closes (HTTP/1.1 `Connection:
+ * close` on the answer, HTTP/2 new streams refused and GOAWAY once the
+ * open ones ended); those between requests go on reading, and one whose
+ * request comes in is answered and closed the same way.  conn_busy: 1
+ * while some connection is not between requests.  conn_carry: the
+ * descriptors of those that are, with nothing left to send (at most max):
+ * the next program serves them, so no request is cut by the exec. */
+void conn_drain(int on);
+int conn_busy(void);
+size_t conn_carry(int *fds, size_t max);
 
 #endif

@@ -201,6 +201,23 @@ static void call_token_replaced(tokhold *t) {
   connect__fail((rpc_call *)((char *)t - offsetof(rpc_call, tok)), RPC_UNAUTHENTICATED, "agent token was replaced");
 }
 
+/* ---- an upgrade's drain ---- */
+
+static int call_drain_ends(const tokhold *t) {
+  const rpc_call *c = (const rpc_call *)((const char *)t - offsetof(rpc_call, tok));
+  return t->revoke == call_token_replaced && (c->m->flags & RPC_F_DRAIN_END);
+}
+
+static void call_drain_end(tokhold *t) {
+  connect__fail((rpc_call *)((char *)t - offsetof(rpc_call, tok)), RPC_UNAVAILABLE, RPC_DRAIN_MSG);
+}
+
+size_t connect_drain(void) {
+  size_t n = tokhold_each_out(call_drain_ends, call_drain_end);
+  if (n) LOG_INFO("upgrade: %zu streams ended (%s)", n, RPC_DRAIN_MSG);
+  return n;
+}
+
 void rpc_defer_end(rpc_call *c) {
   if (c->state == CALL_CANCELLING) connect__step(c, CALL_EV_DEFER);
 }
@@ -657,7 +674,8 @@ void connect_serve(hx *x, const rpc_method *m) {
     return;
   }
   hx_authed(x); /* the connection's output is no longer held to CONN_UNAUTH_OUTQ */
-  if (m->kind != RPC_UNARY) tokhold_take(&c->tok, call_token_replaced); /* a unary call finishes */
+  if (m->kind != RPC_UNARY || (m->flags & RPC_F_HOLDS_TOKEN)) /* a unary call finishes */
+    tokhold_take(&c->tok, call_token_replaced);
   /* the user, right after authentication (api.md §9) */
   const char *uspec = hx_get(x, "conch-init-user");
   if (!uspec && conch.default_user[0]) uspec = conch.default_user;

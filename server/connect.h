@@ -12,5 +12,8 @@
 #include "server/rpc.h"
 
 void connect_serve(hx *x, const rpc_method *m);
+/* An upgrade's drain: every call of a RPC_F_DRAIN_END method ends
+ * `unavailable` RPC_DRAIN_MSG; how many. */
+size_t connect_drain(void);
 
 #endif

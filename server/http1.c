@@ -735,12 +735,22 @@ static void h1_on_revoked(hsink *c) {
   if (c->outq == 0) sink_close(c); /* else h1_on_written closes */
 }
 
+/* hproto.drain_state (sink.h). */
+static int h1_drain_state(const hsink *c) {
+  const h1 *s = c->p;
+  if (!s || s->state == H1_CLOSING || s->state == H1_UPGRADE || s->close_after) return 2;
+  if (s->pend_len) return 1; /* the next request's bytes, read already */
+  if (s->state == H1_DONE && s->x && s->x->ended) return 0; /* answered: h1_next resets it */
+  if (h1_dispatched(s)) return 2;
+  return s->state == H1_HEAD || s->header_bytes || s->url_len ? 1 : 0; /* IDLE, HELD: between requests */
+}
+
 /* EOF from the client closes the connection at once, even with a request
  * still being answered: a half-close cannot be told from a vanished client,
  * and a vanished client must stop its foreground process (api.md §6) — as
  * Go's server cancels the request context on EOF. */
 const hproto http1_conn_proto = {h1_on_read,  h1_on_written, h1_on_timeout, h1_on_close,
-                                 h1_read_into, h1_on_revoked};
+                                 h1_read_into, h1_on_revoked, h1_drain_state};
 
 int http1_conn_init(hsink *c) {
   h1 *s = calloc(1, sizeof *s);

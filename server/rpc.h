@@ -71,6 +71,15 @@ typedef enum rpc_kind { RPC_UNARY, RPC_SERVER_STREAM, RPC_CLIENT_STREAM, RPC_BID
 /* The service handles Connect-Timeout-Ms itself (StartProcess: process
  * lifetime); the layer then never cancels the call for the deadline. */
 #define RPC_F_OWN_DEADLINE 0x1u
+/* A unary call that lasts (Upgrade's trial) holds the token it was opened
+ * with as a stream does: replaced, on_cancel(RPC_UNAUTHENTICATED) and the
+ * call ends unauthenticated "agent token was replaced". */
+#define RPC_F_HOLDS_TOKEN 0x2u
+/* A stream that may last (Connect, WatchDir, WatchPorts, a download): an
+ * upgrade's drain ends it with `unavailable` "agent is upgrading; resume"
+ * (the client resumes against the next program: replay, offset). */
+#define RPC_F_DRAIN_END 0x4u
+#define RPC_DRAIN_MSG "agent is upgrading; resume"
 
 /* A request message of RPC_POOL_DECODE_MIN bytes or more is decoded in the
  * thread pool, not on the loop, whatever the method (a 16 MiB JSON upload

@@ -84,6 +84,8 @@ int server_listen(const char *addr) {
 
 int server_port(void) { return conch.server ? conch.server->port : 0; }
 
+void server_adopt_conn(int fd) { conn_adopt(fd, &server_api); }
+
 int server_detach(void) {
   struct server *s = conch.server;
   if (!s) return -ENOENT;

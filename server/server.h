@@ -14,5 +14,7 @@ int server_port(void);
  * descriptor (the next program's, or the same after a failed exec). */
 int server_detach(void);
 int server_adopt(int fd);
+/* An API connection carried over by an upgrade (conn.h conn_carry). */
+void server_adopt_conn(int fd);
 
 #endif

@@ -40,6 +40,10 @@ typedef struct hproto {
    * (tokhold.h): take no new request, close once the exchanges running now
    * have ended.  Without it the sink closes at once. */
   void (*on_revoked)(hsink *s);
+  /* Optional (an upgrade's drain, conn.c): 0 between requests (the
+   * connection can be carried to the next program), 1 a request head is
+   * still coming (wait for it), 2 an exchange is under way.  Without it: 2. */
+  int (*drain_state)(const hsink *s);
 } hproto;
 
 typedef struct hsink_ops {

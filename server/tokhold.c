@@ -28,3 +28,18 @@ size_t tokhold_revoke_stale(void) {
   if (n) LOG_INFO("agent token replaced: ending what the previous one opened (%zu streams and connections)", n);
   return n;
 }
+
+size_t tokhold_each_out(int (*pred)(const tokhold *h), void (*fn)(tokhold *h)) {
+  size_t n = 0;
+  for (;;) { /* found anew after each: fn may change the list */
+    tokhold *h, *found = NULL;
+    list_each(h, &holders, link) if (pred(h)) {
+      found = h;
+      break;
+    }
+    if (!found) return n;
+    tokhold_drop(found);
+    n++;
+    fn(found);
+  }
+}

@@ -40,5 +40,9 @@ void tokhold_drop(tokhold *h);
  * the order they authenticated.  A revoke may drop or take other holders
  * (they are found anew after each).  Returns how many were revoked. */
 size_t tokhold_revoke_stale(void);
+/* Every holder for which pred says 1, out of the list and handed to fn
+ * (which may free it, drop or take others), in the order they
+ * authenticated; how many. */
+size_t tokhold_each_out(int (*pred)(const tokhold *h), void (*fn)(tokhold *h));
 
 #endif

@@ -833,8 +833,9 @@ def test_metrics(server, mode):
         assert set(m) == {"ts", "cpuCount", "cpuUsedPct", "memTotal", "memUsed", "diskTotal", "diskUsed",
                           "processes", "connections", "agentRss",
                           "workloadMemoryMax", "workloadPidsMax", "oomKills",  # api.md §9, the envelope
-                          "version", "upgrades"}  # api.md §9, upgrading in place
-        for k in ("workloadMemoryMax", "workloadPidsMax", "oomKills", "upgrades"):
+                          "version", "upgrades",  # api.md §9, upgrading in place
+                          "relaysHeld", "relaysReset"}  # port forwarding's relays
+        for k in ("workloadMemoryMax", "workloadPidsMax", "oomKills", "upgrades", "relaysHeld", "relaysReset"):
             assert isinstance(m[k], int) and m[k] >= 0, (k, m[k])
         assert m["version"] == subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split()[1]
         mi = meminfo()

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import resource
+import signal
 import socket
 import statistics
 import sys
@@ -18,9 +19,9 @@ import time
 
 import pytest
 
-from conch import Client, RawStream, free_port
+from conch import Client, RawStream, b64, free_port, unb64
 from conftest import serve
-from test_process import SIGNAL, start_bg, wait_for
+from test_process import SIGNAL, SP, start_bg, wait_for
 
 LIST = "/pb.NetworkService/ListPorts"
 WATCH = "/pb.NetworkService/WatchPorts"
@@ -340,7 +341,7 @@ def in_ns(name):
 
 
 @contextlib.contextmanager
-def forwarding_agent(name, env=None, extra_args=()):
+def forwarding_agent(name, env=None, extra_args=(), wrap=()):
     """`serve --forward-ports OUT` in a network namespace of its own (only
     its loopback, OUT added to it: nothing leaves it), as srv with srv.ns;
     afterwards stopped, its log free of sanitizer reports, the namespace
@@ -353,8 +354,10 @@ def forwarding_agent(name, env=None, extra_args=()):
         with in_ns(ns):
             # ASan's quarantine keeps freed buffers (256 MiB by default): the
             # RSS bound below is about what the agent holds, not about it
-            env = dict(env or {}, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:quarantine_size_mb=8")
-            srv = Server(name=name, extra_args=["--forward-ports", OUT, *extra_args], env=env)
+            # (LeakSanitizer cannot run under a tracer: not with wrap)
+            leaks = 0 if wrap else 1
+            env = dict(env or {}, ASAN_OPTIONS=f"detect_leaks={leaks}:abort_on_error=0:quarantine_size_mb=8")
+            srv = Server(name=name, extra_args=["--forward-ports", OUT, *extra_args], env=env, wrap=wrap)
         srv.ns = ns
         try:
             yield srv
@@ -907,3 +910,170 @@ def test_init_message_forward_local_ports(tmp_path):
             text = srv.stop()
             assert sanitizer_report(text) is None, sanitizer_report(text)
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+@pytest.mark.parametrize("kernel", ["now", "before-5.11"])
+def test_steering_never_changes_the_agents_memlock_limit(tmp_path, kernel):
+    """Making the steering objects changes no limit a command can inherit:
+    commands started while they are made (and after) see the agent's own
+    RLIMIT_MEMLOCK, and no thread of the agent ever sets it (strace).  On a
+    kernel before 5.11 (the CONCH_FAULT=steer_memlock seam: the objects
+    made in the agent fail EPERM) a short-lived child lifts its own limit,
+    makes them and passes them back: steered all the same."""
+    trace = tmp_path / "strace.log"
+    wrap = ("strace", "-f", "-qq", "-o", str(trace), "-e", "trace=prlimit64,setrlimit")
+    env = {"CONCH_FAULT": "steer_memlock"} if kernel != "now" else None
+    old = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    soft = 1 << 20  # the agent's (inherited from here), to tell from a lifted one
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, old[1]))
+    try:
+        agent_memlock(tmp_path, kernel, trace, wrap, env, str(soft // 1024))
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, old)
+
+
+def agent_memlock(tmp_path, kernel, trace, wrap, env, want):
+    with forwarding_agent(f"memlock-{kernel}", env=env, wrap=wrap) as srv:
+        tracer = srv.proc.pid
+        agent = int(open(f"/proc/{tracer}/task/{tracer}/children").read().split()[0])
+        seen, stop = [], threading.Event()
+
+        def commands():
+            with in_ns(srv.ns):
+                c = Client(srv.url, srv.token)
+                while not stop.is_set() or not seen:
+                    st, msgs, end = c.stream(SP, [{"cmd": "sh", "args": ["-c", "ulimit -l"]}])
+                    assert st == 200, msgs
+                    seen.append(b"".join(unb64(m["data"]["stdout"]) for m in msgs
+                                         if "stdout" in m.get("data", {})).decode().strip())
+        t = threading.Thread(target=commands)
+        t.start()
+        try:
+            with in_ns(srv.ns):
+                lis = listener()
+            port = lis.getsockname()[1]
+            wait_forwarded(srv, port)
+            assert wait_for(lambda: f"port {port}: connections to {OUT}:{port} handed to the listener of pid {os.getpid()}"
+                            in log_text(srv), timeout=10), log_text(srv)[-3000:]
+            local, peer, client = accepted_ends(srv, lis, port)
+            assert local == (OUT, port) and peer == client  # steered
+            lis.close()
+        finally:
+            stop.set()
+            t.join(60)
+        tids = set(os.listdir(f"/proc/{agent}/task"))
+        os.kill(agent, signal.SIGTERM)  # the agent itself: strace then ends by itself
+        srv.proc.wait(timeout=30)
+    assert seen and set(seen) == {want}, (want, seen)
+    sets = [l for l in trace.read_text().splitlines() if "RLIMIT_MEMLOCK, {" in l]
+    assert not [l for l in sets if l.split()[0] in tids], sets
+    if kernel != "now":  # the child's, never the agent's
+        assert sets, trace.read_text()[-2000:]
+
+
+def push_until_stuck(conns, seconds=10):
+    """Send on every socket until none takes more; the bytes sent."""
+    chunk, sent = b"x" * 65536, 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        moved = 0
+        for s in conns:
+            try:
+                n = s.send(chunk)
+                sent += n
+                moved += n
+            except (BlockingIOError, ConnectionError):
+                pass
+        if not moved:
+            time.sleep(0.2)
+            if not any(_sendable_or_gone(s) for s in conns):
+                break
+    return sent
+
+
+def _sendable_or_gone(s):
+    try:
+        return s.send(b"x") > 0
+    except (BlockingIOError, ConnectionError):
+        return False
+
+
+def test_relays_keep_to_a_quarter_of_the_budget():
+    """The bound: 96 outside clients push into a backend that never reads
+    with a 4 MiB memory budget.  Relays hold at most a quarter of it (the
+    pipes they fill are capped), the oldest stalled ones are reset once
+    others need room (counted), and the API keeps its room: a 2 MiB upload
+    (buffered input, from the same budget) succeeds meanwhile."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    budget = 4 << 20
+    with forwarding_agent("relay-cap", env={"CONCH_FORWARD_STEER": "0", "CONCH_MEM_BUDGET": str(budget)}) as srv:
+        with in_ns(srv.ns):
+            lis = listener()
+            lis.listen(512)
+        port = lis.getsockname()[1]
+        wait_forwarded(srv, port)
+        conns, backs = [], []
+        try:
+            for _ in range(96):
+                s = out_conn(srv, port)
+                s.setblocking(False)
+                conns.append(s)
+                backs.append(lis.accept()[0])  # accepted, never read
+            sent = push_until_stuck(conns)
+            time.sleep(1.2)  # the relays that filled their pipes are stalled now
+            sent += push_until_stuck(conns, 5)
+            c = Client(srv.url, srv.token)
+            with in_ns(srv.ns):
+                m = c_metrics(c)
+                chunk = os.urandom(1 << 20)
+                st, msgs, end = c.stream("/pb.FileService/PostFileStream",
+                                         [{"filepath": f"/tmp/relay-cap-{os.getpid()}", "content": b64(chunk)},
+                                          {"content": b64(chunk)}], chunked=True)
+            assert (st, end) == (200, {}), (st, end)
+            os.unlink(f"/tmp/relay-cap-{os.getpid()}")
+            print(f"96 stalled relays, budget 4 MiB: {sent >> 20} MiB sent, relays hold {m['relaysHeld']} bytes, "
+                  f"{m['relaysReset']} reset", file=sys.stderr)
+            assert 0 < m["relaysHeld"] <= budget // 4, m
+            assert m["relaysReset"] > 0, m
+            assert "relayed connection reset: the relays hold" in log_text(srv)
+        finally:
+            for s in conns + backs:
+                s.close()
+            lis.close()
+
+
+def c_metrics(c):
+    conn = c.conn()
+    conn.request("GET", "/metrics", headers={"conch-init-token": c.token})
+    r = conn.getresponse()
+    body = json.loads(r.read())
+    conn.close()
+    return body
+
+
+def test_idle_relays_are_closed():
+    """CONCH_RELAY_IDLE_MS=600: a relayed connection that moves nothing is
+    closed after it; one that keeps talking stays."""
+    with forwarding_agent("relay-idle", env={"CONCH_FORWARD_STEER": "0", "CONCH_RELAY_IDLE_MS": "600"}) as srv:
+        lis = echo_backend(srv)
+        port = lis.getsockname()[1]
+        wait_forwarded(srv, port)
+        quiet, talker = out_conn(srv, port), out_conn(srv, port)
+        try:
+            for s in (quiet, talker):
+                s.settimeout(5)
+                s.sendall(b"hello")
+                assert s.recv(10) == b"hello"
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2.5:
+                talker.sendall(b"ping")
+                assert talker.recv(10) == b"ping"
+                time.sleep(0.2)
+            quiet.settimeout(0.1)
+            assert quiet.recv(10) == b"", "the idle relay is still open"
+            assert "relayed connections closed: nothing moved for 600 ms" in log_text(srv)
+        finally:
+            quiet.close()
+            talker.close()
+            lis.close()

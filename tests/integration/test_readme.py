@@ -127,3 +127,23 @@ def check(route, line, out, err):
         assert body.endswith(STREAM_OK), (route, body[-300:])
     elif not route.startswith("GET"):
         assert b'"code"' not in body, (route, body)
+
+
+def run_recipe(*args):
+    """The serve line `make run` would execute (make -n: nothing built or run)."""
+    r = subprocess.run(["make", "-n", "-s", "run", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stdout.splitlines() if "conch-init serve" in l]
+    assert len(lines) == 1, r.stdout
+    return lines[0]
+
+
+def test_make_run_listens_on_loopback_unless_told():
+    """`make run` serves a root command API: loopback only by default; the
+    README's way to listen wider (RUN_LISTEN) reaches the daemon's --listen."""
+    assert "--listen '127.0.0.1:4064'" in run_recipe()
+    assert "0.0.0.0" not in run_recipe()
+    head = open(README).read().split("\n## ", 1)[0]
+    m = re.search(r"`make run (RUN_LISTEN=0\.0\.0\.0:4064)`", head)
+    assert m, "the README's opening says how to listen on every interface"
+    assert "--listen '0.0.0.0:4064'" in run_recipe(m.group(1))

@@ -43,6 +43,8 @@ int main(int argc, char **argv) {
 #elif MODE == 3
     puts("conch-init 9.9");    /* but fails */
     return 3;
+#elif MODE == 6
+    sleep(1);                  /* slow */
 #elif MODE == 5
     FILE *f = fopen(REPORT, "w");  /* where it runs */
     for (char **e = environ; *e; e++) fprintf(f, "env %s\n", *e);
@@ -67,6 +69,12 @@ int main(int argc, char **argv) {
     puts("conch-init 9.9");
     return 0;
   }
+#if MODE == 6
+  if (argc == 3 && strcmp(argv[1], "--handover-check") == 0) {
+    sleep(2);                  /* slow, then it says yes: it would be exec'd (and serve nothing) */
+    return 0;
+  }
+#endif
   if (argc == 3 && strcmp(argv[1], "--handover-check") == 0) return 1; /* cannot read state format 2 */
   return 2;
 }
@@ -330,6 +338,47 @@ def test_init_key_allow_upgrade(tmp_path):
         assert initpeer.exchange(sock, init_request("t3", allowUpgrade=True)) == ready
         st, b = upgrade(Client(srv.url, "t3"), "/bin/true")
         assert b["message"] == "upgrade refused: --version printed no conch-init version"
+    finally:
+        assert "ERROR: AddressSanitizer" not in srv.stop()
+
+
+@pytest.mark.parametrize("contest", ["allowUpgrade", "token"])
+def test_a_contested_upgrade_changes_nothing(tmp_path, contest):
+    """An init message arrives while the trial runs (slow to answer, then it
+    would pass): `"allowUpgrade": false` ends the call permission_denied
+    `upgrade is disabled`, a new token ends it unauthenticated; either way
+    nothing changes (same program, no upgrade, the trial gone).  A second
+    Upgrade meanwhile is refused."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import initpeer
+    fake = compile_fake(tmp_path, 6)
+    sock = "unix:" + str(tmp_path / "init.sock")
+    srv = Server(name="upgrade-contest", token="", extra_args=["--init-listen", sock])
+    try:
+        ready = '{"version":1,"status":"ready","retryable":false}'
+        assert initpeer.exchange(sock, init_request("t1")) == ready
+        c = Client(srv.url, "t1")
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        call = pool.submit(upgrade, c, fake)
+        deadline = time.time() + 10
+        while not trial_children(srv.proc.pid) and time.time() < deadline:
+            time.sleep(0.02)
+        assert trial_children(srv.proc.pid), "no trial ran"
+        assert upgrade(c, BIN)[1] == {"code": "failed_precondition", "message": "upgrade refused: an upgrade is under way"}
+        if contest == "allowUpgrade":
+            assert initpeer.exchange(sock, init_request("t1", allowUpgrade=False)) == ready
+            want = (403, {"code": "permission_denied", "message": "upgrade is disabled"})
+        else:
+            assert initpeer.exchange(sock, init_request("t2")) == ready
+            c = Client(srv.url, "t2")
+            want = (401, {"code": "unauthenticated", "message": "agent token was replaced"})
+        assert call.result(timeout=30) == want
+        time.sleep(1)  # (an exec would have happened by now)
+        assert srv.alive()
+        m = metrics(c)
+        assert m["version"] == VERSION and m["upgrades"] == 0, m
+        assert os.readlink(f"/proc/{srv.proc.pid}/exe") == os.path.realpath(BIN)
+        assert trial_children(srv.proc.pid) == []
     finally:
         assert "ERROR: AddressSanitizer" not in srv.stop()
 

@@ -11,6 +11,7 @@ its true status; a new program that cannot restore the state rolls back to
 the old one; 20 upgrades in a row leave no descriptor or memory behind.
 The refusals live in test_upgrade.py."""
 import array
+import http.client
 import json
 import os
 import shutil
@@ -126,7 +127,8 @@ def test_every_kind_of_process_is_carried(server):
     linger = bg(s, "sleep 60 & echo $! > /tmp/conch-upgrade-linger-$$; exit 3", "linger")
     deadline = bg(s, "sleep 60", "deadline", timeout_ms=2500)
     t_deadline = time.monotonic()
-    fg = Stream(s, SP, {"cmd": "sh", "args": ["-c", "for i in $(seq 1 40); do echo fg$i; sleep 0.05; done; exit 5"]})
+    # (longer than the drain waits for it: cut at the exec, then adopted)
+    fg = Stream(s, SP, {"cmd": "sh", "args": ["-c", "for i in $(seq 1 100); do echo fg$i; sleep 0.05; done; exit 5"]})
     assert fg.next()[0] == "start"
     time.sleep(0.3)
     # what was seen before: part of the writer's output
@@ -185,7 +187,7 @@ def test_every_kind_of_process_is_carried(server):
     assert ev[-1] == ("end", 5), ev[-3:]
     chunks = channels(ev)["stdout"]
     text = contiguous(chunks, chunks[0][0]).decode()
-    assert text.split()[-1] == "fg40" and chunks[0][0] > 0, (chunks[:2], text[-20:])
+    assert text.split()[-1] == "fg100" and chunks[0][0] > 0, (chunks[:2], text[-20:])
     # nothing left behind: the descriptors are the same as before (the
     # processes that ended meanwhile closed theirs)
     assert len(os.listdir(f"/proc/{agent_pid}/fd")) <= fds_before
@@ -586,9 +588,9 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
     one (CONCH_FAULT=handover_ports): with no rollback left, the agent
     serves with what it restored, and the forwarders and relayed
     connections it did not take are closed — not left bound by nobody: the
-    conversation ends, and the next scan binds the forwarder again.  The
-    init part after it never ran: its listener is closed too, and serve
-    listens on --init-listen again."""
+    conversation ends, and the next scan binds the forwarder again.  Every
+    part restores on its own: the init part after it keeps its listener
+    (the same socket, never closed) and answers; Upgrade works again."""
     sock = "unix:" + str(tmp_path / "init.sock")
     with forwarding_agent("upgrade_fwd_abandon", env={"CONCH_FAULT": "handover_ports", "CONCH_FORWARD_STEER": "0"},
                           extra_args=["--init-listen", sock]) as s:
@@ -607,7 +609,8 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
             assert log.count("cannot restore the state: ports: CONCH_FAULT=handover_ports") == 2, log[-3000:]
             assert "no rollback possible (this is the rollback)" in log, log[-3000:]
             assert "2 forwarders and relayed connections not taken: closed" in log, log[-3000:]  # one of each
-            assert "init listener fd=" in log and "not taken: closed" in log, log[-3000:]
+            assert "part ports abandoned" in log, log[-3000:]
+            assert "init listener fd=" not in log, log[-3000:]  # carried, not closed
             msg = {"version": 1, "sandboxID": "abandon-sb", "agentToken": s.token,
                    "network": {"guestIP": "10.0.2.15", "prefixLength": 24, "gateway": "10.0.2.2"}}
             assert initpeer.exchange(sock, msg) == '{"version":1,"status":"ready","retryable":false}'
@@ -629,5 +632,204 @@ def test_ports_not_taken_are_closed_when_no_rollback_comes(tmp_path):
                 except OSError:
                     return False
             assert wait_for(echoes, timeout=10)
+            with in_ns(s.ns):  # not "an upgrade is under way": the handover is over
+                upgrade(s, expect_upgrades=0)
         finally:
             echo.close()
+
+
+# ---------------------------------------------------------------- descriptors 0–2
+def stdio_kinds(pid):
+    """(major, minor) of what fds 0–2 of pid are, None where not a device."""
+    out = []
+    for n in range(3):
+        st = os.stat(f"/proc/{pid}/fd/{n}")
+        out.append((os.major(st.st_rdev), os.minor(st.st_rdev)) if st.st_rdev else os.readlink(f"/proc/{pid}/fd/{n}"))
+    return out
+
+
+def test_started_without_stdio_its_0_to_2_are_dev_null():
+    """`serve 0<&- 1>&- 2>&-`: the loop, pipes and listeners never land on
+    0–2 (nor log lines in a pipe of its own): /dev/null holds them, before
+    and after an upgrade, and commands still run."""
+    s = Server(name="no-stdio", wrap=("sh", "-c", 'exec "$@" 0<&- 1>&- 2>&-', "sh"))
+    try:
+        pid = s.proc.pid
+        assert stdio_kinds(pid) == [(1, 3)] * 3, stdio_kinds(pid)
+        c = Client(s.url, s.token)
+        bg(s, "echo hi > /dev/null; sleep 120", "keeper")
+        st, body, _ = c.unary(UPGRADE, {"path": BIN})
+        assert st == 200, body
+        assert wait_for(lambda: metrics(s)["upgrades"] == 1), "the upgrade did not finish"
+        assert s.proc.pid == pid and s.alive()
+        assert stdio_kinds(pid) == [(1, 3)] * 3, stdio_kinds(pid)
+        st, lst, _ = c.unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper"], lst
+    finally:
+        s.stop()
+
+
+# ---------------------------------------------------------------- failed restores
+def mem_fds(pid, name):
+    return [f for f in os.listdir(f"/proc/{pid}/fd") if name in (os.readlink(f"/proc/{pid}/fd/{f}") or "")]
+
+
+def test_no_upgrade_without_a_rollback():
+    """/proc/self/exe cannot be opened (CONCH_FAULT=handover_no_exe): with
+    no way back the upgrade is abandoned; the agent goes on as it was, and
+    Upgrade can be called again."""
+    s = Server(name="no-rollback", env={"CONCH_FAULT": "handover_no_exe"})
+    try:
+        bg(s, "sleep 120", "keeper")
+        for n in (1, 2):
+            st, body, _ = Client(s.url, s.token).unary(UPGRADE, {"path": BIN})
+            assert st == 200, body  # (the answer goes before the handover)
+            assert wait_for(lambda: _log_count(s, "upgrade abandoned: cannot keep this program for a rollback") == n)
+        assert s.alive() and metrics(s)["upgrades"] == 0
+        assert os.readlink(f"/proc/{s.proc.pid}/exe") == os.path.realpath(BIN)
+        st, lst, _ = Client(s.url, s.token).unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper"]
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+def test_a_state_that_cannot_be_read_starts_fresh_with_the_real_token():
+    """The new program cannot read the state and no rollback can help
+    (CONCH_FAULT=handover_unreadable): it starts fresh — the inherited
+    listener closed and bound again (no "address in use"), every copy of
+    the state and of the token closed, the token the real one (never the
+    "xxxx…" of the overwritten --token), and Upgrade usable again."""
+    s = Server(name="unreadable", env={"CONCH_FAULT": "handover_unreadable"})
+    try:
+        pid = s.proc.pid
+        for n in (1, 2):
+            st, body, _ = Client(s.url, s.token).unary(UPGRADE, {"path": BIN})
+            assert st == 200, body
+            assert wait_for(lambda: _log_count(s, "upgrade: no state: a fresh start") == n), \
+                open(s.log_path).read()[-3000:]
+            assert wait_for(lambda: metrics(s)), open(s.log_path).read()[-3000:]  # serving, with the real token
+            assert s.proc.pid == pid and s.alive()
+            st, body, _ = Client(s.url, "x" * len(s.token)).unary(LIST, {})
+            assert st == 401, body
+            assert wait_for(lambda: not mem_fds(pid, "conch-handover") and not mem_fds(pid, "conch-token")), \
+                os.listdir(f"/proc/{pid}/fd")
+        assert "address in use" not in open(s.log_path).read()
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+def test_a_record_that_cannot_be_restored_is_dropped_whole():
+    """One process record cannot be restored, in the new program and in the
+    rollback (CONCH_FAULT=handover_proc_record, the record tagged
+    "broken"): it is dropped whole — its pipes closed (its writer sees
+    EPIPE), logged — the others are kept, and the next upgrade's save finds
+    no half-built record."""
+    s = Server(name="broken-record", env={"CONCH_FAULT": "handover_proc_record", "CONCH_PROC_RETAIN_MS": "60000"})
+    try:
+        bg(s, "sleep 120", "keeper")
+        broken = bg(s, "trap '' PIPE; while echo x; do sleep 0.1; done; exit 7", "broken")
+        bg(s, "sleep 120", "after")
+        upgrade(s, expect_upgrades=0)  # rolled back, the record failing there too
+        log = open(s.log_path).read()
+        assert "part processes abandoned" in log and f"process record pid={broken} tag=broken dropped" in log, log[-3000:]
+        c = Client(s.url, s.token)
+        st, lst, _ = c.unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper", "after"], lst
+
+        def gone():
+            try:
+                return open(f"/proc/{broken}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+            except OSError:
+                return True
+        assert wait_for(gone, 10), "the broken record's pipe is still open"
+        upgrade(s)  # saving again: no half-built record to trip on; nothing fails now
+        assert s.alive()
+        st, lst, _ = c.unary(LIST, {})
+        assert [p["tag"] for p in lst["processes"]] == ["keeper", "after"], lst
+    finally:
+        text = s.stop()
+        assert sanitizer_report(text) is None, sanitizer_report(text)
+
+
+# ---------------------------------------------------------------- no request cut
+def test_no_request_is_cut_by_an_upgrade(server, tmp_path):
+    """Through 5 upgrades: /health on one keep-alive connection and on a
+    new connection each time, never reset or refused; an upload in flight
+    at each upgrade completes; a Connect stream ends `unavailable` "agent
+    is upgrading; resume" (the client resumes with replay)."""
+    s = server
+    bg(s, "while :; do echo tick; sleep 0.05; done", "ticker")
+    stop = threading.Event()
+    errors, counts = [], {"keep": 0, "new": 0, "uploads": 0}
+
+    def keepalive():
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        while not stop.is_set():
+            try:
+                conn.request("GET", "/health")
+                r = conn.getresponse()
+                r.read()
+                assert r.status == 200, r.status
+                counts["keep"] += 1
+                if r.getheader("Connection", "").lower() == "close":
+                    conn.close()  # (the next request opens a new one)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"keep-alive /health: {e!r}")
+                conn.close()
+            time.sleep(0.005)
+
+    def fresh():
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(s.url + "/health", timeout=30) as r:
+                    assert r.status == 200
+                counts["new"] += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"new-connection /health: {e!r}")
+            time.sleep(0.01)
+
+    def uploads():
+        c = Client(s.url, s.token)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            chunk = b64(os.urandom(256 << 10))
+            msgs = [{"filepath": str(tmp_path / f"up{i % 4}"), "content": chunk}] + [{"content": chunk}] * 3
+
+            def slow():  # ~0.3 s per upload: one is in flight at each upgrade
+                for m in msgs:
+                    yield envelope(json.dumps(m).encode())
+                    time.sleep(0.08)
+            try:
+                conn = c.conn(timeout=30)
+                conn.request("POST", "/pb.FileService/PostFileStream", body=slow(),
+                             headers=c.headers(ctype="application/connect+json"), encode_chunked=True)
+                r = conn.getresponse()
+                body = r.read()
+                conn.close()
+                assert r.status == 200 and body.endswith(b"{}"), (r.status, body[-200:])
+                counts["uploads"] += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"upload {i}: {e!r}")
+
+    threads = [threading.Thread(target=f) for f in (keepalive, fresh, uploads)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(5):
+            time.sleep(0.4)
+            st = Stream(s, CONNECT, {"process": {"tag": "ticker"}})
+            assert st.next()[0] == "start"
+            upgrade(s)
+            while st.next() is not None:  # (EOFError: cut without its end)
+                pass
+            assert st.end == {"error": {"code": "unavailable", "message": "agent is upgrading; resume"}}, st.end
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert errors == [], errors[:10]
+    assert counts["keep"] > 20 and counts["new"] > 20 and counts["uploads"] >= 5, counts
+    print(f"5 upgrades: {counts}", file=sys.stderr)

@@ -106,7 +106,7 @@ def cgroup2_mount():
 
 
 class Sandbox:
-    def __init__(self, binary, vsock_port=None, with_disk=True, entrypoint=True, extra_args=()):
+    def __init__(self, binary, vsock_port=None, with_disk=True, entrypoint=True, extra_args=(), closed_stdio=False):
         self.binary = os.path.abspath(binary)
         self.work = tempfile.mkdtemp(prefix="conch-ns-")
         self.root = os.path.join(self.work, "root")
@@ -120,6 +120,7 @@ class Sandbox:
         self.with_disk = with_disk
         self.entrypoint = entrypoint  # False: no entrypoint, services not required
         self.extra_args = list(extra_args)
+        self.closed_stdio = closed_stdio  # PID 1 started with fds 0-2 closed (no console)
         self.sock = os.path.join(self.root, "run", "conch-init.sock")
         self.log_path = os.path.join(self.work, "console.log")
         self.t_exec = None
@@ -176,8 +177,9 @@ class Sandbox:
         self.log = open(self.log_path, "wb")
         env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")  # PID 1 never exits
         self.t_exec = time.monotonic()
+        wrap = ["sh", "-c", 'exec "$@" 0<&- 1>&- 2>&-', "sh"] if self.closed_stdio else []
         self.proc = subprocess.Popen(
-            ["unshare", "-pfmn", "--mount-proc", "chroot", self.root, "/sbin/conch-init", *self.cmdline()],
+            [*wrap, "unshare", "-pfmn", "--mount-proc", "chroot", self.root, "/sbin/conch-init", *self.cmdline()],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.pid1 = self._find_pid1()
         run("ip", "-n", self.peer_ns, "link", "add", self.peer_if, "type", "veth",

@@ -314,7 +314,7 @@ def test_upgrade_in_place_as_pid1(sb):
     fg = {}
     t = threading.Thread(target=lambda: fg.update(ev=stream(
         sb, "/pb.ProcessService/StartProcess",
-        {"cmd": "/bin/sh", "args": ["-c", "for i in $(seq 1 40); do echo fg$i; sleep 0.05; done; exit 5"]},
+        {"cmd": "/bin/sh", "args": ["-c", "for i in $(seq 1 100); do echo fg$i; sleep 0.05; done; exit 5"]},
         sb.token, timeout=30)))
     t.start()
     time.sleep(0.5)
@@ -361,7 +361,7 @@ def test_upgrade_in_place_as_pid1(sb):
     assert end(ev) == -1 and time.monotonic() - t_deadline >= 2.5, ev
     # the foreground command was adopted: found by pid, its end
     ev = connect({"pid": fg_pid}, {}, timeout=30)
-    assert end(ev) == 5 and data(ev).decode().split()[-1] == "fg40", ev[-2:]
+    assert end(ev) == 5 and data(ev).decode().split()[-1] == "fg100", ev[-2:]
     # the init listener is the same socket; the new program answers it
     resp, secs = sb.init_until_ready(sb.request(token=sb.token, sandbox_id="ns-sb-2", env={"FOO": "baz"}))
     assert resp == '{"version":1,"status":"ready","retryable":false}', resp

@@ -64,6 +64,13 @@ def upgrade_window(run, t_open, t_noticed):
     return None
 
 
+def ended_by_upgrade(run, e):
+    """A stream an upgrade's drain ended so that its client resumes
+    (`unavailable` "agent is upgrading; resume"), during an upgrade."""
+    return (e.get("code") == "unavailable" and e.get("message") == "agent is upgrading; resume"
+            and upgrade_window(run, e["t"], e["t"]) is not None)
+
+
 def _by(events, key):
     out = {}
     for ev in events:
@@ -131,6 +138,9 @@ def check_output_exactly_once(run):
                     o.bad(e, f"end event exit code {e['exit_code']} exited={e['exited']} ({e['status']}), "
                              f"the writer exits {code}", tag=tag)
             elif k in ("bg_stream_end", "bg_peek_end") and e["code"] is not None:
+                if ended_by_upgrade(run, e):  # the reader resumes with replay
+                    _note(o, "resumed_after_upgrade")
+                    continue
                 if (e["code"] == "not_found" and i + 1 < len(evs) and evs[i + 1]["kind"] == "bg_unstarted"):
                     continue  # the reader's verdict: bg_unstarted, judged below
                 o.bad(e, f"stream ended with {e['code']}: {e['message']}", tag=tag)
@@ -209,7 +219,7 @@ def check_no_half_written_file(run):
         if e["kind"] == "down_done":
             o.checked += e["size"]
             judge(e, e["path"], e["size"], e["head"], e["body_sha"], e["hlen"], "download of")
-        elif e["kind"] == "down_error" and e["code"] != "not_found":
+        elif e["kind"] == "down_error" and e["code"] != "not_found" and not ended_by_upgrade(run, e):
             o.bad(e, f"download of {e['path']} failed {e['code']}: {e['message']}", path=e["path"])
     for f in run.final.get("files", []):
         if f["exists"]:
@@ -322,7 +332,7 @@ def check_command_output_exact(run):
                     if e.get("alive"):
                         o.bad(e, f"adopted: pid {e['pid']} runs, but Connect does not find it", fg=fid)
                     _note(o, "ended_before_upgrade")
-                elif e["code"] is not None:
+                elif e["code"] is not None and not ended_by_upgrade(run, e):
                     o.bad(e, f"adopted: Connect by pid ended {e['code']}: {e['message']}", fg=fid)
             elif k == "fg_adopt_broken":
                 if not upgrade_window(run, e.get("t_open"), e["t"]):
@@ -351,19 +361,20 @@ def check_command_output_exact(run):
 
 # ------------------------------------------------------------------ 5
 def check_health_answered(run):
-    """GET /health answers 200 within HEALTH_BOUND_S all along (a probe of
-    its own, one new connection every 100 ms); a probe that met an upgrade
-    window may be cut, or wait up to UPGRADE_HEALTH_BOUND_S."""
+    """GET /health answers 200 within HEALTH_BOUND_S all along (probes of
+    its own every 100 ms: one on a new connection, one on a keep-alive
+    connection); none is ever reset or refused, upgrades included; one
+    that met an upgrade window may wait up to UPGRADE_HEALTH_BOUND_S."""
     o = Outcome()
     o.unit = "probes"
     if run.phase != "final":
         return o
     for p in run.probes:
         o.checked += 1
-        if (not p["ok"] or p["latency"] > HEALTH_BOUND_S) and "m" in p \
+        if p["ok"] and p["latency"] > HEALTH_BOUND_S and "m" in p \
                 and upgrade_window(run, p["m"], p["m"] + p["latency"]):
-            # it met an upgrade: waited in the backlog, or its connection
-            # was one the exec closed
+            # it met an upgrade: waited in the backlog (never reset or
+            # refused: an upgrade cuts no request, new connection or kept)
             _note(o, "in_upgrade")
             if p["latency"] > UPGRADE_HEALTH_BOUND_S:
                 o.bad(None, f"/health took {p['latency'] * 1000:.0f} ms at t={p['t']:.1f} s, during an upgrade "
@@ -492,7 +503,7 @@ def check_server_sound(run):
             o.bad(e, f"{e['op']}: {e['error']}\n{e['trace']}")
         elif k in ("up_broken", "down_broken", "bg_broken", "bg_peek_broken", "cut_broken",
                    "unary_broken", "down_idle_broken", "call_broken"):
-            if upgrade_window(run, e.get("t_open"), e["t"]):
+            if k != "up_broken" and upgrade_window(run, e.get("t_open"), e["t"]):  # (an upload is never cut)
                 _note(o, "cut_by_upgrade")
                 _note(o, "cut_by_upgrade_" + k)
             else:

@@ -65,21 +65,34 @@ import model  # noqa: E402
 
 RETAIN_MS = 10000  # CONCH_PROC_RETAIN_MS: ended background records go after 10 s, not 60
 
+# Every 100 ms two probes: one on a new connection, one on a keep-alive
+# connection kept between them (opened again only when the agent said
+# `Connection: close`).  Neither may ever be reset or refused, upgrades
+# included (checks.check_health_answered).
 PROBE = r"""
 import http.client, json, sys, time
 port, t0, until, m0 = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+keep = None
 while time.time() < until:
-    t = time.monotonic()
-    rec = {"t": round(time.time() - t0, 3), "m": round(t - m0, 4)}  # m: History time (CLOCK_MONOTONIC)
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        c.request("GET", "/health")
-        rec["ok"] = c.getresponse().status == 200
-        c.close()
-    except OSError as e:
-        rec["ok"], rec["error"] = False, f"{type(e).__name__}: {e}"
-    rec["latency"] = round(time.monotonic() - t, 4)
-    print(json.dumps(rec), flush=True)
+    for kind in ("new", "keep"):
+        t = time.monotonic()
+        rec = {"t": round(time.time() - t0, 3), "m": round(t - m0, 4), "kind": kind}  # m: History time
+        try:
+            c = keep if kind == "keep" and keep else http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            r.read()
+            rec["ok"] = r.status == 200
+            if kind == "new" or (r.getheader("Connection") or "").lower() == "close":
+                c.close()
+                keep = None
+            else:
+                keep = c
+        except (OSError, http.client.HTTPException) as e:
+            rec["ok"], rec["error"] = False, f"{type(e).__name__}: {e}"
+            keep = None
+        rec["latency"] = round(time.monotonic() - t, 4)
+        print(json.dumps(rec), flush=True)
     time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
 """
 

@@ -36,7 +36,9 @@ static void p_keep(const ProtobufCMessage *m) {
   handover_keep_fd(((const Conch__Handover__State *)m)->api_listeners[0]);
 }
 static void p_resume(void) { note('u'); }
-static const handover_part part_a = {.name = "a", .restore_early = p_early, .restore = p_restore, .keep_fds = p_keep, .resume = p_resume};
+static void p_abandon(const ProtobufCMessage *m) { note('a'); }
+static const handover_part part_a = {.name = "a", .restore_early = p_early, .restore = p_restore, .keep_fds = p_keep,
+                                     .abandon = p_abandon, .resume = p_resume};
 static const handover_part part_b = {.name = "b", .restore = p_restore, .resume = p_resume};
 
 /* A state of format f in a memfd, naming keep (a descriptor) as an API listener. */
@@ -70,7 +72,7 @@ static int in_child(int (*fn)(void), int quiet) {
 }
 
 TEST(formats_and_arguments) {
-  char *argv[] = {"conch-init", "serve", "--handover", "7", NULL};
+  static char *argv[] = {"conch-init", "serve", "--handover", "7", NULL}; /* kept: the framework reads it later */
   handover_init(&schema, 4, argv);
   ASSERT(!handover_can_read(0));
   ASSERT(handover_can_read(1));
@@ -118,6 +120,7 @@ static int unreadable_format(void) {
   if (handover_load(state_fd(1002, 0), 1, err, sizeof err) != -1) return 10;
   if (strcmp(err, "state format 1002 is not one this program reads (1 to 2)") != 0) return 11;
   if (order[0]) return 12; /* no part ran */
+  if (handover_busy()) return 13; /* a fresh start: an Upgrade can run again */
   return 0;
 }
 
@@ -133,20 +136,34 @@ static int early_part_fails(void) {
   size_t len = conch__handover__state__pack(&st, buf);
   int fd = memfd_create("test-state", 0);
   if (write(fd, buf, len) != (ssize_t)len) return 9;
-  if (handover_load(fd, 1, err, sizeof err) != -1) return 10;
+  if (handover_load(fd, 1, err, sizeof err) != 0) return 10; /* the others go on */
   if (strcmp(err, "a: cannot restore its early state") != 0) return 11;
+  if (strcmp(order, "ea") != 0) return 12; /* tried, abandoned (no rollback: this is the rollback) */
+  if (handover_finish(err, sizeof err) != 0) return 13;
+  if (strcmp(order, "earuu") != 0) return 14; /* b restores, a does not; both resume what they took */
+  if (handover_busy() || fcntl(fd, F_GETFD) != -1) return 15; /* over, the state closed */
   return 0;
 }
 
-TEST(a_part_that_fails_early_fails_the_load) { ASSERT_EQ(in_child(early_part_fails, 0), 0); }
+TEST(a_part_that_fails_early_is_abandoned_alone) { ASSERT_EQ(in_child(early_part_fails, 0), 0); }
 
 /* The lifecycle's steps assert: a second load finds the state RESTORING
  * (a release build, NDEBUG, logs and stays there). */
 static int load_twice(void) {
   char err[256] = "";
-  handover_load(state_fd(1002, 0), 1, err, sizeof err);
-  handover_load(state_fd(2, 0), 1, err, sizeof err);
+  int keep = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  handover_load(state_fd(2, keep), 1, err, sizeof err);
+  handover_load(state_fd(2, keep), 1, err, sizeof err);
   return handover_busy() ? 0 : 1;
+}
+
+/* A token replaced by a shorter one leaves no byte of the old behind it. */
+TEST(a_shorter_token_leaves_no_tail) {
+  daemon_set_token("a-long-old-token-0123456789", 27);
+  daemon_set_token("short", 5);
+  ASSERT_EQ(conch.token_len, 5);
+  ASSERT(strcmp(conch.token, "short") == 0);
+  for (size_t i = 5; i < sizeof conch.token; i++) ASSERT_EQ(conch.token[i], 0);
 }
 
 TEST(an_illegal_step_asserts) { ASSERT_EQ(in_child(load_twice, 1), handover_asserts ? 128 + SIGABRT : 0); }
@@ -164,7 +181,8 @@ int main(void) {
   RUN(formats_and_arguments);
   RUN(load_restores_the_parts_in_order_then_commits);
   RUN(a_format_it_cannot_read_is_refused);
-  RUN(a_part_that_fails_early_fails_the_load);
+  RUN(a_part_that_fails_early_is_abandoned_alone);
+  RUN(a_shorter_token_leaves_no_tail);
   RUN(an_illegal_step_asserts);
   RUN(a_schema_without_the_fields_aborts);
   return test_summary();
