@@ -95,7 +95,7 @@ static void ah_daemon_keep_fds(const ProtobufCMessage *m) {
 /* (its restore_early cannot fail: nothing to abandon but the log file) */
 static void ah_daemon_abandon(const ProtobufCMessage *m) {
   const Conch__Handover__Daemon *d = ah_cst(m)->daemon;
-  if (d && d->log_fd > 2 && !conch.log_file) close(d->log_fd);
+  if (d && d->log_fd > 2 && log_file_fd() < 0) close(d->log_fd);
 }
 
 static const handover_part ah_daemon_part = {
