@@ -168,7 +168,7 @@ $(ARM64_STAMP): | $(DEPS_STAMP)
 	$(Q)rm -rf $(ARM64_SYSROOT) && mmdebstrap --quiet --variant=extract --arch=arm64 \
 	  --include=$(ARM64_PKGS) bookworm $(ARM64_SYSROOT)
 	@touch $@
-$(static-arm64_OBJS) build/static-arm64/gen/proto/agent.pb-c.c: | $(ARM64_STAMP)
+$(static-arm64_OBJS) build/static-arm64/obj/agent/main.o build/static-arm64/gen/proto/agent.pb-c.c: | $(ARM64_STAMP)
 
 # clang (libFuzzer) only for the fuzz variant: `make run` does not need it
 FUZZ_DEPS := clang libclang-rt-14-dev
