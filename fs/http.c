@@ -5,13 +5,15 @@
  * rpc_http_admit (server/rpc.h).
  *
  * GET: the open and fstat run in the pool as the request's user.  A
- * regular file with a size (not on a pseudo filesystem) is sent from its
- * offset: zero copy where the transport can (rpc_http_write_file), else
- * FH_CHUNK reads in the pool, each after rpc_http_room said the transport
- * and the memory budget have room for it.  Other files stream until EOF
- * (chunked): FIFOs and pollable devices read on the loop when uv_poll says
- * so (a FIFO without a writer waits and blocks nothing); devices that
- * cannot be polled (/dev/zero) read in the pool, until the client leaves.
+ * regular file with a size (more than 0 bytes, not on a pseudo filesystem)
+ * is sent from its offset: zero copy where the transport can
+ * (rpc_http_write_file), else FH_CHUNK reads in the pool, each after
+ * rpc_http_room said the transport and the memory budget have room for it.
+ * Other files stream until EOF (chunked): regular files (kernel ones too)
+ * and block devices read in the pool; FIFOs and pollable character devices
+ * read on the loop when uv_poll says so (a FIFO without a writer waits and
+ * blocks nothing); devices that cannot be polled (/dev/zero) read in the
+ * pool, until the client leaves.
  *
  * PUT/POST: the temp file is opened in the pool, then the body is read:
  * bytes gather in a buffer handed to a pool write at FH_IN_HIGH while the
@@ -311,6 +313,11 @@ void fs_http_serve(rpc_http *r) {
       }
       h->mp = 1;
     }
+  }
+  if (h->mp && h->q.signature && !rpc_http_header(r, "conch-init-token")) { /* a signature names one file: never a directory of them */
+    fh_error(h, RPC_PERMISSION_DENIED, "a signed URL uploads one file: multipart/form-data needs the token");
+    fh_destroy(h);
+    return;
   }
   rpc_http_auth a = {0};
   if (h->q.signature) {

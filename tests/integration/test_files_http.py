@@ -233,6 +233,18 @@ def test_special_files_stream(srv, d):
     assert st == 200
 
 
+def test_kernel_and_zero_size_files_stream_until_eof(srv, d):
+    # a /proc file says 0 bytes and is read (in the pool) until EOF
+    st, h, body = req(srv, "GET", q(f"/proc/{srv.proc.pid}/mountinfo"))
+    assert st == 200 and "content-length" not in h and h.get("transfer-encoding") == "chunked"
+    assert body == open(f"/proc/{srv.proc.pid}/mountinfo", "rb").read() and b" / " in body
+    # a regular file that says 0 bytes (as FUSE files may) is not trusted to be
+    # empty: streamed until EOF, never answered with Content-Length: 0
+    write(f"{d}/empty", b"")
+    st, h, body = req(srv, "GET", q(f"{d}/empty"))
+    assert (st, body) == (200, b"") and "content-length" not in h and h.get("transfer-encoding") == "chunked"
+
+
 # ---------------------------------------------------------------- PUT / POST
 
 def test_put_created_replaced_modes(srv, d):
@@ -336,6 +348,13 @@ def test_signed_urls(srv, d):
     assert st == 201 and open(f"{d}/up", "rb").read() == b"put"
     st, h, body = req(srv, "POST", signed(t, "PUT", f"{d}/up"), body=b"post", token=False)
     assert st == 200 and open(f"{d}/up", "rb").read() == b"post"
+    # a PUT signature is for one file: never a multipart upload of many files under it
+    mp = mp_body("BND", [('name="a"; filename="x1"', b"1"), ('name="b"; filename="x2"', b"2")])
+    ct = {"Content-Type": "multipart/form-data; boundary=BND"}
+    st, h, body = req(srv, "POST", signed(t, "PUT", f"{d}/dir"), ct, body=mp, token=False)
+    assert (st, json.loads(body)) == (403, {"code": "permission_denied", "message":
+                                            "a signed URL uploads one file: multipart/form-data needs the token"})
+    assert not os.path.exists(f"{d}/dir")
     st, h, body = req(srv, "PUT", signed(t, "PUT", f"{d}/mine", "nobody"), body=b"x", token=False)
     assert st == 403 and not os.path.exists(f"{d}/mine")  # d is root's 0755: nobody may not write
 
