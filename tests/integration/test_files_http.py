@@ -259,6 +259,15 @@ def test_put_created_replaced_modes(srv, d):
     assert st == 200 and json.loads(body) == {"path": f"{d}/new/deep/f", "size": 6}
     assert open(f"{d}/new/deep/f", "rb").read() == b"second"
     assert os.stat(f"{d}/new/deep/f").st_mode & 0o7777 == 0o600
+    # setuid and setgid bits, and the owner, stay on a replaced file
+    for uid, mode in ((0, 0o4755), (NOBODY, 0o6750)):
+        write(f"{d}/suid", b"old", mode)
+        os.chown(f"{d}/suid", uid, uid)
+        os.chmod(f"{d}/suid", mode)
+        st, h, body = req(srv, "PUT", q(f"{d}/suid"), body=b"new")
+        sb = os.stat(f"{d}/suid")
+        assert (st, sb.st_mode & 0o7777, sb.st_uid, sb.st_gid) == (200, mode, uid, uid), oct(sb.st_mode)
+    os.unlink(f"{d}/suid")
     st, h, body = req(srv, "PUT", q(f"{d}/empty"), body=b"")
     assert st == 201 and os.path.getsize(f"{d}/empty") == 0
     assert sorted(os.listdir(d)) == ["empty", "new"] and os.listdir(f"{d}/new/deep") == ["f"]
