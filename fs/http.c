@@ -131,16 +131,11 @@ void fh_answer(fs_http *h, int status, const char *body, const rpc_http_hdr *ext
 }
 
 /* {"code":…,"message":…} with Connect's status for the code; the
- * exchange ends.  ENOSPC is 507 (api.md). */
+ * exchange ends. */
 void fh_error_x(fs_http *h, int status, rpc_code code, const char *msg, const rpc_http_hdr *extra,
                        size_t nextra) {
   if (!msg) msg = "out of memory";
   if (!status) status = rpc_code_http_status(code);
-  if (strstr(msg, ": no space left on device")) {
-    status = 507;
-    code = RPC_RESOURCE_EXHAUSTED;
-    msg = "no space left on device";
-  }
   size_t ml = strlen(msg);
   char *body = malloc(TEXT_JSON_MAX(ml) + 64);
   if (!body) {
@@ -157,7 +152,13 @@ void fh_error_x(fs_http *h, int status, rpc_code code, const char *msg, const rp
 
 void fh_error(fs_http *h, rpc_code code, const char *msg) { fh_error_x(h, 0, code, msg, NULL, 0); }
 
-void fh_error_st(fs_http *h) { fh_error(h, h->st.code, h->st.msg); }
+/* The error in h->st; out of space (ENOSPC) is 507 (api.md). */
+void fh_error_st(fs_http *h) {
+  if (h->st.err == ENOSPC)
+    fh_error_x(h, 507, RPC_RESOURCE_EXHAUSTED, "no space left on device", NULL, 0);
+  else
+    fh_error(h, h->st.code, h->st.msg);
+}
 
 /* The buffer the pool wrote is kept for the next fill. */
 void fh_keep_spare(fs_http *h) {

@@ -710,6 +710,12 @@ def test_out_of_space_is_507_and_leaves_nothing(srv, d):
         assert os.listdir(small) == ["keep"] and open(f"{small}/keep", "rb").read() == b"old"
     finally:
         subprocess.run(["umount", small], check=True)
+    # 507 comes from the error, not from words in a message: a path that
+    # says "no space left on device" where nobody may write is still 403
+    odd = f"{d}/x: no space left on device"
+    os.makedirs(odd)
+    st, h, body = req(srv, "PUT", q(f"{odd}/f"), {"conch-init-user": "nobody"}, body=b"x")
+    assert (st, json.loads(body)["code"]) == (403, "permission_denied"), body
 
 
 def test_readme_routes_opening_lines(srv, tmp_path):
