@@ -130,20 +130,22 @@ void fh_answer(fs_http *h, int status, const char *body, const rpc_http_hdr *ext
   fh_done(h);
 }
 
-/* {"code":…,"message":…} with Connect's status for the code; the
- * exchange ends. */
+/* {"code":…,"message":…} with Connect's status for the code, and for a
+ * multipart upload the files already written ("files":[…]); the exchange
+ * ends. */
 void fh_error_x(fs_http *h, int status, rpc_code code, const char *msg, const rpc_http_hdr *extra,
                        size_t nextra) {
   if (!msg) msg = "out of memory";
   if (!status) status = rpc_code_http_status(code);
-  size_t ml = strlen(msg);
-  char *body = malloc(TEXT_JSON_MAX(ml) + 64);
+  size_t ml = strlen(msg), fl = h->mp ? h->rlen : 0;
+  char *body = malloc(TEXT_JSON_MAX(ml) + 64 + fl);
   if (!body) {
     fh_answer(h, 500, "", NULL, 0);
     return;
   }
   int k = sprintf(body, "{\"code\":\"%s\",\"message\":", rpc_code_name(code));
   k += (int)text_json_string(body + k, msg, ml);
+  if (fl) k += sprintf(body + k, ",\"files\":[%.*s]", (int)fl, (const char *)h->results);
   strcpy(body + k, "}");
   LOG_DEBUG("files %s %s: %d %s", rpc_http_method(h->r), h->q.path ? h->q.path : "-", status, msg);
   fh_answer(h, status, body, extra, nextra);

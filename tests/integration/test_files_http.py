@@ -467,6 +467,41 @@ def test_multipart_bad_names(srv, d, disp):
     assert os.listdir(d) == [] or os.listdir(f"{d}/m") == []
 
 
+def test_multipart_bad_name_in_a_later_part_lists_what_was_written(srv, d):
+    ct = {"Content-Type": "multipart/form-data; boundary=BND"}
+    body = mp_body("BND", [('name="a"; filename="good.txt"', b"good"), ('name="b"; filename=".."', b"bad"),
+                           ('name="c"; filename="after.txt"', b"after")])
+    st, h, got = req(srv, "POST", q(f"{d}/m"), ct, body=body)
+    assert (st, json.loads(got)) == (400, {"code": "invalid_argument",
+                                           "message": 'invalid file name in multipart body: ".."',
+                                           "files": [{"path": f"{d}/m/good.txt", "size": 4}]}), got
+    assert os.listdir(f"{d}/m") == ["good.txt"]
+
+
+def test_multipart_answer_is_in_the_memory_budget(d):
+    """The list of written files grows with every part: it is held in the
+    memory budget, so many parts with long names (escaped six-fold in the
+    JSON) end in 429 instead of growing without bound."""
+    s = Server(name="files_http-budget", env={"CONCH_MEM_BUDGET": str(4 << 20)})
+    small = f"{d}/t"
+    os.makedirs(small)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", small], check=True)
+    try:
+        name = "\x01" * 200
+        parts = [(f'name="f"; filename="{name}{i:05d}"', b"") for i in range(3000)]
+        body = mp_body("BND", parts)
+        st, h, got = req(s, "POST", q(small), {"Content-Type": "multipart/form-data; boundary=BND"}, body=body)
+        ans = json.loads(got)
+        assert (st, ans["code"], ans["message"]) == (429, "resource_exhausted", "memory budget exhausted")
+        assert 0 < len(ans["files"]) < 3000
+        st, _, _ = req(s, "GET", "/health", token=False)
+        assert st == 200
+    finally:
+        subprocess.run(["umount", small], check=True)
+        text = s.stop()
+        assert sanitizer_report(text) is None
+
+
 def test_multipart_malformed_and_cut(srv, d):
     ct = {"Content-Type": "multipart/form-data; boundary=BND"}
     st, h, got = req(srv, "POST", q(f"{d}/m"), {"Content-Type": "multipart/form-data"}, body=b"x")
