@@ -289,6 +289,37 @@ def test_put_with_curl_chunked_expect_h2(srv, d):
     assert r.stdout.endswith(b"200")
 
 
+def expect_100(srv, target, headers=""):
+    """A PUT with Expect: 100-continue whose body is sent only after a
+    100 → (what came before the body was sent, all that came)."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    s.sendall(f"PUT {target} HTTP/1.1\r\nHost: x\r\nconch-init-token: {srv.token}\r\n{headers}"
+              "Expect: 100-continue\r\nContent-Length: 5\r\n\r\n".encode())
+    first = s.recv(65536)
+    after = first
+    if first.startswith(b"HTTP/1.1 100 "):
+        s.sendall(b"hello")
+        while not after.endswith(b"}"):
+            b = s.recv(65536)
+            if not b:
+                break
+            after += b
+    s.close()
+    return first, after
+
+
+def test_expect_100_only_once_the_upload_is_accepted(srv, d):
+    # nobody may not write in d: the final 403 comes without a 100 first
+    first, after = expect_100(srv, q(f"{d}/no"), "conch-init-user: nobody\r\n")
+    assert first.startswith(b"HTTP/1.1 403 "), first
+    assert b"100 Continue" not in first and not os.path.exists(f"{d}/no")
+    first, after = expect_100(srv, q(d))  # a directory: 400, no 100
+    assert first.startswith(b"HTTP/1.1 400 "), first
+    first, after = expect_100(srv, q(f"{d}/yes"))  # accepted: 100, then the body, then 201
+    assert first.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), first
+    assert b"HTTP/1.1 201 " in after and open(f"{d}/yes", "rb").read() == b"hello"
+
+
 def test_cut_put_leaves_nothing(srv, d):
     for cut in (0, 1000, 700_000, 1_500_000):
         s = socket.create_connection(("127.0.0.1", srv.port))
