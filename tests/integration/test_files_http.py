@@ -555,12 +555,22 @@ def test_multipart_malformed_and_cut(srv, d):
     assert os.listdir(f"{d}/c") == ["first.txt"] and open(f"{d}/c/first.txt", "rb").read() == b"first"
 
 
+def held_bytes(srv):
+    st, _, body = req(srv, "GET", "/metrics", {"Accept": "text/plain"})
+    assert st == 200
+    return int(next(l for l in body.decode().splitlines() if l.startswith("conch_memory_budget_held_bytes ")).split()[1])
+
+
 def test_zero_copy_client_leaves_and_slow_reader(srv, d):
-    """HTTP/1.1 sends a sized file with sendfile: a client that stops
-    reading holds nothing in the agent; one that leaves midway ends it."""
+    """HTTP/1.1 sends a sized file with sendfile: clients that stop reading
+    hold no buffer in the agent (a copy through user space would hold a
+    256 KiB chunk each, in the memory budget); one that leaves midway ends
+    it."""
     with open(f"{d}/sparse", "wb") as f:
         f.truncate(64 << 20)
-    for leave_after in (1 << 20, 20 << 20):
+    assert held_bytes(srv) < 64 << 10
+    socks = []
+    for leave_after in (1 << 20, 20 << 20, 1 << 20, 1 << 20):
         s = socket.create_connection(("127.0.0.1", srv.port))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         s.sendall(f"GET {q(f'{d}/sparse')} HTTP/1.1\r\nHost: x\r\nconch-init-token: {srv.token}\r\n\r\n".encode())
@@ -569,9 +579,12 @@ def test_zero_copy_client_leaves_and_slow_reader(srv, d):
             b = s.recv(1 << 16)
             assert b
             got += len(b)
-        time.sleep(0.5)  # not reading: the kernel's buffers fill, the agent waits
-        st, _, _ = req(srv, "GET", "/health", token=False)
-        assert st == 200
+        socks.append(s)
+    time.sleep(0.5)  # not reading: the kernel's buffers fill, the agent waits
+    assert held_bytes(srv) < 256 << 10  # four stalled copies would hold >= 1 MiB
+    st, _, _ = req(srv, "GET", "/health", token=False)
+    assert st == 200
+    for s in socks:
         s.close()
     st, h, body = req(srv, "GET", q(f"{d}/sparse"), {"Range": "bytes=-5"})
     assert (st, body) == (206, b"\0" * 5)
