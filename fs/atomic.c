@@ -186,12 +186,13 @@ int fs_atomic_commit(fs_atomic *a, fs_status *st) {
   struct stat sb;
   a->replaced = fstatat(a->dfd, base, &sb, 0) == 0;
   if (a->replaced) {
-    /* DECISION (api.md): an existing target keeps its mode — and owner. */
+    /* DECISION (api.md): an existing target keeps its mode — and owner.
+     * The owner first: a chown clears the setuid and setgid bits. */
+    if (fchown(a->fd, sb.st_uid, sb.st_gid) != 0) { /* best effort */
+    }
     if (fchmod(a->fd, sb.st_mode & 07777) != 0) {
       fs_status_os(st, "chmod file", a->target, errno);
       goto fail;
-    }
-    if (fchown(a->fd, sb.st_uid, sb.st_gid) != 0) { /* best effort */
     }
   } else if (fchmod(a->fd, 0644) != 0) {
     fs_status_os(st, "chmod file", a->target, errno);

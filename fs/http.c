@@ -5,13 +5,15 @@
  * rpc_http_admit (server/rpc.h).
  *
  * GET: the open and fstat run in the pool as the request's user.  A
- * regular file with a size (not on a pseudo filesystem) is sent from its
- * offset: zero copy where the transport can (rpc_http_write_file), else
- * FH_CHUNK reads in the pool, each after rpc_http_room said the transport
- * and the memory budget have room for it.  Other files stream until EOF
- * (chunked): FIFOs and pollable devices read on the loop when uv_poll says
- * so (a FIFO without a writer waits and blocks nothing); devices that
- * cannot be polled (/dev/zero) read in the pool, until the client leaves.
+ * regular file with a size (more than 0 bytes, not on a pseudo filesystem)
+ * is sent from its offset: zero copy where the transport can
+ * (rpc_http_write_file), else FH_CHUNK reads in the pool, each after
+ * rpc_http_room said the transport and the memory budget have room for it.
+ * Other files stream until EOF (chunked): regular files (kernel ones too)
+ * and block devices read in the pool; FIFOs and pollable character devices
+ * read on the loop when uv_poll says so (a FIFO without a writer waits and
+ * blocks nothing); devices that cannot be polled (/dev/zero) read in the
+ * pool, until the client leaves.
  *
  * PUT/POST: the temp file is opened in the pool, then the body is read:
  * bytes gather in a buffer handed to a pool write at FH_IN_HIGH while the
@@ -128,25 +130,22 @@ void fh_answer(fs_http *h, int status, const char *body, const rpc_http_hdr *ext
   fh_done(h);
 }
 
-/* {"code":…,"message":…} with Connect's status for the code; the
- * exchange ends.  ENOSPC is 507 (api.md). */
+/* {"code":…,"message":…} with Connect's status for the code, and for a
+ * multipart upload the files already written ("files":[…]); the exchange
+ * ends. */
 void fh_error_x(fs_http *h, int status, rpc_code code, const char *msg, const rpc_http_hdr *extra,
                        size_t nextra) {
   if (!msg) msg = "out of memory";
   if (!status) status = rpc_code_http_status(code);
-  if (strstr(msg, ": no space left on device")) {
-    status = 507;
-    code = RPC_RESOURCE_EXHAUSTED;
-    msg = "no space left on device";
-  }
-  size_t ml = strlen(msg);
-  char *body = malloc(TEXT_JSON_MAX(ml) + 64);
+  size_t ml = strlen(msg), fl = h->mp ? h->rlen : 0;
+  char *body = malloc(TEXT_JSON_MAX(ml) + 64 + fl);
   if (!body) {
     fh_answer(h, 500, "", NULL, 0);
     return;
   }
   int k = sprintf(body, "{\"code\":\"%s\",\"message\":", rpc_code_name(code));
   k += (int)text_json_string(body + k, msg, ml);
+  if (fl) k += sprintf(body + k, ",\"files\":[%.*s]", (int)fl, (const char *)h->results);
   strcpy(body + k, "}");
   LOG_DEBUG("files %s %s: %d %s", rpc_http_method(h->r), h->q.path ? h->q.path : "-", status, msg);
   fh_answer(h, status, body, extra, nextra);
@@ -155,7 +154,13 @@ void fh_error_x(fs_http *h, int status, rpc_code code, const char *msg, const rp
 
 void fh_error(fs_http *h, rpc_code code, const char *msg) { fh_error_x(h, 0, code, msg, NULL, 0); }
 
-void fh_error_st(fs_http *h) { fh_error(h, h->st.code, h->st.msg); }
+/* The error in h->st; out of space (ENOSPC) is 507 (api.md). */
+void fh_error_st(fs_http *h) {
+  if (h->st.err == ENOSPC)
+    fh_error_x(h, 507, RPC_RESOURCE_EXHAUSTED, "no space left on device", NULL, 0);
+  else
+    fh_error(h, h->st.code, h->st.msg);
+}
 
 /* The buffer the pool wrote is kept for the next fill. */
 void fh_keep_spare(fs_http *h) {
@@ -311,6 +316,11 @@ void fs_http_serve(rpc_http *r) {
       }
       h->mp = 1;
     }
+  }
+  if (h->mp && h->q.signature && !rpc_http_header(r, "conch-init-token")) { /* a signature names one file: never a directory of them */
+    fh_error(h, RPC_PERMISSION_DENIED, "a signed URL uploads one file: multipart/form-data needs the token");
+    fh_destroy(h);
+    return;
   }
   rpc_http_auth a = {0};
   if (h->q.signature) {

@@ -55,7 +55,8 @@ void fh_open_run(void *data) {
   if (S_ISREG(h->sb.st_mode) || S_ISBLK(h->sb.st_mode)) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    h->sized = S_ISREG(h->sb.st_mode) && !fs_pseudo_fs(fd);
+    /* a kernel file, or one that says 0 bytes (FUSE), is read until EOF */
+    h->sized = S_ISREG(h->sb.st_mode) && h->sb.st_size > 0 && !fs_pseudo_fs(fd);
   }
 }
 
@@ -143,7 +144,9 @@ void fh_get_opened(void *data, int canceled) {
     return;
   }
   fh_to(h, FH_SEND);
-  if (!h->sized && !S_ISBLK(sb->st_mode) && uv_poll_init(fs_loop, &h->poll, h->fd) == 0) {
+  /* only FIFOs, sockets and character devices are polled and read on the
+   * loop; every regular file (kernel ones too: /proc/kmsg) is read in the pool */
+  if (!S_ISREG(sb->st_mode) && !S_ISBLK(sb->st_mode) && uv_poll_init(fs_loop, &h->poll, h->fd) == 0) {
     h->poll_init = 1;
     h->poll.data = h;
     h->pollable = 1;

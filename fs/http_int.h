@@ -78,8 +78,8 @@ struct fs_http {
   int mp_file;    /* the current part is a file being written */
   char *target;   /* its path */
   enum { MPO_OPEN, MPO_WRITE, MPO_COMMIT } op;
-  char *results;  /* ",{"path":…,"size":…}" entries */
-  size_t rlen;
+  uint8_t *results; /* ",{"path":…,"size":…}" entries (in the memory budget, in held) */
+  size_t rlen, rcap;
 };
 
 #define FH_NCORS 2

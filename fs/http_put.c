@@ -159,11 +159,11 @@ static void fh_put_kick(fs_http *h) {
   }
 }
 
-/* Room for need more bytes in *buf (counted in the memory budget); 0, or
- * -1 with h->st set. */
-static int fh_grow(fs_http *h, uint8_t **buf, size_t *cap, size_t used, size_t need) {
+/* Room for need more bytes in *buf (counted in the memory budget), at
+ * least first bytes; 0, or -1 with h->st set. */
+static int fh_grow(fs_http *h, uint8_t **buf, size_t *cap, size_t used, size_t need, size_t first) {
   if (used + need <= *cap) return 0;
-  size_t nc = *cap ? *cap : FH_IN_HIGH;
+  size_t nc = *cap ? *cap : first;
   while (nc < used + need) nc *= 2;
   if (budget_take(nc - *cap) != 0) {
     fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "memory budget exhausted");
@@ -191,7 +191,7 @@ void fh_on_body(rpc_http *r, const uint8_t *d, size_t n) {
     return;
   }
   if (d != h->in + h->in_len || h->in_len + n > h->in_cap) { /* else read there: fh_body_into */
-    if (fh_grow(h, &h->in, &h->in_cap, h->in_len, n) != 0) {
+    if (fh_grow(h, &h->in, &h->in_cap, h->in_len, n, FH_IN_HIGH) != 0) {
       fh_put_fail(h);
       return;
     }
@@ -206,7 +206,7 @@ void fh_on_body(rpc_http *r, const uint8_t *d, size_t n) {
 uint8_t *fh_body_into(rpc_http *r, size_t *len) {
   fs_http *h = rpc_http_data(r);
   if (!h || !h->r || h->phase != FH_RECV || h->mp || h->in_len >= FH_IN_HIGH) return NULL;
-  if (h->in_cap < FH_IN_CAP && fh_grow(h, &h->in, &h->in_cap, h->in_len, FH_IN_CAP - h->in_len) != 0) {
+  if (h->in_cap < FH_IN_CAP && fh_grow(h, &h->in, &h->in_cap, h->in_len, FH_IN_CAP - h->in_len, FH_IN_HIGH) != 0) {
     fs_status_clear(&h->st); /* only a missed shortcut: on_body copies */
     return NULL;
   }
@@ -247,13 +247,11 @@ static void fh_mp_done(void *data, int canceled) {
   }
   if (h->op == MPO_COMMIT) {
     size_t pl = strlen(h->target);
-    char *nr = realloc(h->results, h->rlen + TEXT_JSON_MAX(pl) + 48);
-    if (!nr) {
-      fs_status_set(&h->st, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    if (fh_grow(h, &h->results, &h->rcap, h->rlen, TEXT_JSON_MAX(pl) + 48, 4096) != 0) {
       fh_put_fail(h);
       return;
     }
-    h->results = nr;
+    char *nr = (char *)h->results;
     h->rlen += (size_t)sprintf(nr + h->rlen, "%s{\"path\":", h->rlen ? "," : "");
     h->rlen += text_json_string(nr + h->rlen, h->target, pl);
     h->rlen += (size_t)sprintf(nr + h->rlen, ",\"size\":%" PRIu64 "}", h->bytes);
@@ -336,7 +334,7 @@ void fh_mp_pump(fs_http *h) {
       if (ev == FS_MP_NEED) continue;
       if (ev == FS_MP_DATA) {
         if (!h->mp_file) continue;
-        if (fh_grow(h, &h->in, &h->in_cap, h->in_len, dl) != 0) {
+        if (fh_grow(h, &h->in, &h->in_cap, h->in_len, dl, FH_IN_HIGH) != 0) {
           fh_put_fail(h);
           return;
         }
@@ -363,7 +361,7 @@ void fh_mp_pump(fs_http *h) {
       if (!body) {
         fh_error(h, RPC_RESOURCE_EXHAUSTED, "out of memory");
       } else {
-        sprintf(body, "{\"files\":[%.*s]}", (int)h->rlen, h->results ? h->results : "");
+        sprintf(body, "{\"files\":[%.*s]}", (int)h->rlen, h->results ? (char *)h->results : "");
         fh_answer(h, 200, body, NULL, 0);
         free(body);
       }
@@ -385,7 +383,7 @@ static void fh_mp_body(fs_http *h, const uint8_t *d, size_t n) {
     h->pend_len -= h->pend_off;
     h->pend_off = 0;
   }
-  if (fh_grow(h, &h->pend, &h->pend_cap, h->pend_len, n) != 0) {
+  if (fh_grow(h, &h->pend, &h->pend_cap, h->pend_len, n, FH_IN_HIGH) != 0) {
     fh_put_fail(h);
     return;
   }

@@ -21,20 +21,34 @@ static int mp_bchar(unsigned char c) {
 }
 
 /* A parameter's value in a header value: `name=token` or `name="quoted"`
- * (backslash escapes), matched as a whole parameter name.  Returns a
- * malloc'd copy, or NULL when absent; *bad set when malformed. */
+ * (backslash escapes), matched as a whole parameter name.  The walk goes
+ * from parameter to parameter over whole values, so a quoted value that
+ * holds `;` or `name=` is never taken for parameters.  Returns a malloc'd
+ * copy, or NULL when absent; *bad set when malformed. */
 static char *mp_param(const char *v, const char *name, int *bad) {
   size_t nl = strlen(name);
   const char *p = v;
-  while ((p = strchr(p, ';'))) {
+  for (;;) {
+    int quoted = 0; /* to the next ';' outside a quoted string */
+    while (*p && (quoted || *p != ';')) {
+      if (quoted && *p == '\\' && p[1])
+        p++;
+      else if (*p == '"')
+        quoted = !quoted;
+      p++;
+    }
+    if (!*p) return NULL;
     p++;
     while (*p == ' ' || *p == '\t') p++;
-    if (strncasecmp(p, name, nl) != 0) continue;
-    const char *q = p + nl;
-    while (*q == ' ' || *q == '\t') q++;
-    if (*q != '=') continue;
-    q++;
-    while (*q == ' ' || *q == '\t') q++;
+    const char *n = p;
+    while (*p && *p != '=' && *p != ';' && *p != ' ' && *p != '\t') p++;
+    size_t len = (size_t)(p - n);
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p != '=') continue;
+    p++;
+    while (*p == ' ' || *p == '\t') p++;
+    if (len != nl || strncasecmp(n, name, nl) != 0) continue; /* its value is skipped above */
+    const char *q = p;
     char *out = malloc(strlen(q) + 1);
     if (!out) {
       *bad = 1;
@@ -58,7 +72,6 @@ static char *mp_param(const char *v, const char *name, int *bad) {
     out[o] = 0;
     return out;
   }
-  return NULL;
 }
 
 int fs_mp_init(fs_mp *m, const char *ct, char *err, size_t errlen) {

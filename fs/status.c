@@ -12,6 +12,7 @@ void fs_status_clear(fs_status *st) {
   free(st->msg);
   st->msg = NULL;
   st->code = RPC_OK;
+  st->err = 0;
 }
 
 void fs_status_set(fs_status *st, rpc_code code, const char *fmt, ...) {
@@ -23,6 +24,7 @@ void fs_status_set(fs_status *st, rpc_code code, const char *fmt, ...) {
   va_end(ap);
   st->msg = m;
   st->code = code;
+  st->err = 0;
 }
 
 rpc_code fs_errno_code(int err) {
@@ -38,4 +40,5 @@ void fs_status_os(fs_status *st, const char *context, const char *path, int err)
   for (; s[i] && i + 1 < sizeof low; i++) low[i] = (char)tolower((unsigned char)s[i]);
   low[i] = 0;
   fs_status_set(st, fs_errno_code(err), "%s %s: %s", context, path, low);
+  st->err = err;
 }

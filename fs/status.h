@@ -14,6 +14,7 @@
 typedef struct fs_status {
   rpc_code code; /* RPC_OK when nothing failed */
   char *msg;     /* malloc'd, NULL when none (or out of memory) */
+  int err;       /* the errno fs_status_os was given, else 0 */
 } fs_status;
 
 /* Set code and formatted message (replacing any previous one). */

@@ -38,6 +38,7 @@ typedef struct h1 {
   int close_asked;  /* ...and the request body is in: the handler asked (no RST over the answer) */
   h1_framing out;   /* the response's framing */
   int body_paused;
+  int continue_wanted; /* Expect: 100-continue, not answered yet (h1_continue) */
   int drain_armed;  /* outq went above HX_OUTQ_LOW */
   uint8_t *ubody;   /* body buffered for an h2c upgrade */
   size_t ubody_len, ubody_cap;
@@ -130,7 +131,7 @@ static void h1_reset_request(h1 *s) {
   s->header_bytes = 0;
   s->in_value = 0;
   s->out = H1_OUT_LENGTH;
-  s->body_paused = s->drain_armed = s->room_wait = 0;
+  s->body_paused = s->continue_wanted = s->drain_armed = s->room_wait = 0;
   s->head_len = 0;
   h1_free_x(s);
 }
@@ -425,6 +426,16 @@ static int h1_end(hx *x, const hx_header *trailers, size_t n) {
   return 0;
 }
 
+/* `100 Continue` (Expect: 100-continue) once the handler takes the body:
+ * when it has not paused it, else at its first resume.  A handler that
+ * answers first (an error, before it could accept the upload) never makes
+ * the client send its body. */
+static void h1_continue(h1 *s, hx *x) {
+  if (!s->continue_wanted || s->body_paused) return;
+  s->continue_wanted = 0;
+  if (!s->c->closing && !x->responded) h1_send_continue(s);
+}
+
 static void h1_pause_body(hx *x, int paused) {
   h1 *s = x->tp;
   if (s->body_paused == paused) return;
@@ -433,6 +444,7 @@ static void h1_pause_body(hx *x, int paused) {
     sink_read_pause(s->c, 1);
     if (s->in_execute) http_parser_pause(&s->parser, 1);
   } else {
+    h1_continue(s, x);
     sink_defer(s->c, h1_next);
   }
 }
@@ -510,9 +522,9 @@ static void h1_dispatch(h1 *s) {
   x->tp = s;
   h1_set_state(s, H1_BODY);
   sink_turn_request(s->c);
+  s->continue_wanted = h1_token_in(hx_get(x, "expect"), "100-continue");
   s->c->serve->dispatch(x);
-  if (!s->c->closing && !x->responded && h1_token_in(hx_get(x, "expect"), "100-continue"))
-    h1_send_continue(s);
+  h1_continue(s, x);
 }
 
 /* Run the parser over d; keeps what it could not take in s->pend.  When d

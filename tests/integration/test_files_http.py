@@ -233,6 +233,18 @@ def test_special_files_stream(srv, d):
     assert st == 200
 
 
+def test_kernel_and_zero_size_files_stream_until_eof(srv, d):
+    # a /proc file says 0 bytes and is read (in the pool) until EOF
+    st, h, body = req(srv, "GET", q(f"/proc/{srv.proc.pid}/mountinfo"))
+    assert st == 200 and "content-length" not in h and h.get("transfer-encoding") == "chunked"
+    assert body == open(f"/proc/{srv.proc.pid}/mountinfo", "rb").read() and b" / " in body
+    # a regular file that says 0 bytes (as FUSE files may) is not trusted to be
+    # empty: streamed until EOF, never answered with Content-Length: 0
+    write(f"{d}/empty", b"")
+    st, h, body = req(srv, "GET", q(f"{d}/empty"))
+    assert (st, body) == (200, b"") and "content-length" not in h and h.get("transfer-encoding") == "chunked"
+
+
 # ---------------------------------------------------------------- PUT / POST
 
 def test_put_created_replaced_modes(srv, d):
@@ -247,6 +259,15 @@ def test_put_created_replaced_modes(srv, d):
     assert st == 200 and json.loads(body) == {"path": f"{d}/new/deep/f", "size": 6}
     assert open(f"{d}/new/deep/f", "rb").read() == b"second"
     assert os.stat(f"{d}/new/deep/f").st_mode & 0o7777 == 0o600
+    # setuid and setgid bits, and the owner, stay on a replaced file
+    for uid, mode in ((0, 0o4755), (NOBODY, 0o6750)):
+        write(f"{d}/suid", b"old", mode)
+        os.chown(f"{d}/suid", uid, uid)
+        os.chmod(f"{d}/suid", mode)
+        st, h, body = req(srv, "PUT", q(f"{d}/suid"), body=b"new")
+        sb = os.stat(f"{d}/suid")
+        assert (st, sb.st_mode & 0o7777, sb.st_uid, sb.st_gid) == (200, mode, uid, uid), oct(sb.st_mode)
+    os.unlink(f"{d}/suid")
     st, h, body = req(srv, "PUT", q(f"{d}/empty"), body=b"")
     assert st == 201 and os.path.getsize(f"{d}/empty") == 0
     assert sorted(os.listdir(d)) == ["empty", "new"] and os.listdir(f"{d}/new/deep") == ["f"]
@@ -266,6 +287,37 @@ def test_put_with_curl_chunked_expect_h2(srv, d):
     r = curl("--data-binary", f"@{d}/src", "-H", tok, "-H", "Content-Type: application/octet-stream",
              "-w", "%{http_code}", srv.url + q(f"{d}/c"))
     assert r.stdout.endswith(b"200")
+
+
+def expect_100(srv, target, headers=""):
+    """A PUT with Expect: 100-continue whose body is sent only after a
+    100 → (what came before the body was sent, all that came)."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    s.sendall(f"PUT {target} HTTP/1.1\r\nHost: x\r\nconch-init-token: {srv.token}\r\n{headers}"
+              "Expect: 100-continue\r\nContent-Length: 5\r\n\r\n".encode())
+    first = s.recv(65536)
+    after = first
+    if first.startswith(b"HTTP/1.1 100 "):
+        s.sendall(b"hello")
+        while not after.endswith(b"}"):
+            b = s.recv(65536)
+            if not b:
+                break
+            after += b
+    s.close()
+    return first, after
+
+
+def test_expect_100_only_once_the_upload_is_accepted(srv, d):
+    # nobody may not write in d: the final 403 comes without a 100 first
+    first, after = expect_100(srv, q(f"{d}/no"), "conch-init-user: nobody\r\n")
+    assert first.startswith(b"HTTP/1.1 403 "), first
+    assert b"100 Continue" not in first and not os.path.exists(f"{d}/no")
+    first, after = expect_100(srv, q(d))  # a directory: 400, no 100
+    assert first.startswith(b"HTTP/1.1 400 "), first
+    first, after = expect_100(srv, q(f"{d}/yes"))  # accepted: 100, then the body, then 201
+    assert first.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), first
+    assert b"HTTP/1.1 201 " in after and open(f"{d}/yes", "rb").read() == b"hello"
 
 
 def test_cut_put_leaves_nothing(srv, d):
@@ -336,6 +388,13 @@ def test_signed_urls(srv, d):
     assert st == 201 and open(f"{d}/up", "rb").read() == b"put"
     st, h, body = req(srv, "POST", signed(t, "PUT", f"{d}/up"), body=b"post", token=False)
     assert st == 200 and open(f"{d}/up", "rb").read() == b"post"
+    # a PUT signature is for one file: never a multipart upload of many files under it
+    mp = mp_body("BND", [('name="a"; filename="x1"', b"1"), ('name="b"; filename="x2"', b"2")])
+    ct = {"Content-Type": "multipart/form-data; boundary=BND"}
+    st, h, body = req(srv, "POST", signed(t, "PUT", f"{d}/dir"), ct, body=mp, token=False)
+    assert (st, json.loads(body)) == (403, {"code": "permission_denied", "message":
+                                            "a signed URL uploads one file: multipart/form-data needs the token"})
+    assert not os.path.exists(f"{d}/dir")
     st, h, body = req(srv, "PUT", signed(t, "PUT", f"{d}/mine", "nobody"), body=b"x", token=False)
     assert st == 403 and not os.path.exists(f"{d}/mine")  # d is root's 0755: nobody may not write
 
@@ -439,6 +498,41 @@ def test_multipart_bad_names(srv, d, disp):
     assert os.listdir(d) == [] or os.listdir(f"{d}/m") == []
 
 
+def test_multipart_bad_name_in_a_later_part_lists_what_was_written(srv, d):
+    ct = {"Content-Type": "multipart/form-data; boundary=BND"}
+    body = mp_body("BND", [('name="a"; filename="good.txt"', b"good"), ('name="b"; filename=".."', b"bad"),
+                           ('name="c"; filename="after.txt"', b"after")])
+    st, h, got = req(srv, "POST", q(f"{d}/m"), ct, body=body)
+    assert (st, json.loads(got)) == (400, {"code": "invalid_argument",
+                                           "message": 'invalid file name in multipart body: ".."',
+                                           "files": [{"path": f"{d}/m/good.txt", "size": 4}]}), got
+    assert os.listdir(f"{d}/m") == ["good.txt"]
+
+
+def test_multipart_answer_is_in_the_memory_budget(d):
+    """The list of written files grows with every part: it is held in the
+    memory budget, so many parts with long names (escaped six-fold in the
+    JSON) end in 429 instead of growing without bound."""
+    s = Server(name="files_http-budget", env={"CONCH_MEM_BUDGET": str(4 << 20)})
+    small = f"{d}/t"
+    os.makedirs(small)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", small], check=True)
+    try:
+        name = "\x01" * 200
+        parts = [(f'name="f"; filename="{name}{i:05d}"', b"") for i in range(3000)]
+        body = mp_body("BND", parts)
+        st, h, got = req(s, "POST", q(small), {"Content-Type": "multipart/form-data; boundary=BND"}, body=body)
+        ans = json.loads(got)
+        assert (st, ans["code"], ans["message"]) == (429, "resource_exhausted", "memory budget exhausted")
+        assert 0 < len(ans["files"]) < 3000
+        st, _, _ = req(s, "GET", "/health", token=False)
+        assert st == 200
+    finally:
+        subprocess.run(["umount", small], check=True)
+        text = s.stop()
+        assert sanitizer_report(text) is None
+
+
 def test_multipart_malformed_and_cut(srv, d):
     ct = {"Content-Type": "multipart/form-data; boundary=BND"}
     st, h, got = req(srv, "POST", q(f"{d}/m"), {"Content-Type": "multipart/form-data"}, body=b"x")
@@ -461,12 +555,22 @@ def test_multipart_malformed_and_cut(srv, d):
     assert os.listdir(f"{d}/c") == ["first.txt"] and open(f"{d}/c/first.txt", "rb").read() == b"first"
 
 
+def held_bytes(srv):
+    st, _, body = req(srv, "GET", "/metrics", {"Accept": "text/plain"})
+    assert st == 200
+    return int(next(l for l in body.decode().splitlines() if l.startswith("conch_memory_budget_held_bytes ")).split()[1])
+
+
 def test_zero_copy_client_leaves_and_slow_reader(srv, d):
-    """HTTP/1.1 sends a sized file with sendfile: a client that stops
-    reading holds nothing in the agent; one that leaves midway ends it."""
+    """HTTP/1.1 sends a sized file with sendfile: clients that stop reading
+    hold no buffer in the agent (a copy through user space would hold a
+    256 KiB chunk each, in the memory budget); one that leaves midway ends
+    it."""
     with open(f"{d}/sparse", "wb") as f:
         f.truncate(64 << 20)
-    for leave_after in (1 << 20, 20 << 20):
+    assert held_bytes(srv) < 64 << 10
+    socks = []
+    for leave_after in (1 << 20, 20 << 20, 1 << 20, 1 << 20):
         s = socket.create_connection(("127.0.0.1", srv.port))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         s.sendall(f"GET {q(f'{d}/sparse')} HTTP/1.1\r\nHost: x\r\nconch-init-token: {srv.token}\r\n\r\n".encode())
@@ -475,9 +579,12 @@ def test_zero_copy_client_leaves_and_slow_reader(srv, d):
             b = s.recv(1 << 16)
             assert b
             got += len(b)
-        time.sleep(0.5)  # not reading: the kernel's buffers fill, the agent waits
-        st, _, _ = req(srv, "GET", "/health", token=False)
-        assert st == 200
+        socks.append(s)
+    time.sleep(0.5)  # not reading: the kernel's buffers fill, the agent waits
+    assert held_bytes(srv) < 256 << 10  # four stalled copies would hold >= 1 MiB
+    st, _, _ = req(srv, "GET", "/health", token=False)
+    assert st == 200
+    for s in socks:
         s.close()
     st, h, body = req(srv, "GET", q(f"{d}/sparse"), {"Range": "bytes=-5"})
     assert (st, body) == (206, b"\0" * 5)
@@ -682,6 +789,12 @@ def test_out_of_space_is_507_and_leaves_nothing(srv, d):
         assert os.listdir(small) == ["keep"] and open(f"{small}/keep", "rb").read() == b"old"
     finally:
         subprocess.run(["umount", small], check=True)
+    # 507 comes from the error, not from words in a message: a path that
+    # says "no space left on device" where nobody may write is still 403
+    odd = f"{d}/x: no space left on device"
+    os.makedirs(odd)
+    st, h, body = req(srv, "PUT", q(f"{odd}/f"), {"conch-init-user": "nobody"}, body=b"x")
+    assert (st, json.loads(body)["code"]) == (403, "permission_denied"), body
 
 
 def test_readme_routes_opening_lines(srv, tmp_path):
