@@ -92,19 +92,26 @@ static void fh_put_fail(fs_http *h) {
   fh_put_dispose(h);
 }
 
-void fh_put_done(void *data, int canceled) {
-  fs_http *h = data;
+/* An upload's pool job is back: 0 to go on, -1 when it is over (the
+ * client left, or the job failed and the answer went out). */
+static int fh_job_back(fs_http *h, int canceled) {
   h->busy = 0;
   fh_keep_spare(h);
   if (!h->r) {
     fh_put_dispose(h);
-    return;
+    return -1;
   }
   if (canceled && h->st.code == RPC_OK) fs_status_set(&h->st, RPC_INTERNAL, "file upload was canceled");
   if (h->st.code != RPC_OK) {
     fh_put_fail(h);
-    return;
+    return -1;
   }
+  return 0;
+}
+
+void fh_put_done(void *data, int canceled) {
+  fs_http *h = data;
+  if (fh_job_back(h, canceled) != 0) return;
   if (h->phase == FH_OPEN) {
     fh_to(h, FH_RECV);
     rpc_http_pause_body(h->r, 0);
@@ -234,17 +241,7 @@ static void fh_mp_run(void *data) {
 
 static void fh_mp_done(void *data, int canceled) {
   fs_http *h = data;
-  h->busy = 0;
-  fh_keep_spare(h);
-  if (!h->r) {
-    fh_put_dispose(h);
-    return;
-  }
-  if (canceled && h->st.code == RPC_OK) fs_status_set(&h->st, RPC_INTERNAL, "file upload was canceled");
-  if (h->st.code != RPC_OK) {
-    fh_put_fail(h);
-    return;
-  }
+  if (fh_job_back(h, canceled) != 0) return;
   if (h->op == MPO_COMMIT) {
     size_t pl = strlen(h->target);
     if (fh_grow(h, &h->results, &h->rcap, h->rlen, TEXT_JSON_MAX(pl) + 48, 4096) != 0) {

@@ -32,15 +32,23 @@ rpc_code auth_check(const char *v, const char **msg) {
   return RPC_OK;
 }
 
-rpc_code auth_check_hx(const hx *x, const char **msg) {
-  static const char name[] = "conch-init-token";
+/* The last value of request header lname (NULL: none); *seen: how many
+ * times it came. */
+static const char *auth_header(const hx *x, const char *lname, size_t *seen) {
+  size_t l = strlen(lname);
   const char *v = NULL;
-  size_t seen = 0;
+  *seen = 0;
   for (size_t i = 0; i < x->nhdr; i++)
-    if (x->hdr[i].nlen == sizeof name - 1 && memcmp(x->hdr[i].name, name, sizeof name - 1) == 0) {
+    if (x->hdr[i].nlen == l && memcmp(x->hdr[i].name, lname, l) == 0) {
       v = x->hdr[i].value;
-      seen++;
+      (*seen)++;
     }
+  return v;
+}
+
+rpc_code auth_check_hx(const hx *x, const char **msg) {
+  size_t seen;
+  const char *v = auth_header(x, "conch-init-token", &seen);
   if (seen > 1 && conch.token_set) { /* never valid, whatever the copies say */
     *msg = "agent token is invalid";
     return RPC_UNAUTHENTICATED;
@@ -49,14 +57,8 @@ rpc_code auth_check_hx(const hx *x, const char **msg) {
 }
 
 rpc_code auth_check_hx_bearer(const hx *x, const char **msg) {
-  static const char name[] = "authorization";
-  const char *v = NULL;
-  size_t seen = 0;
-  for (size_t i = 0; i < x->nhdr; i++)
-    if (x->hdr[i].nlen == sizeof name - 1 && memcmp(x->hdr[i].name, name, sizeof name - 1) == 0) {
-      v = x->hdr[i].value;
-      seen++;
-    }
+  size_t seen;
+  const char *v = auth_header(x, "authorization", &seen);
   if (!v || hx_get(x, "conch-init-token")) return auth_check_hx(x, msg);
   if (seen > 1 && conch.token_set) {
     *msg = "agent token is invalid";

@@ -17,6 +17,7 @@ is configured in the machine's own network namespace.
 Everything is undone by close(): PID 1 killed (its namespaces and mounts go
 with it), loop devices detached, the peer namespace deleted, files removed.
 """
+import contextlib
 import json
 import os
 import random
@@ -356,3 +357,30 @@ class Sandbox:
         if os.path.exists(self.work):
             leftovers.append(f"{self.work} not removed")
         return leftovers
+
+
+@contextlib.contextmanager
+def ready(binary, *, fault=None, token="tok-1", console_tail=0, **kw):
+    """A PID 1 booted in namespaces whose first init message was answered
+    ready, with CONCH_FAULT=fault (a test seam) while it lives; closed
+    afterwards, and nothing of it may be left (close() lists what is)."""
+    s = Sandbox(binary, **kw)
+    old = os.environ.get("CONCH_FAULT")
+    if fault:
+        os.environ["CONCH_FAULT"] = fault
+    try:
+        s.build()
+        s.boot()
+        s.init_until_ready(s.request())
+        if token is not None:
+            s.token = token
+        yield s
+    finally:
+        if fault:
+            if old is None:
+                os.environ.pop("CONCH_FAULT", None)
+            else:
+                os.environ["CONCH_FAULT"] = old
+        if console_tail:
+            print("\n---- PID 1 console ----\n" + s.console()[-console_tail:])
+        assert s.close() == []

@@ -14,21 +14,8 @@ from test_pid1 import BIN, wait_for
 
 @pytest.fixture(scope="module")
 def sb():
-    s = sbx.Sandbox(BIN, with_disk=False, entrypoint=False)
-    old = os.environ.get("CONCH_FAULT")
-    os.environ["CONCH_FAULT"] = "proc_init"
-    try:
-        s.build()
-        s.boot()
-        s.init_until_ready(s.request())
+    with sbx.ready(BIN, fault="proc_init", token=None, console_tail=4000, with_disk=False, entrypoint=False) as s:
         yield s
-    finally:
-        if old is None:
-            os.environ.pop("CONCH_FAULT", None)
-        else:
-            os.environ["CONCH_FAULT"] = old
-        print("\n---- PID 1 console ----\n" + s.console()[-4000:])
-        assert s.close() == []
 
 
 def test_pid1_lives_without_process_service(sb):

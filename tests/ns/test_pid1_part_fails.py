@@ -4,7 +4,6 @@ every other part restores on its own.  The init listener is kept, so the
 host can still send init messages (a token rotation works); the API
 listener is kept, its commands too; Upgrade is usable again."""
 import json
-import os
 
 import pytest
 
@@ -14,22 +13,8 @@ from test_pid1 import BIN, run_in_sandbox, wait_for
 
 @pytest.fixture(scope="module")
 def sb():
-    s = sbx.Sandbox(BIN, with_disk=False, entrypoint=False)
-    old = os.environ.get("CONCH_FAULT")
-    os.environ["CONCH_FAULT"] = "handover_ports"
-    try:
-        s.build()
-        s.boot()
-        s.init_until_ready(s.request())
-        s.token = "tok-1"
+    with sbx.ready(BIN, fault="handover_ports", console_tail=5000, with_disk=False, entrypoint=False) as s:
         yield s
-    finally:
-        if old is None:
-            os.environ.pop("CONCH_FAULT", None)
-        else:
-            os.environ["CONCH_FAULT"] = old
-        print("\n---- PID 1 console ----\n" + s.console()[-5000:])
-        assert s.close() == []
 
 
 def test_pid1_keeps_its_init_listener_when_the_ports_part_fails(sb):

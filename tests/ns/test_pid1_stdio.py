@@ -15,15 +15,8 @@ from test_pid1 import BIN, run_in_sandbox, wait_for
 
 @pytest.fixture(scope="module")
 def sb():
-    s = sbx.Sandbox(BIN, with_disk=False, entrypoint=False, closed_stdio=True)
-    try:
-        s.build()
-        s.boot()
-        s.init_until_ready(s.request())
-        s.token = "tok-1"
+    with sbx.ready(BIN, with_disk=False, entrypoint=False, closed_stdio=True) as s:
         yield s
-    finally:
-        assert s.close() == []
 
 
 def stdio_kinds(pid):

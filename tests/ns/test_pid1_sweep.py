@@ -22,15 +22,8 @@ from test_pid1 import BIN, run_in_sandbox, wait_for
 
 @pytest.fixture()
 def sb():
-    s = sbx.Sandbox(BIN, with_disk=False, entrypoint=False)
-    try:
-        s.build()
-        s.boot()
-        s.init_until_ready(s.request())
-        s.token = "tok-1"
+    with sbx.ready(BIN, with_disk=False, entrypoint=False) as s:
         yield s
-    finally:
-        assert s.close() == []
 
 
 def host_agent_start_and_stop(tmp):
