@@ -180,6 +180,8 @@ typedef struct log_rec {
   int line;
   const char *msg;
   size_t msglen;
+  const size_t *kv; /* where each key/value's key starts in msg (kv_find) */
+  int nkv;
 } log_rec;
 
 static size_t fmt_text(char *out, size_t cap, const log_rec *r) {
@@ -209,16 +211,65 @@ static int key_at(const char *p, const char *end) {
   return p < end && *p == '=';
 }
 
-/* The first " key=" at or after p (where its space is), or NULL. */
-static const char *kv_next(const char *p, const char *end) {
-  for (; p < end; p++)
-    if (*p == ' ' && key_at(p + 1, end)) return p;
-  return NULL;
+#define LOG_KV_MAX 16
+
+static int kv_reserved(const char *k, size_t n) {
+  static const char *const r[] = {"ts", "level", "src", "sandboxId", "msg"};
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+    if (strlen(r[i]) == n && memcmp(r[i], k, n) == 0) return 1;
+  return 0;
+}
+
+/* The key/values are the format's own " key=" words (or a "key=" that
+ * starts it): text an argument brings (a command line, a file name) never
+ * makes a key, and a reserved or repeated key stays part of the value
+ * before it.  Each one's key offset in the formatted message (ml bytes)
+ * goes into offs, in order; returns how many. */
+static int kv_find(const char *fmt, va_list ap, const char *msg, size_t ml, size_t *offs) {
+  char prefix[LOG_LINE_MAX];
+  const char *names[LOG_KV_MAX];
+  size_t lens[LOG_KV_MAX];
+  size_t fl = strlen(fmt);
+  int n = 0;
+  for (size_t i = 0; i < fl && n < LOG_KV_MAX && i + 1 < sizeof prefix;) {
+    if (fmt[i] == '%') { /* past the conversion: flags, width, precision, length, letter */
+      i++;
+      if (i < fl && fmt[i] == '%') {
+        i++;
+        continue;
+      }
+      while (i < fl && strchr("#0- +'*.0123456789hlLqjzt", fmt[i])) i++;
+      if (i < fl) i++;
+      continue;
+    }
+    size_t k = i == 0 ? 0 : i + 1; /* the key's start in fmt */
+    if ((i == 0 || fmt[i] == ' ') && key_at(fmt + k, fmt + fl)) {
+      const char *eq = strchr(fmt + k, '=');
+      size_t kl = (size_t)(eq - (fmt + k));
+      int dup = kv_reserved(fmt + k, kl);
+      for (int j = 0; j < n && !dup; j++) dup = lens[j] == kl && memcmp(names[j], fmt + k, kl) == 0;
+      if (!dup) {
+        memcpy(prefix, fmt, k);
+        prefix[k] = 0;
+        va_list c;
+        va_copy(c, ap);
+        int at = vsnprintf(NULL, 0, prefix, c);
+        va_end(c);
+        /* the same key at that place in the message (not cut off) */
+        if (at < 0 || (size_t)at + kl >= ml || memcmp(msg + at, fmt + k, kl + 1) != 0) break;
+        names[n] = fmt + k;
+        lens[n] = kl;
+        offs[n++] = (size_t)at;
+      }
+    }
+    i++;
+  }
+  return n;
 }
 
 /* {"ts":"…Z","level":…,"src":…,"sandboxId":…,"msg":…,"k":"v",…}: the
- * message is what comes before its first " key=", each value runs to the
- * next " key=".  Needs LOG_JSON_MAX of room. */
+ * message is what comes before its first key (r->kv), each value runs to
+ * the next key's space.  Needs LOG_JSON_MAX of room. */
 static size_t fmt_json(char *out, size_t cap, const log_rec *r) {
   if (!lg.esc || cap < LOG_JSON_MAX) return 0;
   struct tm tm;
@@ -236,19 +287,17 @@ static size_t fmt_json(char *out, size_t cap, const log_rec *r) {
   n += lg.esc(out + n, conch.sandbox_id, sidlen > 255 ? 255 : sidlen);
   memcpy(out + n, ",\"msg\":", 7);
   n += 7;
-  const char *m = r->msg, *end = r->msg + r->msglen;
-  const char *kv = key_at(m, end) ? m : NULL;
-  const char *me = kv ? m : kv_next(m, end);
-  if (!kv && me) kv = me + 1;
-  n += lg.esc(out + n, m, (size_t)((me ? me : end) - m));
-  while (kv) {
-    const char *eq = memchr(kv, '=', (size_t)(end - kv));
-    const char *nx = kv_next(eq + 1, end);
+  const char *m = r->msg;
+  size_t me = r->nkv ? (r->kv[0] ? r->kv[0] - 1 : 0) : r->msglen;
+  n += lg.esc(out + n, m, me);
+  for (int i = 0; i < r->nkv; i++) {
+    const char *k = m + r->kv[i];
+    const char *eq = memchr(k, '=', r->msglen - r->kv[i]);
+    size_t ve = i + 1 < r->nkv ? r->kv[i + 1] - 1 : r->msglen;
     out[n++] = ',';
-    n += lg.esc(out + n, kv, (size_t)(eq - kv));
+    n += lg.esc(out + n, k, (size_t)(eq - k));
     out[n++] = ':';
-    n += lg.esc(out + n, eq + 1, (size_t)((nx ? nx : end) - (eq + 1)));
-    kv = nx ? nx + 1 : NULL;
+    n += lg.esc(out + n, eq + 1, ve - (size_t)(eq + 1 - m));
   }
   out[n++] = '}';
   out[n++] = '\n';
@@ -758,8 +807,13 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
   int to_con = (int)lvl >= con_min, to_rest = (int)lvl >= conch.log_level;
   if (!to_con && !to_rest) return;
   char msg[LOG_LINE_MAX];
+  va_list ap2;
+  va_copy(ap2, ap);
   int m = vsnprintf(msg, sizeof msg, fmt, ap);
-  if (m < 0) return;
+  if (m < 0) {
+    va_end(ap2);
+    return;
+  }
   size_t ml = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
   for (size_t i = 0; i < ml; i++) /* one line: newlines inside a message become spaces */
     if (msg[i] == '\n' || msg[i] == '\r') msg[i] = ' ';
@@ -772,7 +826,12 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
   log_lock();
   if (conch.loop && !lg.attached) log_attach();
   int want_json = lg.esc && ((to_con && lg.con_json) || (to_rest && lg.ls != LS_OFF));
-  if (want_json && (json = malloc(LOG_JSON_MAX))) jn = fmt_json(json, LOG_JSON_MAX, &r);
+  size_t kv[LOG_KV_MAX];
+  if (want_json && (json = malloc(LOG_JSON_MAX))) {
+    r.kv = kv;
+    r.nkv = kv_find(fmt, ap2, msg, ml, kv);
+    jn = fmt_json(json, LOG_JSON_MAX, &r);
+  }
   if ((to_con && !lg.con_json) || (to_rest && lg.file_fd >= 0)) tn = fmt_text(text, sizeof text, &r);
   if (to_con) {
     if (lg.con_json && jn) con_line(json, jn);
@@ -782,6 +841,7 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
   if (to_rest && jn) stream_line(json, jn);
   if (!on_loop_thread()) log_kick();
   log_unlock();
+  va_end(ap2);
   free(json);
 }
 

@@ -48,6 +48,34 @@ TEST(json_form) {
   ASSERT(strstr(l3 + 1, "\"msg\":\"plain line\"}"));
 }
 
+/* Only the format's own words make keys: a file name or command line
+ * that says " key=value" stays inside its value, and a reserved or
+ * repeated key in the format stays text. */
+TEST(json_keys_only_from_the_format) {
+  static char buf[65536];
+  log_set_console_json(1);
+  LOG_INFO("upload name=%s bytes=%d", "f level=error sandboxId=other ts=1999 msg=x bytes=9", 3);
+  LOG_INFO("%s", "cmd=rm level=error");
+  LOG_INFO("run level=%s cmd=%s cmd=%s", "a", "b", "c");
+  log_set_console_json(0);
+  drain(buf, sizeof buf);
+  char *e1 = strchr(buf, '\n'), *e2 = e1 ? strchr(e1 + 1, '\n') : NULL, *e3 = e2 ? strchr(e2 + 1, '\n') : NULL;
+  ASSERT(e3 && e3[1] == 0);
+  *e1 = *e2 = *e3 = 0;
+  ASSERT(strstr(buf, "\"level\":\"info\",") && strstr(buf, "\"sandboxId\":\"sb-\\\"1\\\"\","));
+  ASSERT(strstr(buf, ",\"msg\":\"upload\",\"name\":\"f level=error sandboxId=other ts=1999 msg=x bytes=9\","
+                     "\"bytes\":\"3\"}"));
+  ASSERT(strstr(e1 + 1, ",\"msg\":\"cmd=rm level=error\"}"));
+  ASSERT(strstr(e2 + 1, ",\"msg\":\"run level=a\",\"cmd\":\"b cmd=c\"}"));
+  for (char *l = buf; l <= e2 + 1; l = strchr(l, 0) + 1) { /* each reserved key once */
+    const char *keys[] = {"\"ts\":", "\"level\":", "\"src\":", "\"sandboxId\":", "\"msg\":"};
+    for (int i = 0; i < 5; i++) {
+      char *a = strstr(l, keys[i]);
+      ASSERT(a && !strstr(a + 1, keys[i]));
+    }
+  }
+}
+
 TEST(stalled_console_drops_whole_lines) {
   static char buf[1 << 20];
   char line[101];
@@ -170,6 +198,7 @@ int main(void) {
   snprintf(conch.sandbox_id, sizeof conch.sandbox_id, "sb-\"1\"");
   log_set_json_escaper(text_json_string);
   RUN(json_form);
+  RUN(json_keys_only_from_the_format);
   RUN(stalled_console_drops_whole_lines);
   RUN(file_written_and_rotated_in_the_pool);
   return test_summary();
