@@ -87,7 +87,8 @@ static struct {
   uv_timer_t ls_timer;
   int ls_timer_inited;
   unsigned ls_backoff;
-  log_q str;
+  log_q str;     /* whole lines: a line leaves it once sent whole */
+  size_t ls_sent; /* bytes of its first line already sent on this connection */
 } lg = {.con_fd = -1, .con_level = -1, .file_fd = -1, .file_retired = -1, .ls_fd = -1};
 
 static void log_kick(void);
@@ -570,6 +571,7 @@ static void stream_to(ls_state to) {
     close(lg.ls_fd);
     lg.ls_fd = -1;
   }
+  if (to != LS_UP) lg.ls_sent = 0; /* a partly sent line is sent again whole on the next connection */
   if (to == LS_OFF && lg.ls_timer_inited) uv_timer_stop(&lg.ls_timer);
   lg.ls = to;
 }
@@ -596,7 +598,7 @@ static void stream_wait(void) {
 static void stream_poll_set(void) {
   if (!lg.ls_poll) return;
   int ev = UV_DISCONNECT;
-  if (lg.ls == LS_CONNECTING || lg.str.len) ev |= UV_WRITABLE;
+  if (lg.ls == LS_CONNECTING || lg.str.len > lg.ls_sent) ev |= UV_WRITABLE;
   if (lg.ls == LS_UP) ev |= UV_READABLE;
   uv_poll_start(lg.ls_poll, ev, stream_on_poll);
 }
@@ -647,17 +649,21 @@ static void stream_connect(void) {
 }
 
 static void stream_flush(void) {
-  while (lg.ls == LS_UP && lg.str.len) {
-    ssize_t w = send(lg.ls_fd, lg.str.buf + lg.str.off, lg.str.len, MSG_NOSIGNAL);
+  while (lg.ls == LS_UP && lg.str.len > lg.ls_sent) {
+    ssize_t w = send(lg.ls_fd, lg.str.buf + lg.str.off + lg.ls_sent, lg.str.len - lg.ls_sent, MSG_NOSIGNAL);
     if (w > 0) {
-      q_consume(&lg.str, (size_t)w);
+      lg.ls_sent += (size_t)w;
+      const char *nl = memrchr(lg.str.buf + lg.str.off, '\n', lg.ls_sent);
+      if (nl) {
+        size_t whole = (size_t)(nl - (lg.str.buf + lg.str.off)) + 1;
+        q_consume(&lg.str, whole);
+        lg.ls_sent -= whole;
+      }
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EAGAIN) break;
-    /* the host went away: a partly sent line is sent again whole */
-    while (lg.str.off > 0 && lg.str.buf[lg.str.off - 1] != '\n') lg.str.off--, lg.str.len++;
-    stream_wait();
+    stream_wait(); /* the host went away */
     return;
   }
   stream_poll_set();
@@ -685,7 +691,6 @@ static void stream_on_poll(uv_poll_t *h, int status, int events) {
     gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR);
   }
   if (gone) {
-    while (lg.str.off > 0 && lg.str.buf[lg.str.off - 1] != '\n') lg.str.off--, lg.str.len++;
     stream_wait();
   } else {
     stream_flush();
