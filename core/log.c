@@ -468,7 +468,7 @@ static void file_work(pool_job *j) {
     if (access(dst, F_OK) != 0) break;
   }
   if (rename(f->path, dst) != 0) return; /* keep appending to the old one */
-  f->newfd = open(f->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  f->newfd = open(f->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (f->newfd >= 0) f->bytes = 0;
 }
 
@@ -571,19 +571,40 @@ static void file_set(int fd, const char *path) {
   log_unlock();
 }
 
+/* Make fd the agent's own: a regular file with one name, root's (when we
+ * are root), mode 0600 — an older file was 0644, and its lines name other
+ * users' commands.  0 or -errno. */
+static int file_own(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) return -EPERM;
+  if (geteuid() == 0 && (st.st_uid != 0 || st.st_gid != 0) && fchown(fd, 0, 0) != 0) return -errno;
+  if (fchmod(fd, 0600) != 0) return -errno;
+  return 0;
+}
+
 int log_open_file(const char *path) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK, 0600);
   if (fd < 0) return -errno;
-  if (fchmod(fd, 0600) != 0) { /* an older file was 0644: it names other users' commands */
-    int e = errno;
+  int e = file_own(fd);
+  if (e == 0 && fcntl(fd, F_SETFL, O_APPEND) != 0) e = -errno; /* O_NONBLOCK was for opening only */
+  if (e != 0) {
     close(fd);
-    return -e;
+    return e;
   }
   file_set(fd, path);
   return 0;
 }
 
-void log_adopt_file(int fd, const char *path) { file_set(fd, path); }
+int log_adopt_file(int fd, const char *path) {
+  int e = file_own(fd);
+  if (e != 0) {
+    close(fd);
+    return e;
+  }
+  file_set(fd, path);
+  return 0;
+}
 
 int log_file_fd(void) { return lg.file_fd; }
 
