@@ -66,9 +66,6 @@ static struct {
   int con_poll_inited, con_polling;
   int con_level; /* -1: conch.log_level */
   int con_json;
-  int con_pool; /* a regular file: written by a pool job, like the log file */
-  int con_busy;
-  log_fjob cjob;
   log_q con;
 
   /* file */
@@ -208,7 +205,6 @@ static void q_line(log_q *q, size_t limit, int json, const char *s, size_t n) {
 /* ---------------------------------------------------------------- console */
 
 static void con_flush(void);
-static void con_kick(void);
 
 static void con_on_poll(uv_poll_t *h, int status, int events) {
   (void)h;
@@ -234,7 +230,6 @@ static void con_setup(void) {
   }
   if (S_ISREG(st.st_mode)) {
     lg.con_fd = STDERR_FILENO;
-    lg.con_pool = 1;
     lg.con_ready = 1;
     return;
   }
@@ -300,8 +295,7 @@ static void con_line(const char *s, size_t n) {
   }
   if (lg.con_fd < 0 || q_alloc(&lg.con, LOG_QUEUE_MAX) != 0) return;
   q_line(&lg.con, LOG_QUEUE_MAX, lg.con_json, s, n);
-  if (lg.con_pool) con_kick();
-  else if (!lg.con_polling) con_flush();
+  if (!lg.con_polling) con_flush();
 }
 
 /* ---------------------------------------------------------------- file */
@@ -375,37 +369,6 @@ static void file_kick(void) {
   snprintf(f->path, sizeof f->path, "%s", conch.log_path);
   lg.file_busy = 1;
   pool_submit(&f->job, file_work, file_done);
-}
-
-static void con_done(pool_job *j, int canceled) {
-  (void)j;
-  (void)canceled;
-  log_lock();
-  lg.con_busy = 0;
-  con_kick();
-  log_unlock();
-}
-
-/* A console that is a regular file: the queued bytes to a pool job (one at
- * a time; loop thread), as the log file's; before there is a loop (the
- * boot's first lines, unit tests) written at once. */
-static void con_kick(void) {
-  if (lg.con_busy || !lg.con.len) return;
-  if (!conch.loop) {
-    con_flush();
-    return;
-  }
-  if (!on_loop_thread()) return;
-  log_fjob *f = &lg.cjob;
-  if (!f->buf && !(f->buf = malloc(LOG_QUEUE_MAX + LOG_NOTE_MAX))) return;
-  memcpy(f->buf, lg.con.buf + lg.con.off, lg.con.len);
-  f->n = lg.con.len;
-  q_consume(&lg.con, lg.con.len);
-  f->fd = lg.con_fd;
-  f->newfd = -1;
-  f->path[0] = 0; /* never rotated */
-  lg.con_busy = 1;
-  pool_submit(&f->job, file_work, con_done);
 }
 
 static void file_line(const char *s, size_t n) {
@@ -709,8 +672,7 @@ int log_stream_set(const char *spec) {
 static void log_on_wake(uv_async_t *a) {
   (void)a;
   log_lock();
-  if (lg.con_pool) con_kick();
-  else if (lg.con_fd >= 0 && !lg.con_polling) con_flush();
+  if (lg.con_fd >= 0 && !lg.con_polling) con_flush();
   file_kick();
   if (lg.ls == LS_UP) stream_flush();
   log_unlock();
