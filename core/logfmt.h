@@ -8,15 +8,13 @@
 #include <stddef.h>
 #include <sys/time.h>
 
-#include "core/log.h"
-
 #define LOG_LINE_MAX 4096
 #define LOG_JSON_MAX (LOG_LINE_MAX * 6 + 512)
 #define LOG_KV_MAX 16
 
 typedef struct log_rec {
   struct timeval tv;
-  log_level lvl;
+  int lvl; /* log_level */
   const char *src; /* base name */
   int line;
   const char *msg;
