@@ -299,7 +299,7 @@ def test_upgrade_in_place_as_pid1(sb):
         ends = [e["end"] for f, e in ev if f == 0 and "end" in e]
         return ends[0].get("exitCode", 0) if ends else None
     # the init key consoleLogLevel is sticky: still info on the console after it
-    req = sb.request()
+    req = sb.request(token=sb.token)
     req["consoleLogLevel"] = "info"
     resp, _ = sb.init_until_ready(req)
     assert resp == '{"version":1,"status":"ready","retryable":false}', resp
