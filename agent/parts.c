@@ -83,7 +83,9 @@ static int ah_daemon_restore(uv_loop_t *loop, const ProtobufCMessage *m) {
     }
     free(kv);
   }
-  if (d->log_fd > 0) log_adopt_file(d->log_fd, d->log_path);
+  int e;
+  if (d->log_fd > 0 && (e = log_adopt_file(d->log_fd, d->log_path)) != 0)
+    LOG_WARN("handed-over log file not kept: %s", strerror(-e));
   return 0;
 }
 

@@ -19,16 +19,14 @@
 #include <linux/vm_sockets.h>
 
 #include "core/daemon.h"
+#include "core/logfmt.h"
 #include "core/pool.h"
 
 #define LOG_ROTATE_BYTES (10u * 1024 * 1024)
-#define LOG_LINE_MAX 4096
-#define LOG_JSON_MAX (LOG_LINE_MAX * 6 + 512)
 #define LOG_NOTE_MAX 512 /* room kept for a "<n> log lines dropped" line */
 #define LOG_BACKOFF_MIN_MS 100
 #define LOG_BACKOFF_MAX_MS 5000
 
-static const char *const log_names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
 static const char *const log_lnames[] = {"debug", "info", "warn", "error"};
 
 /* One destination's queue: bytes buf[off, off+len), whole lines. */
@@ -87,7 +85,8 @@ static struct {
   uv_timer_t ls_timer;
   int ls_timer_inited;
   unsigned ls_backoff;
-  log_q str;
+  log_q str;     /* whole lines: a line leaves it once sent whole */
+  size_t ls_sent; /* bytes of its first line already sent on this connection */
 } lg = {.con_fd = -1, .con_level = -1, .file_fd = -1, .file_retired = -1, .ls_fd = -1};
 
 static void log_kick(void);
@@ -171,99 +170,15 @@ static void q_drop_oldest(log_q *q) {
   q->dropped++;
 }
 
-/* ---------------------------------------------------------------- formats */
-
-typedef struct log_rec {
-  struct timeval tv;
-  log_level lvl;
-  const char *src; /* base name */
-  int line;
-  const char *msg;
-  size_t msglen;
-} log_rec;
-
-static size_t fmt_text(char *out, size_t cap, const log_rec *r) {
-  struct tm tm;
-  gmtime_r(&r->tv.tv_sec, &tm);
-  int n = snprintf(out, cap, "%04d-%02d-%02d %02d:%02d:%02d.%03d [%s] %s:%d [%s] %.*s\n", tm.tm_year + 1900,
-                   tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(r->tv.tv_usec / 1000),
-                   log_names[r->lvl], r->src, r->line, conch.sandbox_id[0] ? conch.sandbox_id : "-",
-                   (int)r->msglen, r->msg);
-  if (n < 0) return 0;
-  if ((size_t)n >= cap) {
-    out[cap - 1] = '\n';
-    return cap;
-  }
-  return (size_t)n;
-}
-
-static int key_char(char c, int first) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-         (!first && ((c >= '0' && c <= '9') || c == '.' || c == '-'));
-}
-
-/* 1 when a "key=" starts at p (key: [A-Za-z_][A-Za-z0-9_.-]*). */
-static int key_at(const char *p, const char *end) {
-  if (p >= end || !key_char(*p, 1)) return 0;
-  while (p < end && key_char(*p, 0)) p++;
-  return p < end && *p == '=';
-}
-
-/* The first " key=" at or after p (where its space is), or NULL. */
-static const char *kv_next(const char *p, const char *end) {
-  for (; p < end; p++)
-    if (*p == ' ' && key_at(p + 1, end)) return p;
-  return NULL;
-}
-
-/* {"ts":"…Z","level":…,"src":…,"sandboxId":…,"msg":…,"k":"v",…}: the
- * message is what comes before its first " key=", each value runs to the
- * next " key=".  Needs LOG_JSON_MAX of room. */
-static size_t fmt_json(char *out, size_t cap, const log_rec *r) {
-  if (!lg.esc || cap < LOG_JSON_MAX) return 0;
-  struct tm tm;
-  gmtime_r(&r->tv.tv_sec, &tm);
-  char src[300];
-  int sl = snprintf(src, sizeof src, "%s:%d", r->src, r->line);
-  if (sl < 0 || (size_t)sl >= sizeof src) sl = (int)sizeof src - 1;
-  size_t n = (size_t)snprintf(out, cap, "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03dZ\",\"level\":\"%s\",\"src\":",
-                              tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                              (int)(r->tv.tv_usec / 1000), log_lnames[r->lvl]);
-  n += lg.esc(out + n, src, (size_t)sl);
-  memcpy(out + n, ",\"sandboxId\":", 13);
-  n += 13;
-  size_t sidlen = strnlen(conch.sandbox_id, sizeof conch.sandbox_id);
-  n += lg.esc(out + n, conch.sandbox_id, sidlen > 255 ? 255 : sidlen);
-  memcpy(out + n, ",\"msg\":", 7);
-  n += 7;
-  const char *m = r->msg, *end = r->msg + r->msglen;
-  const char *kv = key_at(m, end) ? m : NULL;
-  const char *me = kv ? m : kv_next(m, end);
-  if (!kv && me) kv = me + 1;
-  n += lg.esc(out + n, m, (size_t)((me ? me : end) - m));
-  while (kv) {
-    const char *eq = memchr(kv, '=', (size_t)(end - kv));
-    const char *nx = kv_next(eq + 1, end);
-    out[n++] = ',';
-    n += lg.esc(out + n, kv, (size_t)(eq - kv));
-    out[n++] = ':';
-    n += lg.esc(out + n, eq + 1, (size_t)((nx ? nx : end) - (eq + 1)));
-    kv = nx ? nx + 1 : NULL;
-  }
-  out[n++] = '}';
-  out[n++] = '\n';
-  return n;
-}
-
 /* The "<n> log lines dropped" line in a destination's form. */
 static size_t fmt_note(char *out, size_t cap, int json, unsigned long long n) {
   char words[64];
   int wl = snprintf(words, sizeof words, "%llu log lines dropped", n);
   log_rec r = {.lvl = LOG_LVL_WARN, .src = "log.c", .line = __LINE__, .msg = words, .msglen = (size_t)wl};
   gettimeofday(&r.tv, NULL);
-  if (!json) return fmt_text(out, cap, &r);
+  if (!json) return logfmt_text(out, cap, &r);
   char big[LOG_JSON_MAX];
-  size_t k = fmt_json(big, sizeof big, &r);
+  size_t k = logfmt_json(big, sizeof big, &r, lg.esc);
   if (k == 0 || k > cap) return 0;
   memcpy(out, big, k);
   return k;
@@ -412,7 +327,7 @@ static void file_work(pool_job *j) {
     if (access(dst, F_OK) != 0) break;
   }
   if (rename(f->path, dst) != 0) return; /* keep appending to the old one */
-  f->newfd = open(f->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  f->newfd = open(f->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (f->newfd >= 0) f->bytes = 0;
 }
 
@@ -484,19 +399,40 @@ static void file_set(int fd, const char *path) {
   log_unlock();
 }
 
+/* Make fd the agent's own: a regular file with one name, root's (when we
+ * are root), mode 0600 — an older file was 0644, and its lines name other
+ * users' commands.  0 or -errno. */
+static int file_own(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) return -EPERM;
+  if (geteuid() == 0 && (st.st_uid != 0 || st.st_gid != 0) && fchown(fd, 0, 0) != 0) return -errno;
+  if (fchmod(fd, 0600) != 0) return -errno;
+  return 0;
+}
+
 int log_open_file(const char *path) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK, 0600);
   if (fd < 0) return -errno;
-  if (fchmod(fd, 0600) != 0) { /* an older file was 0644: it names other users' commands */
-    int e = errno;
+  int e = file_own(fd);
+  if (e == 0 && fcntl(fd, F_SETFL, O_APPEND) != 0) e = -errno; /* O_NONBLOCK was for opening only */
+  if (e != 0) {
     close(fd);
-    return -e;
+    return e;
   }
   file_set(fd, path);
   return 0;
 }
 
-void log_adopt_file(int fd, const char *path) { file_set(fd, path); }
+int log_adopt_file(int fd, const char *path) {
+  int e = file_own(fd);
+  if (e != 0) {
+    close(fd);
+    return e;
+  }
+  file_set(fd, path);
+  return 0;
+}
 
 int log_file_fd(void) { return lg.file_fd; }
 
@@ -521,6 +457,7 @@ static void stream_to(ls_state to) {
     close(lg.ls_fd);
     lg.ls_fd = -1;
   }
+  if (to != LS_UP) lg.ls_sent = 0; /* a partly sent line is sent again whole on the next connection */
   if (to == LS_OFF && lg.ls_timer_inited) uv_timer_stop(&lg.ls_timer);
   lg.ls = to;
 }
@@ -547,7 +484,7 @@ static void stream_wait(void) {
 static void stream_poll_set(void) {
   if (!lg.ls_poll) return;
   int ev = UV_DISCONNECT;
-  if (lg.ls == LS_CONNECTING || lg.str.len) ev |= UV_WRITABLE;
+  if (lg.ls == LS_CONNECTING || lg.str.len > lg.ls_sent) ev |= UV_WRITABLE;
   if (lg.ls == LS_UP) ev |= UV_READABLE;
   uv_poll_start(lg.ls_poll, ev, stream_on_poll);
 }
@@ -598,17 +535,21 @@ static void stream_connect(void) {
 }
 
 static void stream_flush(void) {
-  while (lg.ls == LS_UP && lg.str.len) {
-    ssize_t w = send(lg.ls_fd, lg.str.buf + lg.str.off, lg.str.len, MSG_NOSIGNAL);
+  while (lg.ls == LS_UP && lg.str.len > lg.ls_sent) {
+    ssize_t w = send(lg.ls_fd, lg.str.buf + lg.str.off + lg.ls_sent, lg.str.len - lg.ls_sent, MSG_NOSIGNAL);
     if (w > 0) {
-      q_consume(&lg.str, (size_t)w);
+      lg.ls_sent += (size_t)w;
+      const char *nl = memrchr(lg.str.buf + lg.str.off, '\n', lg.ls_sent);
+      if (nl) {
+        size_t whole = (size_t)(nl - (lg.str.buf + lg.str.off)) + 1;
+        q_consume(&lg.str, whole);
+        lg.ls_sent -= whole;
+      }
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EAGAIN) break;
-    /* the host went away: a partly sent line is sent again whole */
-    while (lg.str.off > 0 && lg.str.buf[lg.str.off - 1] != '\n') lg.str.off--, lg.str.len++;
-    stream_wait();
+    stream_wait(); /* the host went away */
     return;
   }
   stream_poll_set();
@@ -636,7 +577,6 @@ static void stream_on_poll(uv_poll_t *h, int status, int events) {
     gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR);
   }
   if (gone) {
-    while (lg.str.off > 0 && lg.str.buf[lg.str.off - 1] != '\n') lg.str.off--, lg.str.len++;
     stream_wait();
   } else {
     stream_flush();
@@ -758,8 +698,13 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
   int to_con = (int)lvl >= con_min, to_rest = (int)lvl >= conch.log_level;
   if (!to_con && !to_rest) return;
   char msg[LOG_LINE_MAX];
+  va_list ap2;
+  va_copy(ap2, ap);
   int m = vsnprintf(msg, sizeof msg, fmt, ap);
-  if (m < 0) return;
+  if (m < 0) {
+    va_end(ap2);
+    return;
+  }
   size_t ml = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
   for (size_t i = 0; i < ml; i++) /* one line: newlines inside a message become spaces */
     if (msg[i] == '\n' || msg[i] == '\r') msg[i] = ' ';
@@ -772,8 +717,13 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
   log_lock();
   if (conch.loop && !lg.attached) log_attach();
   int want_json = lg.esc && ((to_con && lg.con_json) || (to_rest && lg.ls != LS_OFF));
-  if (want_json && (json = malloc(LOG_JSON_MAX))) jn = fmt_json(json, LOG_JSON_MAX, &r);
-  if ((to_con && !lg.con_json) || (to_rest && lg.file_fd >= 0)) tn = fmt_text(text, sizeof text, &r);
+  size_t kv[LOG_KV_MAX];
+  if (want_json && (json = malloc(LOG_JSON_MAX))) {
+    r.kv = kv;
+    r.nkv = logfmt_kv_find(fmt, ap2, msg, ml, kv);
+    jn = logfmt_json(json, LOG_JSON_MAX, &r, lg.esc);
+  }
+  if ((to_con && !lg.con_json) || (to_rest && lg.file_fd >= 0)) tn = logfmt_text(text, sizeof text, &r);
   if (to_con) {
     if (lg.con_json && jn) con_line(json, jn);
     else if (!lg.con_json) con_line(text, tn);
@@ -782,6 +732,7 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
   if (to_rest && jn) stream_line(json, jn);
   if (!on_loop_thread()) log_kick();
   log_unlock();
+  va_end(ap2);
   free(json);
 }
 

@@ -44,7 +44,7 @@ void log_vwrite(log_level lvl, const char *file, int line, const char *fmt, va_l
  * Returns 0 or -errno. */
 int log_open_file(const char *path);
 /* The log file of the previous program (upgrade in place): fd, its path. */
-void log_adopt_file(int fd, const char *path);
+int log_adopt_file(int fd, const char *path);
 /* The log file's descriptor, -1 when none (handed over on upgrade). */
 int log_file_fd(void);
 /* Minimum level written (default INFO; CONCH_LOG_LEVEL=debug lowers it). */

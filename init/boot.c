@@ -303,6 +303,17 @@ static int fix_passwd(void) {
   return ok ? 1 : -1;
 }
 
+
+/* The log directory is the agent's: a real directory (not a link the
+ * image put there), root's, 0700.  0 or -errno. */
+static int own_log_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  int e = fchown(fd, 0, 0) != 0 || fchmod(fd, 0700) != 0 ? -errno : 0;
+  close(fd);
+  return e;
+}
+
 int boot_prepare_root(boot_state *b, int (*bind_before_chroot)(void *arg, char *err, size_t errlen),
                       void *arg, char *err, size_t errlen) {
   /* step 10 */
@@ -337,8 +348,8 @@ int boot_prepare_root(boot_state *b, int (*bind_before_chroot)(void *arg, char *
   const char *logdir = BOOT_MERGE "/var/log/conch-init";
   /* the agent's own: its lines name other users' commands (api.md §9 "Operators") */
   if ((e = mkdir_p(logdir, 0700)) != 0) LOG_WARN("mkdir %s: %s", logdir, strerror(-e));
-  else if (chmod(logdir, 0700) != 0) LOG_WARN("chmod %s: %s", logdir, strerror(errno));
-  if ((e = log_open_file(BOOT_MERGE "/var/log/conch-init/conch-init.log")) != 0)
+  else if ((e = own_log_dir(logdir)) != 0) LOG_WARN("log directory %s: %s", logdir, strerror(-e));
+  else if ((e = log_open_file(BOOT_MERGE "/var/log/conch-init/conch-init.log")) != 0)
     LOG_WARN("open log file: %s", strerror(-e));
   if (bind_before_chroot && bind_before_chroot(arg, err, errlen) != 0) return -1;
   if (chroot(BOOT_MERGE) != 0) {

@@ -34,3 +34,4 @@ void initproto_services_ready(void) {
 
 const char *initproto_sandbox_id(void) { return ips.sandbox_id; }
 initproto_state initproto_get_state(void) { return ips.state; }
+const initproto_opts *initproto_get_opts(void) { return &ips.opts; }

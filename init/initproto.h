@@ -32,11 +32,13 @@ typedef struct initproto_opts {
   int services_required;      /* boot.md §6 */
   const char *services_ready_path; /* NULL → "/run/conch/services-ready" */
   /* PID 1 (api.md §9 "Operators"): the console's level once the sandbox is
-   * ready (an init message's consoleLogLevel replaces it), and the host CID
-   * an init message's logPort streams the log to.  pid1_logs 0: neither. */
+   * ready (an init message's consoleLogLevel replaces it), and the host
+   * stream's CID and port (conch.log_port=, replaced by an init message's
+   * logPort; 0: none).  pid1_logs 0: none of them.  Handed over. */
   int pid1_logs;
   int console_level;
   unsigned log_cid;
+  unsigned log_port;
   /* Boot step 13, once, after the first valid message was applied. */
   void (*on_first)(void *arg);
   void *arg;
@@ -57,6 +59,8 @@ void initproto_services_ready(void);
 /* The sandbox id of the last applied message (full length), or NULL. */
 const char *initproto_sandbox_id(void);
 initproto_state initproto_get_state(void);
+/* The options in force (an init message's sticky log keys included). */
+const initproto_opts *initproto_get_opts(void);
 /* Upgrade in place (init/handover.c): freeze stops accepting (the sockets
  * stay open: senders wait in the backlog); busy: a message is being
  * handled.  save points into the live state until save_free.  restore

@@ -109,6 +109,7 @@ static void work_done(void *data, int canceled) {
       if (ips.state == INITPROTO_READY) log_set_console_level(c->plan.console_level);
     }
     if (c->plan.log_port >= 0) {
+      ips.opts.log_port = (unsigned)c->plan.log_port;
       char spec[64] = "";
       if (c->plan.log_port > 0) snprintf(spec, sizeof spec, "vsock:%u:%lld", ips.opts.log_cid, c->plan.log_port);
       log_stream_set(spec);

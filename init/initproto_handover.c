@@ -36,6 +36,10 @@ int initproto_handover_save(Conch__Handover__Init *m) {
   m->services_required = ips.opts.services_required;
   m->resolv_path = ips.resolv_path;
   m->ready_path = ips.ready_path;
+  m->pid1_logs = ips.opts.pid1_logs != 0;
+  m->console_level = ips.opts.console_level;
+  m->log_cid = ips.opts.log_cid;
+  m->log_port = ips.opts.log_port;
   if (!ips.nlst) return 0;
   Conch__Handover__InitListener *l = calloc(ips.nlst, sizeof *l);
   m->listeners = calloc(ips.nlst, sizeof *m->listeners);
@@ -69,7 +73,11 @@ int initproto_handover_restore(const Conch__Handover__Init *m) {
                                         .merge_missing = m->merge_missing,
                                         .services_required = m->services_required,
                                         .resolv_path = m->resolv_path,
-                                        .services_ready_path = m->ready_path});
+                                        .services_ready_path = m->ready_path,
+                                        .pid1_logs = m->pid1_logs,
+                                        .console_level = m->console_level >= 0 && m->console_level <= 3 ? m->console_level : 2,
+                                        .log_cid = m->log_cid,
+                                        .log_port = m->log_port});
   ips.state = m->state <= INITPROTO_TERMINAL ? (initproto_state)m->state : INITPROTO_TERMINAL;
   if (m->terminal.len) {
     if (!(ips.terminal = malloc(m->terminal.len))) return -1;

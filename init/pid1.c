@@ -101,6 +101,7 @@ static void boot_finish(void) {
   o.pid1_logs = 1;
   o.console_level = b->cmd.have_console_level ? b->cmd.console_level : LOG_LVL_WARN;
   o.log_cid = b->cmd.have_log_cid ? b->cmd.log_cid : 2;
+  o.log_port = b->cmd.have_log_port ? b->cmd.log_port : 0;
   o.on_first = on_first_message;
   o.arg = b;
   initproto_configure(&o);
@@ -147,10 +148,21 @@ void init_pid1_prepare(void) {
   conch.loop = uv_default_loop();
 }
 
-/* After an upgrade in place: the console's level and the host stream of
- * the kernel command line again (an init message's logPort and
- * consoleLogLevel are not part of the handed-over state). */
+/* After an upgrade in place: the console's level and the host stream as
+ * they were (handed over with the init protocol's options, an init
+ * message's consoleLogLevel and logPort included); from the kernel
+ * command line again when the older program saved none. */
 static void pid1_logs_again(int argc, char **argv) {
+  const initproto_opts *o = initproto_get_opts();
+  if (o->pid1_logs) {
+    if (initproto_get_state() == INITPROTO_READY) log_set_console_level(o->console_level);
+    if (o->log_port) {
+      char spec[64];
+      snprintf(spec, sizeof spec, "vsock:%u:%u", o->log_cid, o->log_port);
+      log_stream_set(spec);
+    }
+    return;
+  }
   init_cmdline c;
   init_cmdline_reset(&c);
   for (int i = 1; i < argc; i++) init_cmdline_word(&c, argv[i], strlen(argv[i]));

@@ -298,6 +298,11 @@ def test_upgrade_in_place_as_pid1(sb):
     def end(ev):
         ends = [e["end"] for f, e in ev if f == 0 and "end" in e]
         return ends[0].get("exitCode", 0) if ends else None
+    # the init key consoleLogLevel is sticky: still info on the console after it
+    req = sb.request(token=sb.token)
+    req["consoleLogLevel"] = "info"
+    resp, _ = sb.init_until_ready(req)
+    assert resp == '{"version":1,"status":"ready","retryable":false}', resp
     n = 300
     bg({"cmd": "/bin/sh", "args": ["-c", f"i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo line$i; sleep 0.01; done"],
         "tag": "across"})
@@ -319,6 +324,10 @@ def test_upgrade_in_place_as_pid1(sb):
     t.start()
     time.sleep(0.5)
     sbx.copy_with_libs(BIN, sb.in_root(""), "/root/conch-init.next")
+    # the log file as an older program left it (0644, not root's): the new one makes it its own
+    logf = sb.in_root("/var/log/conch-init/conch-init.log")
+    os.chmod(logf, 0o644)
+    os.chown(logf, 1000, 1000)
     host_pid1 = sb.pid1
     code, body = sb.unary("/pb.AgentService/Upgrade", {"path": "/root/conch-init.next"}, sb.token)
     assert code == 200, body
@@ -337,6 +346,14 @@ def test_upgrade_in_place_as_pid1(sb):
     assert [l for l in open(f"/proc/{host_pid1}/status") if l.startswith("NSpid:")][0].split()[-1] == "1"
     assert os.readlink(f"/proc/{host_pid1}/exe").startswith("/memfd:")
     assert sb.console().count("boot complete") == 1  # no second boot
+    st = os.stat(logf)
+    assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o600, 0, 0), oct(st.st_mode)
+    assert "upgrade in place" in sb.logged()  # the same file, still written
+    con = sb.console()
+    assert "serving as PID 1 after an upgrade in place" in con, con[-2000:]  # an [INFO] line: the level held
+    run_in_sandbox(sb, "true")
+    assert wait_for(lambda: "process started" in sb.console().split("after an upgrade in place", 1)[1]), \
+        sb.console()[-2000:]
     # the background job: every line exactly once
     ev = wait_for(lambda: (lambda e: e if end(e) is not None else None)(connect({"tag": "across"}, {})), 30, 0.5)
     assert ev and end(ev) == 0 and data(ev).decode().split() == [f"line{i}" for i in range(1, n + 1)]
