@@ -138,20 +138,26 @@ void fh_put_done(void *data, int canceled) {
   fh_put_kick(h);
 }
 
+/* The buffer filled so far becomes the one the pool writes; the one it
+ * wrote last time, if any, is filled next. */
+static void fh_take_in(fs_http *h) {
+  h->wbuf = h->in;
+  h->wlen = h->in_len;
+  h->wcap = h->in_cap;
+  h->in = h->spare; /* the buffer written last time, if any */
+  h->in_cap = h->spare_cap;
+  h->in_len = 0;
+  h->spare = NULL;
+  h->spare_cap = 0;
+}
+
 /* Hand the filled buffer to the pool when it is not busy (at FH_IN_HIGH,
  * or at the body's end with the commit); pause the body while both
  * buffers are full. */
 static void fh_put_kick(fs_http *h) {
   if (!h->r || h->phase != FH_RECV) return;
   if (!h->busy && (h->in_len >= FH_IN_HIGH || h->body_end)) {
-    h->wbuf = h->in;
-    h->wlen = h->in_len;
-    h->wcap = h->in_cap;
-    h->in = h->spare; /* the buffer written last time, if any */
-    h->in_cap = h->spare_cap;
-    h->in_len = 0;
-    h->spare = NULL;
-    h->spare_cap = 0;
+    fh_take_in(h);
     if (h->body_end) fh_to(h, FH_COMMIT);
     if (fh_submit(h, fh_put_write_run, fh_put_done) != 0) {
       fs_status_set(&h->st, RPC_INTERNAL, "queue file write failed");
@@ -262,14 +268,7 @@ static void fh_mp_done(void *data, int canceled) {
 static int fh_mp_submit(fs_http *h, int op) {
   h->op = op;
   if (op != MPO_OPEN) {
-    h->wbuf = h->in;
-    h->wlen = h->in_len;
-    h->wcap = h->in_cap;
-    h->in = h->spare; /* the buffer written last time, if any */
-    h->in_cap = h->spare_cap;
-    h->in_len = 0;
-    h->spare = NULL;
-    h->spare_cap = 0;
+    fh_take_in(h);
   }
   if (fh_submit(h, fh_mp_run, fh_mp_done) != 0) {
     fs_status_set(&h->st, RPC_INTERNAL, "queue file write failed");

@@ -55,6 +55,15 @@ class Client:
         self.host, self.port = u.hostname, u.port
         self.url, self.token = url, token
 
+    def metrics(self):
+        """GET /metrics in its JSON form."""
+        conn = self.conn()
+        try:
+            conn.request("GET", "/metrics", headers={"conch-init-token": self.token})
+            return json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+
     def conn(self, timeout=60):
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 

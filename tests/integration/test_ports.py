@@ -1025,7 +1025,7 @@ def test_relays_keep_to_a_quarter_of_the_budget():
             sent += push_until_stuck(conns, 5)
             c = Client(srv.url, srv.token)
             with in_ns(srv.ns):
-                m = c_metrics(c)
+                m = c.metrics()
                 chunk = os.urandom(1 << 20)
                 st, msgs, end = c.stream("/pb.FileService/PostFileStream",
                                          [{"filepath": f"/tmp/relay-cap-{os.getpid()}", "content": b64(chunk)},
@@ -1042,14 +1042,6 @@ def test_relays_keep_to_a_quarter_of_the_budget():
                 s.close()
             lis.close()
 
-
-def c_metrics(c):
-    conn = c.conn()
-    conn.request("GET", "/metrics", headers={"conch-init-token": c.token})
-    r = conn.getresponse()
-    body = json.loads(r.read())
-    conn.close()
-    return body
 
 
 def test_idle_relays_are_closed():

@@ -8,7 +8,6 @@ key allowUpgrade; `conch-init --handover-check N`; and the answer of an
 upgrade that passes (what follows it is the handover's, tested with it)."""
 import concurrent.futures
 import hashlib
-import http.client
 import json
 import os
 import platform
@@ -98,14 +97,6 @@ def upgrade(c, path, sha256=None, headers=None):
     return st, b
 
 
-def metrics(c):
-    conn = c.conn()
-    conn.request("GET", "/metrics", headers={"conch-init-token": c.token})
-    r = conn.getresponse()
-    body = json.loads(r.read())
-    conn.close()
-    return body
-
 
 def start_background(c, tag):
     """StartProcess background `sleep 1000`: read its start event, hang up."""
@@ -149,7 +140,7 @@ def agent(tmp_path_factory):
 
 def unchanged(s, c, keeper):
     assert s.alive()
-    m = metrics(c)
+    m = c.metrics()
     assert m["version"] == VERSION and m["upgrades"] == 0, m
     st, b, _ = c.unary("/pb.ProcessService/List", {})
     assert st == 200
@@ -315,7 +306,7 @@ def test_no_upgrade_option(tmp_path):
         for path in (BIN, "", "relative"):
             st, b = upgrade(c, path)
             assert (st, b) == (403, {"code": "permission_denied", "message": "upgrade is disabled"})
-        assert metrics(c)["upgrades"] == 0
+        assert c.metrics()["upgrades"] == 0
 
 
 def init_request(token, **extra):
@@ -375,7 +366,7 @@ def test_a_contested_upgrade_changes_nothing(tmp_path, contest):
         assert call.result(timeout=30) == want
         time.sleep(1)  # (an exec would have happened by now)
         assert srv.alive()
-        m = metrics(c)
+        m = c.metrics()
         assert m["version"] == VERSION and m["upgrades"] == 0, m
         assert os.readlink(f"/proc/{srv.proc.pid}/exe") == os.path.realpath(BIN)
         assert trial_children(srv.proc.pid) == []
