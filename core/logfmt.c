@@ -79,7 +79,12 @@ int logfmt_kv_find(const char *fmt, va_list ap, const char *msg, size_t ml, size
         prefix[k] = 0;
         va_list c;
         va_copy(c, ap);
+        /* prefix is a leading part of the caller's literal format, cut
+         * after a whole conversion: it reads the same arguments */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
         int at = vsnprintf(NULL, 0, prefix, c);
+#pragma GCC diagnostic pop
         va_end(c);
         /* the same key at that place in the message (not cut off) */
         if (at < 0 || (size_t)at + kl >= ml || memcmp(msg + at, fmt + k, kl + 1) != 0) break;
