@@ -231,7 +231,7 @@ def check_no_half_written_file(run):
 def check_no_upload_temp_left(run):
     """No upload temp file remains once the server settled: no
     .conch-upload-* name under the upload tree, no unnamed O_TMPFILE the
-    server still holds there (fs/upload.c)."""
+    server still holds there (fs/atomic.c)."""
     o = Outcome()
     o.checked = run.final.get("dirs_scanned", 0)
     o.unit = "directories"

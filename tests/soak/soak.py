@@ -163,7 +163,7 @@ def marked(marker_base):
 
 
 def temp_files(root, pid):
-    """fs/upload.c's temp files: ".conch-upload-<hex>" names, and unnamed
+    """fs/atomic.c's temp files: ".conch-upload-<hex>" names, and unnamed
     O_TMPFILE ones the server holds (a /proc/<pid>/fd link "<dir>/#<ino> (deleted)")."""
     out, dirs = [], 0
     for d, _subdirs, files in os.walk(root):
